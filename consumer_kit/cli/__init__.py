@@ -1,0 +1,1 @@
+"""The `ckit` command line."""

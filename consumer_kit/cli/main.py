@@ -1,0 +1,45 @@
+"""`ckit`: the entry point. Each subcommand lives in its own module with a `register(app)`."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from consumer_kit.cli.common import configure_logging
+
+app = typer.Typer(
+    name="ckit",
+    help="consumer-kit: exactly-once in effect delivery over RocketMQ (outbox, dedupe, reconcile).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+SUBCOMMAND_MODULES = ("db", "outbox", "relay", "acks", "consume", "processed", "reconcile", "demo")
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="more logging (-vv: debug)"),
+) -> None:
+    configure_logging(verbose)
+
+
+def _register_all() -> None:
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"consumer_kit.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"consumer_kit.cli.{name}":  # subcommand not built yet
+                continue
+            raise
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,63 @@
+"""Transports: `memory://NAME`, `sql+<sqlalchemy-url>` and `rocketmq://host:port`.
+
+>>> t = open_transport("memory://doc")
+>>> t.scheme
+'memory'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumer_kit.errors import ConfigError
+from consumer_kit.transports.base import (
+    ConsumeStatus,
+    Consumer,
+    Delivery,
+    DeliveryCallback,
+    OutgoingMessage,
+    SendResult,
+    Subscription,
+    Transport,
+)
+from consumer_kit.urls import mask_url
+
+__all__ = [
+    "ConsumeStatus",
+    "Consumer",
+    "Delivery",
+    "DeliveryCallback",
+    "OutgoingMessage",
+    "SendResult",
+    "Subscription",
+    "Transport",
+    "open_transport",
+]
+
+SCHEMES = ("memory://", "sql+", "rocketmq://")
+
+
+def open_transport(url: str, **options: Any) -> Transport:
+    """Open the transport named by `url`; `options` go to the backend's constructor.
+
+    Raises:
+        ConfigError: unknown scheme or malformed URL (the message lists the valid schemes).
+    """
+    if not url:
+        raise ConfigError("no transport URL given (use memory://NAME, sql+<db-url> or rocketmq://host:port)")
+    if url.startswith("memory://"):
+        from consumer_kit.transports.memory import MemoryTransport
+
+        return MemoryTransport.named(url[len("memory://"):] or "default", **options)
+    if url.startswith("sql+"):
+        from consumer_kit.transports.sql import SqlTransport
+
+        return SqlTransport(url[len("sql+"):], **options)
+    if url.startswith("rocketmq://"):
+        from consumer_kit.transports.rocketmq import RocketMQTransport
+
+        return RocketMQTransport(url[len("rocketmq://"):], **options)
+    raise ConfigError(
+        f"unknown transport URL {mask_url(url)!r}: use memory://NAME, sql+<sqlalchemy-url> "
+        "(e.g. sql+sqlite:///ckit-mq.db) or rocketmq://host:port"
+    )

@@ -1,0 +1,179 @@
+"""The transport interface shared by both halves: send a message, consume a group's topics.
+
+A transport is chosen by URL (see `consumer_kit.transports.open_transport`). Every backend runs the
+same conformance suite (`tests/transports/test_conformance.py`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping, Sequence
+
+#: Property names of the envelope (see DESIGN.md, "The envelope").
+PROP_ID = "ckit_id"
+PROP_BIZ = "ckit_biz"
+PROP_SRC = "ckit_src"
+PROP_SENT = "ckit_sent"
+PROP_ENC = "ckit_enc"
+PROP_TRACEPARENT = "traceparent"
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_RECONSUME_TIMES = 16
+#: RocketMQ's delay levels 3.. (10s, 30s, 1m, 2m, ...) used for RECONSUME_LATER back-off.
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
+
+class ConsumeStatus(enum.IntEnum):
+    """What a consumer callback answers (the numbers match the RocketMQ client)."""
+
+    CONSUME_SUCCESS = 0
+    RECONSUME_LATER = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OutgoingMessage:
+    """A message to send. `delay` is in seconds; `keys` become the RocketMQ KEYS."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    delay: float | None = None
+    sharding_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SendResult:
+    """The broker's answer to a successful send."""
+
+    broker_message_id: str
+    queue_id: int | None = None
+    queue_offset: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """A received message, copied out of the transport's own object (safe to keep).
+
+    `keys` is the RocketMQ KEYS string (space separated); `broker_message_id` is the broker's
+    UNIQ_KEY, stable across redeliveries of one send.
+    """
+
+    topic: str
+    body: bytes
+    broker_message_id: str
+    tags: str = ""
+    keys: str = ""
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reconsume_times: int = 0
+    queue_id: int = 0
+    queue_offset: int = 0
+    born_timestamp_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Subscription:
+    """A topic and its tag expression (`*` or `TagA || TagB`)."""
+
+    topic: str
+    expression: str = "*"
+
+
+DeliveryCallback = Callable[[Delivery], ConsumeStatus]
+
+
+def tag_matches(expression: str, tags: str | None) -> bool:
+    """RocketMQ tag filtering: `*` (or empty) matches all, else one of the `||`-separated tags.
+
+    >>> tag_matches("A || B", "B"), tag_matches("A", None)
+    (True, False)
+    """
+    expr = (expression or "*").strip()
+    if expr == "*":
+        return True
+    wanted = {part.strip() for part in expr.split("||") if part.strip()}
+    return (tags or "") in wanted
+
+
+def retry_topic(group: str) -> str:
+    """RocketMQ's retry topic name for a consumer group."""
+    return f"%RETRY%{group}"
+
+
+def dlq_topic(group: str) -> str:
+    """RocketMQ's dead-letter topic name for a consumer group."""
+    return f"%DLQ%{group}"
+
+
+class Consumer(abc.ABC):
+    """A running subscription of one group; made by `Transport.consumer`, started by `start`."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Begin delivering to the callback on the transport's own threads."""
+
+    @abc.abstractmethod
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop taking messages, let in-flight callbacks finish (up to `timeout`), release."""
+
+    @property
+    @abc.abstractmethod
+    def in_flight(self) -> int:
+        """Callbacks running right now."""
+
+    def ready(self) -> int | None:
+        """Messages deliverable now (not yet handed out), or None when the transport can't tell.
+
+        `ckit consume --burst` exits when this is 0 and nothing is in flight; transports that
+        return None are drained by an idle timeout instead.
+        """
+        return None
+
+
+class Transport(abc.ABC):
+    """Send messages and make consumers. Thread-safe: one instance serves a whole process."""
+
+    #: The scheme this transport answers to (memory, sql, rocketmq).
+    scheme: str = ""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @abc.abstractmethod
+    def send(self, message: OutgoingMessage) -> SendResult:
+        """Send synchronously; return the broker's id.
+
+        Raises:
+            MessageTooLarge: the body is over `max_body_bytes` (nothing sent).
+            TransportUnavailable: the broker cannot be reached (retry later).
+            TransportError: any other send failure.
+        """
+
+    @abc.abstractmethod
+    def consumer(
+        self,
+        group: str,
+        subscriptions: Sequence[Subscription],
+        callback: DeliveryCallback,
+        *,
+        threads: int = 1,
+    ) -> Consumer:
+        """Make a consumer of `group` over `subscriptions`; one callback routes every topic.
+
+        The callback may raise: transports treat an exception as RECONSUME_LATER and log it.
+        """
+
+    def ensure_topic(self, topic: str) -> None:  # noqa: B027 - optional hook
+        """Create the topic when the backend needs it created before use (no-op by default)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads. Idempotent."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

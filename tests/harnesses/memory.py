@@ -1,0 +1,40 @@
+"""Harness: the in-process memory transport."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from consumer_kit.transports import Delivery
+from consumer_kit.transports.memory import MemoryTransport
+from tests.harnesses.base import MAX_RECONSUME, unique
+
+
+class MemoryHarness:
+    timeout = 5.0
+    quiet = 0.3
+
+    def __init__(self) -> None:
+        self.transport = MemoryTransport(retry_delays=[0.05, 0.1], max_reconsume_times=MAX_RECONSUME)
+
+    def topic(self, stem: str) -> str:
+        return unique(stem)
+
+    def group(self, stem: str) -> str:
+        return unique(stem)
+
+    def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
+        from tests.harnesses.base import wait_for
+
+        wait_for(lambda: len(self.transport.dead_letters(group)) >= expect, self.timeout)
+        return self.transport.dead_letters(group)
+
+
+@contextmanager
+def harness(tmp_path: Path) -> Iterator[MemoryHarness]:
+    h = MemoryHarness()
+    try:
+        yield h
+    finally:
+        h.transport.close()
