@@ -129,7 +129,7 @@ def _outbox_columns() -> list[sa.Column[object]]:
         sa.Column("tags", sa.String(TAGS_LEN), nullable=True, comment="RocketMQ tags"),
         sa.Column("keys", sa.String(KEYS_LEN), nullable=True,
                   comment="extra RocketMQ KEYS, space separated (ckit_id is always added)"),
-        sa.Column("headers", sa.JSON(), nullable=True,
+        sa.Column("headers", sa.JSON(none_as_null=True), nullable=True,
                   comment="user properties (JSON object of strings)"),
         sa.Column("body", blob(), nullable=False,
                   comment="message body bytes (UTF-8 JSON unless headers say ckit_enc)"),

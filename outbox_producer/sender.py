@@ -1,0 +1,138 @@
+"""Sending claimed rows and recording each outcome with a compare-and-set UPDATE."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from consumer_kit.clock import utcnow
+from consumer_kit.errors import MessageTooLarge, TransportError
+from consumer_kit.schema import REASON_LEN, OutboxState
+from consumer_kit.transports.base import Transport
+from outbox_producer import metrics
+from outbox_producer.backoff import Backoff
+from outbox_producer.envelope import envelope
+
+log = logging.getLogger("consumer_kit.outbox.sender")
+
+
+@dataclasses.dataclass
+class SendStats:
+    """What one batch did."""
+
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    conflicts: int = 0
+
+    def add(self, other: SendStats) -> None:
+        """Accumulate another batch's counts."""
+        self.sent += other.sent
+        self.retried += other.retried
+        self.failed += other.failed
+        self.conflicts += other.conflicts
+
+
+@dataclasses.dataclass
+class Sender:
+    """Sends rows already claimed (SENDING, lease held) and marks them."""
+
+    engine: Engine
+    table: sa.Table
+    transport: Transport
+    owner: str
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
+    #: FAILED rows get a slow retry after this long (None: FAILED waits for an operator)
+    failed_retry_after: dt.timedelta | None = None
+
+    def send_rows(self, rows: Sequence[dict[str, Any]]) -> SendStats:
+        """Send each row; mark SENT, or schedule a retry, or FAILED after `max_retries`."""
+        sent: list[dict[str, Any]] = []
+        failures: list[tuple[dict[str, Any], str, bool]] = []
+        for row in rows:
+            try:
+                result = self.transport.send(envelope(row))
+            except MessageTooLarge as exc:  # retrying cannot help
+                failures.append((row, f"{type(exc).__name__}: {exc}", True))
+                continue
+            except TransportError as exc:
+                failures.append((row, f"{type(exc).__name__}: {exc}", False))
+                continue
+            except Exception as exc:  # a transport bug must not kill the relay or lose the row
+                log.exception("message %s: unexpected send error", row["message_id"])
+                failures.append((row, f"{type(exc).__name__}: {exc}", False))
+                continue
+            sent.append({"b_id": row["id"], "b_lv": row["lock_version"],
+                         "b_bid": result.broker_message_id[:128]})
+            log.debug("message %s sent as %s", row["message_id"], result.broker_message_id)
+        stats = SendStats()
+        if sent:
+            stats.sent, stats.conflicts = self._mark_sent(sent)
+            metrics.SENT.inc(stats.sent)
+        for row, reason, permanent in failures:
+            self._mark_failure(row, reason, permanent, stats)
+        return stats
+
+    def _mark_sent(self, params: list[dict[str, Any]]) -> tuple[int, int]:
+        t = self.table
+        now = utcnow()
+        stmt = (
+            sa.update(t)
+            .where(t.c.id == sa.bindparam("b_id"), t.c.lock_version == sa.bindparam("b_lv"),
+                   t.c.state == int(OutboxState.SENDING))
+            .values(state=int(OutboxState.SENT), broker_message_id=sa.bindparam("b_bid"),
+                    sent_at=now, lease_owner=None, lease_until=None,
+                    lock_version=t.c.lock_version + 1, gmt_modified=now,
+                    updated_by=self.owner[:128], fail_reason=None)
+        )
+        with self.engine.begin() as conn:
+            if len(params) == 1:
+                changed = conn.execute(stmt, params[0]).rowcount
+            else:
+                changed = conn.execute(stmt, params).rowcount
+        # a row not changed was acked before we marked it (it is CONSUMED already) or its
+        # lease was reclaimed; both are fine, neither is overwritten
+        return changed, len(params) - changed
+
+    def _mark_failure(
+        self, row: dict[str, Any], reason: str, permanent: bool, stats: SendStats
+    ) -> None:
+        t = self.table
+        now = utcnow()
+        retries = int(row["retry_count"]) + 1
+        exhausted = permanent or retries > int(row["max_retries"])
+        if exhausted:
+            state = OutboxState.FAILED
+            next_at = now + self.failed_retry_after if self.failed_retry_after else now
+        else:
+            state = OutboxState.PENDING
+            next_at = now + self.backoff.delay(retries - 1)
+        with self.engine.begin() as conn:
+            changed = conn.execute(
+                sa.update(t)
+                .where(t.c.id == row["id"], t.c.lock_version == row["lock_version"],
+                       t.c.state == int(OutboxState.SENDING))
+                .values(state=int(state), retry_count=retries, next_retry_at=next_at,
+                        fail_reason=reason[:REASON_LEN], lease_owner=None, lease_until=None,
+                        lock_version=t.c.lock_version + 1, gmt_modified=now,
+                        updated_by=self.owner[:128])
+            ).rowcount
+        if not changed:
+            stats.conflicts += 1
+            return
+        if exhausted:
+            stats.failed += 1
+            metrics.FAILED.inc()
+            log.warning("message %s FAILED after %d attempts: %s", row["message_id"], retries,
+                        reason)
+        else:
+            stats.retried += 1
+            metrics.RETRIED.inc()
+            log.info("message %s send failed (attempt %d), retry at %s: %s",
+                     row["message_id"], retries, next_at.isoformat(), reason)
