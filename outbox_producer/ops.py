@@ -1,0 +1,623 @@
+"""Operator actions on the outbox: stats, show, retry, suspend, resume, archive.
+
+Every state change is a guarded compare-and-set, one row at a time::
+
+    UPDATE outbox SET state=:to, lock_version=lock_version+1, gmt_modified=:now,
+                      updated_by='operator', ...
+     WHERE id=:id AND state IN (:allowed) AND lock_version=:seen
+
+and the row count is checked: a row that a relay, the ack applier or the reconciler moved between
+our read and our write is reported as a conflict, never overwritten.
+
+Decisions (documented for operators in `ckit outbox --help` and schema/README.md):
+
+* `retry` re-queues FAILED, SUSPENDED and REJECTED rows (plus SENT and CONSUMED with `force`):
+  state PENDING, `retry_count` 0, `next_retry_at` now, lease cleared. `fail_reason` is kept,
+  prefixed with `operator retry (was STATE): ` so the last error stays visible until the next send
+  attempt overwrites it (the prefix is not stacked on repeated retries).
+* `suspend` holds PENDING, FAILED and SENDING-with-an-expired-lease rows; a live lease is refused.
+* `resume` puts SUSPENDED rows back to PENDING, due now, keeping `retry_count`.
+* `archive` moves CONSUMED and REJECTED rows whose `gmt_modified` is older than the horizon (the
+  last change: for CONSUMED rows the ack, for REJECTED rows the rejection). REJECTED rows are
+  archived too: they keep their reason in the archive table, and an operator who wants one re-sent
+  has the whole horizon (30 days by default) to `retry` it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from consumer_kit.clock import utcnow
+from consumer_kit.db import check_tables, dialect_name
+from consumer_kit.schema import REASON_LEN, OutboxState, TableNames, ack_table, outbox_table
+from outbox_producer.errors import OutboxError
+
+OPERATOR = "operator"
+RETRY_PREFIX = "operator retry"
+RETRY_FROM: tuple[OutboxState, ...] = (
+    OutboxState.FAILED,
+    OutboxState.SUSPENDED,
+    OutboxState.REJECTED,
+)
+FORCE_RETRY_FROM: tuple[OutboxState, ...] = (*RETRY_FROM, OutboxState.SENT, OutboxState.CONSUMED)
+SUSPEND_FROM: tuple[OutboxState, ...] = (
+    OutboxState.PENDING,
+    OutboxState.FAILED,
+    OutboxState.SENDING,
+)
+RESUME_FROM: tuple[OutboxState, ...] = (OutboxState.SUSPENDED,)
+ARCHIVE_STATES: tuple[OutboxState, ...] = (OutboxState.CONSUMED, OutboxState.REJECTED)
+
+DEFAULT_LAG_WINDOW = dt.timedelta(hours=1)
+DEFAULT_LAG_SAMPLE = 10_000
+DEFAULT_BULK_LIMIT = 1000
+DEFAULT_ARCHIVE_BATCH = 1000
+DEFAULT_ARCHIVE_MAX_BATCHES = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxTables:
+    """The tables the operator commands work on (outbox, its ack rows, its archive)."""
+
+    outbox: sa.Table
+    ack: sa.Table
+    archive: sa.Table
+
+    @classmethod
+    def from_names(cls, names: TableNames | None = None) -> OutboxTables:
+        """Build the tables for validated names (`ConfigError` is raised by `TableNames`)."""
+        from consumer_kit.ddl import apply_table_options
+        from consumer_kit.schema import outbox_archive_table
+
+        names = names or TableNames()
+        metadata = sa.MetaData()
+        tables = cls(
+            outbox=outbox_table(metadata, names.outbox),
+            ack=ack_table(metadata, names.outbox_ack),
+            archive=outbox_archive_table(metadata, names.outbox_archive),
+        )
+        apply_table_options(metadata)
+        return tables
+
+
+# --------------------------------------------------------------------------------------- stats
+
+
+@dataclasses.dataclass(frozen=True)
+class LagStats:
+    """Sent-to-consumed lag in seconds over a sample of recently sent, now consumed rows."""
+
+    samples: int
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxStats:
+    """What `ckit outbox stats` prints."""
+
+    counts: dict[str, int]
+    total: int
+    oldest_pending_age_s: float | None
+    oldest_sent_age_s: float | None
+    lag: LagStats | None
+    lag_window_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending, non-empty sequence (`fraction` in 0..1)."""
+    rank = max(1, min(len(sorted_values), int(-(-fraction * len(sorted_values) // 1))))
+    return sorted_values[rank - 1]
+
+
+def stats(
+    engine: Engine,
+    table: sa.Table,
+    *,
+    lag_window: dt.timedelta = DEFAULT_LAG_WINDOW,
+    lag_sample: int = DEFAULT_LAG_SAMPLE,
+    now: dt.datetime | None = None,
+) -> OutboxStats:
+    """Counts per state (every state, 0 when absent), oldest PENDING/SENT ages and the lag.
+
+    Ages are measured from `gmt_create` (PENDING) and `sent_at` (SENT). The lag is computed in
+    Python over at most `lag_sample` CONSUMED rows sent within `lag_window` (served by the
+    `(state, sent_at)` index); rows whose ack beat the SENT mark count as 0 s.
+
+    Raises:
+        SchemaError: the table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    check_tables(engine, table)
+    now = now or utcnow()
+    c = table.c
+    with engine.connect() as conn:
+        counts = {s.name: 0 for s in OutboxState}
+        for state, count in conn.execute(sa.select(c.state, sa.func.count()).group_by(c.state)):
+            try:
+                counts[OutboxState(state).name] = int(count)
+            except ValueError:  # a code this version does not know: still count it
+                counts[f"UNKNOWN_{state}"] = int(count)
+        oldest_pending = conn.scalar(
+            sa.select(sa.func.min(c.gmt_create)).where(c.state == OutboxState.PENDING)
+        )
+        oldest_sent = conn.scalar(
+            sa.select(sa.func.min(c.sent_at)).where(c.state == OutboxState.SENT)
+        )
+        rows = conn.execute(
+            sa.select(c.sent_at, c.consumed_at)
+            .where(c.state == OutboxState.CONSUMED, c.sent_at >= now - lag_window)
+            .order_by(c.sent_at.desc())
+            .limit(lag_sample)
+        ).all()
+    lags = sorted(
+        max(0.0, (consumed - sent).total_seconds()) for sent, consumed in rows if consumed and sent
+    )
+    lag = (
+        LagStats(len(lags), percentile(lags, 0.5), percentile(lags, 0.95), lags[-1])
+        if lags
+        else None
+    )
+    return OutboxStats(
+        counts=counts,
+        total=sum(counts.values()),
+        oldest_pending_age_s=_age(now, oldest_pending),
+        oldest_sent_age_s=_age(now, oldest_sent),
+        lag=lag,
+        lag_window_s=lag_window.total_seconds(),
+    )
+
+
+def _age(now: dt.datetime, then: dt.datetime | None) -> float | None:
+    return None if then is None else max(0.0, (now - then).total_seconds())
+
+
+# ---------------------------------------------------------------------------------------- show
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageView:
+    """One outbox row with its ack rows (what `ckit outbox show` prints)."""
+
+    row: dict[str, Any]
+    acks: list[dict[str, Any]]
+
+    @property
+    def state(self) -> OutboxState:
+        """The row's state as the enum."""
+        return OutboxState(self.row["state"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: state by name, body as text (or base64 when it is not UTF-8)."""
+        import base64
+
+        row = dict(self.row)
+        row["state"] = self.state.name
+        body = row.get("body")
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            raw = bytes(body)
+            try:
+                row["body"] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                row["body"] = base64.b64encode(raw).decode("ascii")
+                row["body_encoding"] = "base64"
+        return {"message": row, "acks": self.acks}
+
+
+def show(engine: Engine, tables: OutboxTables, ident: str) -> list[MessageView]:
+    """Return the row whose `message_id` is `ident`, else every row whose `biz_key` is `ident`.
+
+    A biz key may be shared by several biz types, so a list comes back (empty: nothing matched).
+    Each view carries the message's ack rows, sorted by consumer group.
+
+    Raises:
+        SchemaError: a table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    check_tables(engine, tables.outbox, tables.ack)
+    c = tables.outbox.c
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(tables.outbox).where(c.message_id == ident)).mappings().all()
+        if not rows:
+            query = sa.select(tables.outbox).where(c.biz_key == ident).order_by(c.biz_type, c.id)
+            rows = conn.execute(query).mappings().all()
+        views = []
+        for row in rows:
+            acks = conn.execute(
+                sa.select(tables.ack)
+                .where(tables.ack.c.message_id == row["message_id"])
+                .order_by(tables.ack.c.consumer_group)
+            ).mappings()
+            views.append(MessageView(dict(row), [dict(a) for a in acks]))
+    return views
+
+
+# --------------------------------------------------------------------------------- transitions
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why one requested row was not changed."""
+
+    target: int | str
+    state: str | None
+    reason: str
+
+
+@dataclasses.dataclass
+class TransitionResult:
+    """Outcome of `retry`/`suspend`/`resume`: the ids changed and the targets refused."""
+
+    action: str
+    changed: list[int] = dataclasses.field(default_factory=list)
+    refused: list[Refusal] = dataclasses.field(default_factory=list)
+
+    @property
+    def conflicts(self) -> int:
+        """Rows that moved between our read and our compare-and-set."""
+        return sum(1 for r in self.refused if r.reason.startswith("conflict"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def _load(conn: Connection, table: sa.Table, targets: Sequence[int | str]) -> dict[int | str, Any]:
+    """Map each target (row id as int, message_id as str) to its row (id, state, version, lease)."""
+    c = table.c
+    ids = [t for t in targets if isinstance(t, int)]
+    message_ids = [t for t in targets if isinstance(t, str)]
+    cols = (c.id, c.message_id, c.state, c.lock_version, c.lease_until, c.lease_owner,
+            c.fail_reason)  # fmt: skip
+    found: dict[int | str, Any] = {}
+    for chunk in _chunks(ids, 500):
+        for row in conn.execute(sa.select(*cols).where(c.id.in_(chunk))):
+            found[row.id] = row
+    for chunk_m in _chunks(message_ids, 500):
+        for row in conn.execute(sa.select(*cols).where(c.message_id.in_(chunk_m))):
+            found[row.message_id] = row
+    return found
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _transition(
+    engine: Engine,
+    table: sa.Table,
+    targets: Iterable[int | str],
+    *,
+    action: str,
+    to: OutboxState,
+    allowed: Sequence[OutboxState],
+    values: Any,
+    refuse: Any = None,
+    now: dt.datetime | None = None,
+) -> TransitionResult:
+    """Read every target, then compare-and-set each one that is in an allowed state."""
+    check_tables(engine, table)
+    now = now or utcnow()
+    wanted = list(dict.fromkeys(targets))
+    result = TransitionResult(action)
+    with engine.connect() as conn:
+        rows = _load(conn, table, wanted)
+    c = table.c
+    allowed_codes = [int(s) for s in allowed]
+    with engine.begin() as conn:
+        for target in wanted:
+            row = rows.get(target)
+            if row is None:
+                result.refused.append(Refusal(target, None, "not found"))
+                continue
+            state = OutboxState(row.state)
+            why = refuse(row, state, now) if refuse else None
+            if why is None and state not in allowed:
+                why = f"{action} needs {'/'.join(s.name for s in allowed)}, row is {state.name}"
+            if why is not None:
+                result.refused.append(Refusal(target, state.name, why))
+                continue
+            update = (
+                sa.update(table)
+                .where(
+                    c.id == row.id,
+                    c.state.in_(allowed_codes),
+                    c.lock_version == row.lock_version,
+                )
+                .values(
+                    state=int(to),
+                    lock_version=c.lock_version + 1,
+                    gmt_modified=now,
+                    updated_by=OPERATOR,
+                    **values(row, state, now),
+                )
+            )
+            if conn.execute(update).rowcount == 1:
+                result.changed.append(int(row.id))
+            else:
+                result.refused.append(
+                    Refusal(target, state.name, "conflict: the row changed meanwhile; try again")
+                )
+    return result
+
+
+def _retry_reason(previous: str | None, state: OutboxState) -> str | None:
+    if previous is None:
+        return None
+    if previous.startswith(RETRY_PREFIX) and "): " in previous:
+        previous = previous.split("): ", 1)[1]
+    return f"{RETRY_PREFIX} (was {state.name}): {previous}"[:REASON_LEN]
+
+
+def retry(
+    engine: Engine,
+    table: sa.Table,
+    targets: Iterable[int | str],
+    *,
+    states: Sequence[OutboxState] = RETRY_FROM,
+    force: bool = False,
+    now: dt.datetime | None = None,
+) -> TransitionResult:
+    """Put rows back to PENDING, due now, with `retry_count` 0 (see the module doc for fields).
+
+    `targets` are row ids (int) or message ids (str). Rows must be in `states`; CONSUMED (and SENT)
+    rows are re-queued only with `force=True`, whatever `states` says.
+
+    Raises:
+        ValueError: `states` names a state that cannot be retried (PENDING, SENDING).
+        SchemaError: the table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+
+    >>> retry(engine, tables.outbox, ["01HV..."])  # doctest: +SKIP
+    """
+    bad = [s.name for s in states if s not in FORCE_RETRY_FROM]
+    if bad:
+        valid = ", ".join(s.name for s in FORCE_RETRY_FROM)
+        raise ValueError(f"cannot retry {', '.join(bad)} rows (valid: {valid})")
+    allowed = tuple(dict.fromkeys((*states, *FORCE_RETRY_FROM) if force else states))
+    if not force:
+        allowed = tuple(s for s in allowed if s is not OutboxState.CONSUMED)
+
+    def refuse(_row: Any, state: OutboxState, _now: dt.datetime) -> str | None:
+        if state is OutboxState.CONSUMED and not force:
+            return "CONSUMED is terminal: pass --force to re-send it"
+        return None
+
+    return _transition(
+        engine, table, targets, action="retry", to=OutboxState.PENDING, allowed=allowed,
+        refuse=refuse, now=now,
+        values=lambda row, state, now: {
+            "retry_count": 0, "next_retry_at": now, "lease_owner": None, "lease_until": None,
+            "fail_reason": _retry_reason(row.fail_reason, state),
+        },
+    )  # fmt: skip
+
+
+def suspend(
+    engine: Engine,
+    table: sa.Table,
+    targets: Iterable[int | str],
+    *,
+    now: dt.datetime | None = None,
+) -> TransitionResult:
+    """Hold PENDING, FAILED and SENDING-with-an-expired-lease rows in SUSPENDED.
+
+    Raises:
+        SchemaError: the table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+
+    def refuse(row: Any, state: OutboxState, now: dt.datetime) -> str | None:
+        if state is OutboxState.SENDING and row.lease_until is not None and row.lease_until > now:
+            return f"SENDING under a live lease of {row.lease_owner} until {row.lease_until}"
+        return None
+
+    return _transition(
+        engine, table, targets, action="suspend", to=OutboxState.SUSPENDED, allowed=SUSPEND_FROM,
+        refuse=refuse, now=now,
+        values=lambda row, state, now: {"lease_owner": None, "lease_until": None},
+    )  # fmt: skip
+
+
+def resume(
+    engine: Engine,
+    table: sa.Table,
+    targets: Iterable[int | str],
+    *,
+    now: dt.datetime | None = None,
+) -> TransitionResult:
+    """Put SUSPENDED rows back to PENDING, due now (`retry_count` kept).
+
+    Raises:
+        SchemaError: the table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    return _transition(
+        engine, table, targets, action="resume", to=OutboxState.PENDING, allowed=RESUME_FROM,
+        now=now, values=lambda row, state, now: {"next_retry_at": now},
+    )  # fmt: skip
+
+
+def select_ids(
+    engine: Engine,
+    table: sa.Table,
+    *,
+    states: Sequence[OutboxState],
+    topic: str | None = None,
+    limit: int = DEFAULT_BULK_LIMIT,
+) -> list[int]:
+    """Ids of up to `limit` rows in `states` (and `topic`), oldest first: the bulk forms' input.
+
+    Raises:
+        ValueError: `limit` is not positive.
+        SchemaError: the table is missing.
+    """
+    if limit <= 0:
+        raise ValueError(f"limit must be positive, got {limit}")
+    check_tables(engine, table)
+    c = table.c
+    query = sa.select(c.id).where(c.state.in_([int(s) for s in states]))
+    if topic is not None:
+        query = query.where(c.topic == topic)
+    with engine.connect() as conn:
+        return [int(i) for i in conn.scalars(query.order_by(c.id).limit(limit))]
+
+
+# ------------------------------------------------------------------------------------- archive
+
+
+class ArchiveBusy(OutboxError):
+    """Another `archive` run holds the lock for this outbox table; try again later."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchiveResult:
+    """Outcome of `archive`: rows moved (or eligible, on a dry run) and batches run."""
+
+    moved: int
+    batches: int
+    cutoff: dt.datetime
+    more: bool
+    dry_run: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def archive(
+    engine: Engine,
+    tables: OutboxTables,
+    older_than: dt.timedelta,
+    *,
+    batch: int = DEFAULT_ARCHIVE_BATCH,
+    max_batches: int | None = DEFAULT_ARCHIVE_MAX_BATCHES,
+    states: Sequence[OutboxState] = ARCHIVE_STATES,
+    dry_run: bool = False,
+    now: dt.datetime | None = None,
+) -> ArchiveResult:
+    """Move terminal rows last changed before `now - older_than` into the archive table.
+
+    Each batch is one transaction: pick up to `batch` ids (keyset on `id`), lock them (`FOR
+    UPDATE` on MySQL/PostgreSQL), `INSERT INTO archive SELECT ... WHERE id IN (...)`, then `DELETE`
+    the same ids under the same guard; the two row counts must agree or the batch rolls back. The
+    archive table is created when missing. One run per outbox table at a time: `GET_LOCK` on
+    MySQL/MariaDB, `pg_try_advisory_lock` on PostgreSQL; on SQLite each batch holds the database's
+    single write lock, so concurrent runs interleave batches but never move a row twice.
+
+    Raises:
+        ValueError: `older_than` is not positive, or `batch`/`max_batches` < 1.
+        ArchiveBusy: another run holds the lock.
+        SchemaError: the outbox table is missing.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    if older_than <= dt.timedelta(0):
+        raise ValueError(f"older_than must be positive, got {older_than}")
+    if batch < 1 or (max_batches is not None and max_batches < 1):
+        raise ValueError("batch and max_batches must be at least 1")
+    bad = [s.name for s in states if s not in ARCHIVE_STATES]
+    if bad:
+        raise ValueError(f"only terminal states can be archived, not {', '.join(bad)}")
+    check_tables(engine, tables.outbox)
+    cutoff = (now or utcnow()) - older_than
+    c = tables.outbox.c
+    guard = sa.and_(
+        c.state.in_([int(s) for s in states]),
+        c.gmt_modified < cutoff,
+        # implied by the line above; lets ix_<outbox>_gmt_create bound the scan
+        c.gmt_create < cutoff,
+    )
+    if dry_run:
+        with engine.connect() as conn:
+            count = conn.scalar(sa.select(sa.func.count()).select_from(tables.outbox).where(guard))
+        return ArchiveResult(int(count or 0), 0, cutoff, False, dry_run=True)
+    tables.archive.create(engine, checkfirst=True)
+    moved = batches = 0
+    last_id = 0
+    more = False
+    with _single_instance(engine, tables.outbox.name):
+        while True:
+            if max_batches is not None and batches >= max_batches:
+                more = True
+                break
+            count, last_id = _archive_batch(engine, tables, guard, last_id, batch)
+            if count == 0 and last_id == 0:
+                break
+            moved += count
+            batches += 1
+            if last_id == 0:  # the selection came back short: nothing older is left
+                break
+    return ArchiveResult(moved, batches, cutoff, more)
+
+
+def _archive_batch(
+    engine: Engine, tables: OutboxTables, guard: Any, after_id: int, batch: int
+) -> tuple[int, int]:
+    """Move one batch; return (rows moved, id to continue after, or 0 when the scan is done)."""
+    outbox, c = tables.outbox, tables.outbox.c
+    with engine.begin() as conn:
+        query = sa.select(c.id).where(guard, c.id > after_id).order_by(c.id).limit(batch)
+        if dialect_name(conn) != "sqlite":
+            # Lock the picked rows so no operator retry slips between the copy and the delete.
+            # SQLite needs no lock: the INSERT takes the single write lock, and both statements
+            # repeat the guard, so the copy and the delete see the same rows.
+            query = query.with_for_update()
+        ids = list(conn.scalars(query))
+        if not ids:
+            return 0, 0
+        in_batch = sa.and_(c.id.in_(ids), guard)
+        columns = [col.name for col in outbox.columns]
+        inserted = conn.execute(
+            sa.insert(tables.archive).from_select(
+                columns, sa.select(*[outbox.c[n] for n in columns]).where(in_batch)
+            )
+        ).rowcount
+        deleted = conn.execute(sa.delete(outbox).where(in_batch)).rowcount
+        if inserted != deleted:
+            raise RuntimeError(
+                f"archive batch after id {after_id}: copied {inserted} rows but deleted {deleted};"
+                " rolled back"
+            )
+        return deleted, (ids[-1] if len(ids) == batch else 0)
+
+
+@contextlib.contextmanager
+def _single_instance(engine: Engine, table_name: str) -> Iterator[None]:
+    """Hold a server-side lock naming this outbox table for the whole run (see `archive`)."""
+    dialect = dialect_name(engine)
+    if dialect not in ("mysql", "postgresql"):
+        yield
+        return
+    name = f"ckit_archive:{engine.url.database}.{table_name}"
+    if len(name) > 64:  # MySQL's GET_LOCK limit
+        name = "ckit_archive:" + hashlib.sha1(name.encode()).hexdigest()
+    with engine.connect() as conn:
+        if dialect == "mysql":
+            got = conn.scalar(sa.select(sa.func.get_lock(name, 0)))
+            release = sa.select(sa.func.release_lock(name))
+        else:
+            key = int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big", signed=True)
+            got = conn.scalar(sa.select(sa.func.pg_try_advisory_lock(key)))
+            release = sa.select(sa.func.pg_advisory_unlock(key))
+        conn.commit()
+        if not got:
+            raise ArchiveBusy(f"another `ckit outbox archive` holds the lock {name!r}; try later")
+        try:
+            yield
+        finally:
+            conn.execute(release)
+            conn.commit()

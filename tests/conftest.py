@@ -1,0 +1,75 @@
+"""Shared fixtures: a database parametrized over SQLite and real MariaDB, Redis, transports.
+
+Each test gets its own table names, so tests on the shared MariaDB never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from consumer_kit.db import make_engine
+from consumer_kit.schema import TableNames, build_metadata
+from tests import services
+
+
+@dataclass
+class Db:
+    """A database with every consumer-kit table created under unique names."""
+
+    engine: Engine
+    names: TableNames
+    kind: str
+    url: str
+
+    def count(self, table: str, where: str = "1=1") -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {table} WHERE {where}")).scalar()
+                       or 0)
+
+
+def unique_names(prefix: str = "t") -> TableNames:
+    tag = uuid.uuid4().hex[:8]
+    return TableNames(outbox=f"{prefix}{tag}_outbox", outbox_ack=f"{prefix}{tag}_ack",
+                      processed=f"{prefix}{tag}_processed", mq_prefix=f"{prefix}{tag}_mq")
+
+
+def _make_db(kind: str, tmp_path: Path, prefix: str = "t") -> Iterator[Db]:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ckit.db'}"
+    else:
+        services.require("mariadb", services.ping_mysql)
+        url = services.mysql_url()
+    engine = make_engine(url)
+    names = unique_names(prefix)
+    metadata = build_metadata(names, include_transport=False)
+    metadata.create_all(engine)
+    try:
+        yield Db(engine, names, kind, url)
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Db]:
+    """The producer/consumer tables on SQLite and on real MariaDB."""
+    yield from _make_db(request.param, tmp_path)
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[Db]:
+    """The tables on SQLite only (fast unit tests)."""
+    yield from _make_db("sqlite", tmp_path)
+
+
+@pytest.fixture
+def mariadb(tmp_path: Path) -> Iterator[Db]:
+    """The tables on real MariaDB only."""
+    yield from _make_db("mariadb", tmp_path)

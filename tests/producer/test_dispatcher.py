@@ -1,0 +1,100 @@
+"""The after-commit dispatcher: sends at once after commit, never before, never on rollback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from consumer_kit.schema import OutboxState
+from outbox_producer import Dispatcher, Outbox, Relay
+from tests.conftest import Db
+from tests.recording import RecordingTransport
+
+
+def states(db: Db) -> list[int]:
+    with db.engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT state FROM {db.names.outbox} ORDER BY id"))
+                    .scalars())
+
+
+def test_committed_rows_are_sent_after_commit_and_marked_sent(db: Db) -> None:
+    # Given
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    try:
+        # When
+        with Session(db.engine) as session, session.begin():
+            mid = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+            assert transport.sent == []  # nothing before the commit
+        assert dispatcher.flush(10)
+        # Then
+        assert list(transport.counts()) == [mid]
+        assert states(db) == [int(OutboxState.SENT)]
+    finally:
+        dispatcher.close()
+
+
+def test_a_rolled_back_session_sends_nothing(db: Db) -> None:
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    try:
+        with Session(db.engine) as session:
+            session.begin()
+            outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+            session.rollback()
+            with session.begin():
+                pass  # a later commit of the same session must not resurrect the row
+        assert dispatcher.flush(10)
+        assert transport.sent == []
+        assert states(db) == []
+    finally:
+        dispatcher.close()
+
+
+def test_a_row_the_relay_already_claimed_is_not_sent_again_by_the_dispatcher(db: Db) -> None:
+    transport = RecordingTransport()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with Session(db.engine) as session, session.begin():
+        outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+    Relay(db.engine, transport, table=db.names.outbox).run_once()
+    with db.engine.connect() as conn:
+        row = dict(conn.execute(sa.text(f"SELECT * FROM {db.names.outbox}")).mappings().one())
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    try:
+        dispatcher.submit([{**row, "lock_version": 0}])
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    assert sum(transport.counts().values()) == 1
+
+
+def test_a_process_killed_right_after_commit_leaves_the_row_for_the_relay(sqlite_db: Db) -> None:
+    # Given: a producer process that commits and dies before its dispatcher can send
+    script = textwrap.dedent(f"""
+        import os
+        from sqlalchemy.orm import Session
+        from consumer_kit.db import make_engine
+        from consumer_kit.transports.memory import MemoryTransport
+        from outbox_producer import Dispatcher, Outbox
+        engine = make_engine({sqlite_db.url!r})
+        dispatcher = Dispatcher(engine, MemoryTransport(), table={sqlite_db.names.outbox!r})
+        outbox = Outbox(engine, producer="orders", table={sqlite_db.names.outbox!r},
+                        dispatcher=dispatcher)   # never started: it dies before sending
+        with Session(engine) as s, s.begin():
+            outbox.publish(s, "T", {{"n": 1}}, biz_type="t", biz_key="1")
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert states(sqlite_db) == [int(OutboxState.PENDING)]
+    # When
+    transport = RecordingTransport()
+    Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox).run_once()
+    # Then
+    assert sum(transport.counts().values()) == 1
+    assert states(sqlite_db) == [int(OutboxState.SENT)]

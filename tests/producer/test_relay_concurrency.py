@@ -1,0 +1,68 @@
+"""Several relays side by side never send a row twice (the normal case)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from outbox_producer import Relay
+from outbox_producer.ids import new_message_id
+from consumer_kit.clock import utcnow
+from consumer_kit.schema import outbox_table
+from tests.conftest import Db
+from tests.recording import RecordingTransport
+
+ROWS = 10_000
+
+
+def bulk_insert(db: Db, n: int) -> None:
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    now = utcnow()
+    rows = [{"message_id": new_message_id(), "biz_type": "t", "biz_key": str(i), "topic": "T",
+             "body": b'{"i":%d}' % i, "state": 0, "retry_count": 0, "max_retries": 10,
+             "next_retry_at": now, "lock_version": 0, "created_by": "orders",
+             "gmt_create": now, "gmt_modified": now} for i in range(n)]
+    with db.engine.begin() as conn:
+        for start in range(0, n, 2000):
+            conn.execute(sa.insert(table), rows[start:start + 2000])
+
+
+@pytest.mark.mariadb
+@pytest.mark.slow
+def test_four_relays_on_mariadb_send_each_of_10000_rows_exactly_once(mariadb: Db) -> None:
+    # Given
+    bulk_insert(mariadb, ROWS)
+    transport = RecordingTransport()
+    relays = [Relay(mariadb.engine, transport, table=mariadb.names.outbox, batch=200,
+                    owner=f"relay-{i}") for i in range(4)]
+    results: dict[int, int] = {}
+    # When
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+        i, relays[i].run_once().stats.sent)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    # Then
+    counts = transport.counts()
+    assert len(counts) == ROWS
+    assert max(counts.values()) == 1
+    assert sum(results.values()) == ROWS
+    assert all(n > 0 for n in results.values()), results  # they really ran side by side
+    assert mariadb.count(mariadb.names.outbox, "state = 2") == ROWS
+
+
+def test_four_relays_on_sqlite_send_each_row_exactly_once(sqlite_db: Db) -> None:
+    bulk_insert(sqlite_db, 2_000)
+    transport = RecordingTransport()
+    relays = [Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox, batch=100,
+                    owner=f"relay-{i}") for i in range(4)]
+    threads = [threading.Thread(target=r.run_once) for r in relays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    counts = transport.counts()
+    assert len(counts) == 2_000 and max(counts.values()) == 1

@@ -1,0 +1,49 @@
+"""A transport wrapper that records every send (to prove exactly-once delivery to the broker)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+from consumer_kit.errors import TransportUnavailable
+from consumer_kit.transports.base import (
+    Consumer,
+    DeliveryCallback,
+    OutgoingMessage,
+    SendResult,
+    Subscription,
+    Transport,
+)
+from consumer_kit.transports.memory import MemoryTransport
+
+
+class RecordingTransport(Transport):
+    """Wraps a transport; counts sends per `ckit_id`; can be told to fail the next N sends."""
+
+    scheme = "recording"
+
+    def __init__(self, inner: Transport | None = None) -> None:
+        self.inner = inner or MemoryTransport()
+        self.max_body_bytes = self.inner.max_body_bytes
+        self.sent: list[OutgoingMessage] = []
+        self.lock = threading.Lock()
+        self.fail_next = 0
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        with self.lock:
+            if self.fail_next:
+                self.fail_next -= 1
+                raise TransportUnavailable("broker down (simulated)")
+        result = self.inner.send(message)
+        with self.lock:
+            self.sent.append(message)
+        return result
+
+    def consumer(self, group: str, subscriptions: Sequence[Subscription],
+                 callback: DeliveryCallback, *, threads: int = 1) -> Consumer:
+        return self.inner.consumer(group, subscriptions, callback, threads=threads)
+
+    def counts(self) -> Counter[str]:
+        with self.lock:
+            return Counter(m.properties["ckit_id"] for m in self.sent)
