@@ -24,7 +24,7 @@ def envelope(row: Mapping[str, Any], producer: str | None = None) -> OutgoingMes
     it; user headers go first so they can never overwrite the envelope properties.
     """
     headers = dict(row.get("headers") or {})
-    properties = {str(k): str(v) for k, v in headers.items()}
+    properties = {str(k): str(v) for k, v in headers.items() if k != PROP_ENC}
     created: dt.datetime = row["gmt_create"]
     properties.update({
         PROP_ID: row["message_id"],
@@ -32,8 +32,6 @@ def envelope(row: Mapping[str, Any], producer: str | None = None) -> OutgoingMes
         PROP_SRC: row.get("created_by") or producer or "",
         PROP_SENT: str(to_epoch_ms(created)),
     })
-    if headers.get(PROP_ENC):
-        properties[PROP_ENC] = str(headers[PROP_ENC])
     extra_keys = tuple(k for k in (row.get("keys") or "").split() if k != row["message_id"])
     return OutgoingMessage(
         topic=row["topic"],

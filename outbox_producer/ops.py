@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -119,7 +120,7 @@ class OutboxStats:
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     """Nearest-rank percentile of an ascending, non-empty sequence (`fraction` in 0..1)."""
-    rank = max(1, min(len(sorted_values), int(-(-fraction * len(sorted_values) // 1))))
+    rank = max(1, min(len(sorted_values), math.ceil(fraction * len(sorted_values))))
     return sorted_values[rank - 1]
 
 
@@ -232,8 +233,15 @@ def show(engine: Engine, tables: OutboxTables, ident: str) -> list[MessageView]:
     with engine.connect() as conn:
         rows = conn.execute(sa.select(tables.outbox).where(c.message_id == ident)).mappings().all()
         if not rows:
-            query = sa.select(tables.outbox).where(c.biz_key == ident).order_by(c.biz_type, c.id)
-            rows = conn.execute(query).mappings().all()
+            # The unique (biz_type, biz_key) index leads with biz_type: list the (few) biz types
+            # first (a loose index scan) so the lookup is an index range, not a table scan.
+            types = list(conn.scalars(sa.select(c.biz_type).group_by(c.biz_type)))
+            query = (
+                sa.select(tables.outbox)
+                .where(c.biz_type.in_(types), c.biz_key == ident)
+                .order_by(c.biz_type, c.id)
+            )
+            rows = conn.execute(query).mappings().all() if types else []
         views = []
         for row in rows:
             acks = conn.execute(

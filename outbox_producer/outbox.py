@@ -24,7 +24,6 @@ from consumer_kit.schema import (
     OutboxState,
     outbox_table,
 )
-from consumer_kit.transports.base import PROP_ENC
 from outbox_producer.errors import PayloadError
 from outbox_producer.ids import new_message_id
 from outbox_producer.payload import encode_payload
@@ -87,10 +86,8 @@ class Outbox:
             PayloadError: the payload is not serializable or a field is too long (nothing is
                 written; raise it out of your transaction to roll the business change back).
         """
-        body, encoding = encode_payload(payload)
+        body = encode_payload(payload)
         props = _check_fields(topic, biz_type, biz_key, tags, keys, headers)
-        if encoding:
-            props[PROP_ENC] = encoding
         now = utcnow()
         delay_s = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay or 0)
         message_id = new_message_id()

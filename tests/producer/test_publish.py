@@ -82,7 +82,7 @@ def test_payload_kinds_are_encoded_to_body_bytes(sqlite_db: Db, payload: object,
     assert bytes(outbox_rows(sqlite_db)[0][2]) == body
 
 
-def test_binary_payload_is_base64_with_an_encoding_header(sqlite_db: Db) -> None:
+def test_binary_payload_is_kept_byte_for_byte_up_to_the_transport(sqlite_db: Db) -> None:
     outbox = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox)
     transport = RecordingTransport()
     with sqlite_db.engine.begin() as conn:
@@ -91,8 +91,8 @@ def test_binary_payload_is_base64_with_an_encoding_header(sqlite_db: Db) -> None
 
     Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox).run_once()
     sent = transport.sent[0]
-    assert sent.properties["ckit_enc"] == "b64"
-    assert sent.body == b"AP8B"
+    assert sent.body == b"\x00\xff\x01"
+    assert "ckit_enc" not in sent.properties  # wire encoding is the transport's business
 
 
 def test_a_non_serializable_payload_fails_inside_publish_and_writes_nothing(db: Db) -> None:

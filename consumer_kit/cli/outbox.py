@@ -1,0 +1,258 @@
+"""`ckit outbox`: look at and repair the producer's outbox (stats, show, retry, suspend, resume,
+archive). The operations themselves live in `outbox_producer.ops`; this module parses and prints.
+
+Exit codes: 0 done; 1 some requested rows were refused (wrong state, conflict, not found) or
+nothing matched; 2 a usage or configuration error (one `error:` line, never a traceback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from sqlalchemy.engine import Engine
+
+from consumer_kit.cli.common import (
+    db_url_option,
+    fail,
+    friendly_errors,
+    json_option,
+    print_json,
+    print_table,
+    require,
+)
+from consumer_kit.clock import parse_duration
+from consumer_kit.db import make_engine
+from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, OutboxState, TableNames
+from outbox_producer import ops
+
+outbox_app = typer.Typer(
+    help="Inspect and repair the outbox. Exit 1 when a requested row was refused, 2 on bad usage.",
+    no_args_is_help=True,
+)
+
+TABLE_OPT = typer.Option(DEFAULT_OUTBOX_TABLE, "--table", envvar="CKIT_OUTBOX_TABLE",
+                         help="outbox table name")
+ACK_TABLE_OPT = typer.Option(DEFAULT_ACK_TABLE, "--ack-table", envvar="CKIT_ACK_TABLE",
+                             help="ack table name")
+TARGETS_HELP = "row ids (digits) or message ids"
+
+
+def _tables(table: str, ack_table: str) -> ops.OutboxTables:
+    return ops.OutboxTables.from_names(TableNames(outbox=table, outbox_ack=ack_table))
+
+
+def _engine(url: str | None) -> Engine:
+    return make_engine(require(url, "--url", "CKIT_DB_URL"))
+
+
+def _targets(values: Sequence[str]) -> list[int | str]:
+    """Digits are row ids; anything else is a message id (outbox message ids are ULIDs/UUIDs)."""
+    return [int(v) if v.isdigit() else v for v in values]
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+@outbox_app.command("stats")
+@friendly_errors
+def stats_cmd(
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    lag_window: str = typer.Option("1h", "--lag-window", help="lag over rows sent this recently"),
+    as_json: bool = json_option(),
+) -> None:
+    """Counts per state, oldest PENDING and SENT ages, sent-to-consumed lag p50/p95/max."""
+    engine = _engine(url)
+    tables = _tables(table, DEFAULT_ACK_TABLE)
+    result = ops.stats(engine, tables.outbox, lag_window=parse_duration(lag_window))
+    if as_json:
+        print_json(result.to_dict())
+        return
+    print_table(["state", "code", "rows"],
+                [(name, _code(name), count) for name, count in result.counts.items()])
+    typer.echo(f"total: {result.total}")
+    typer.echo(f"oldest PENDING: {_age(result.oldest_pending_age_s)}   "
+               f"oldest SENT: {_age(result.oldest_sent_age_s)}")
+    lag = result.lag
+    window = f"last {result.lag_window_s:g}s"
+    if lag is None:
+        typer.echo(f"sent->consumed lag ({window}): no consumed rows")
+    else:
+        typer.echo(f"sent->consumed lag ({window}, {lag.samples} rows): "
+                   f"p50 {lag.p50:.3f}s  p95 {lag.p95:.3f}s  max {lag.max:.3f}s")
+
+
+def _code(name: str) -> str:
+    return str(OutboxState[name].value) if name in OutboxState.__members__ else "?"
+
+
+SHOW_FIELDS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "state",
+               "retry_count", "max_retries", "next_retry_at", "last_attempt_at", "fail_reason",
+               "broker_message_id", "sent_at", "consumed_at", "lease_owner", "lease_until",
+               "lock_version", "created_by", "updated_by", "gmt_create", "gmt_modified")
+BODY_PREVIEW = 200
+
+
+@outbox_app.command("show")
+@friendly_errors
+def show_cmd(
+    ident: str = typer.Argument(..., metavar="MESSAGE_ID|BIZ_KEY"),
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    ack_table: str = ACK_TABLE_OPT,
+    as_json: bool = json_option(),
+) -> None:
+    """One message by message id, else every message with that biz key, with its ack rows."""
+    views = ops.show(_engine(url), _tables(table, ack_table), ident)
+    if not views:
+        fail(f"no message with message_id or biz_key {ident!r}", code=1)
+    if as_json:
+        print_json([v.to_dict() for v in views])
+        return
+    for number, view in enumerate(views):
+        data = view.to_dict()
+        message = data["message"]
+        if number:
+            typer.echo("")
+        width = max(len(f) for f in SHOW_FIELDS)
+        for field in SHOW_FIELDS:
+            value = message.get(field)
+            if field == "state":
+                value = f"{value} ({view.state.value})"
+            typer.echo(f"{field.ljust(width)}  {'' if value is None else value}")
+        body = str(message.get("body", ""))
+        more = f" ... ({len(body)} chars)" if len(body) > BODY_PREVIEW else ""
+        typer.echo(f"{'headers'.ljust(width)}  {message.get('headers')}")
+        typer.echo(f"{'body'.ljust(width)}  {body[:BODY_PREVIEW]}{more}")
+        typer.echo("acks:" if view.acks else "acks: none")
+        if view.acks:
+            print_table(["consumer_group", "outcome", "acked_at", "reason"],
+                        [(a["consumer_group"], a["outcome"], a["acked_at"], a["reason"])
+                         for a in view.acks])
+
+
+def _report(result: ops.TransitionResult, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        typer.echo(f"{result.action}: {len(result.changed)} changed, "
+                   f"{len(result.refused)} refused")
+        if result.refused:
+            print_table(["target", "state", "reason"],
+                        [(r.target, r.state or "-", r.reason) for r in result.refused])
+    if result.refused:
+        raise typer.Exit(1)
+
+
+@outbox_app.command("retry")
+@friendly_errors
+def retry_cmd(
+    targets: list[str] = typer.Argument(None, metavar="[ID...]", help=TARGETS_HELP),
+    state: str | None = typer.Option(None, "--state", help="bulk: rows in this state (name/code)"),
+    topic: str | None = typer.Option(None, "--topic", help="bulk: only this topic"),
+    limit: int = typer.Option(ops.DEFAULT_BULK_LIMIT, "--limit", help="bulk: at most N rows"),
+    force: bool = typer.Option(False, "--force", help="also re-send SENT and CONSUMED rows"),
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    as_json: bool = json_option(),
+) -> None:
+    """Re-queue FAILED/SUSPENDED/REJECTED rows as PENDING with retry_count 0, due now.
+
+    Give ids, or --state (with --topic/--limit) for a bulk retry. CONSUMED rows need --force.
+    fail_reason is kept, prefixed `operator retry (was STATE):`.
+    """
+    if targets and state is not None:
+        fail("give ids or --state, not both")
+    if not targets and state is None:
+        fail("give the ids to retry, or --state STATE [--topic T] [--limit N]")
+    if topic is not None and state is None:
+        fail("--topic needs --state")
+    engine = _engine(url)
+    outbox = _tables(table, DEFAULT_ACK_TABLE).outbox
+    if state is not None:
+        wanted = OutboxState.parse(state)
+        if wanted is OutboxState.CONSUMED and not force:
+            fail("CONSUMED is terminal: pass --force to re-send consumed rows")
+        states = (wanted,)
+        ids: list[int | str] = list(
+            ops.select_ids(engine, outbox, states=states, topic=topic, limit=limit)
+        )
+        if not ids:
+            typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
+            return
+        result = ops.retry(engine, outbox, ids, states=states, force=force)
+    else:
+        result = ops.retry(engine, outbox, _targets(targets), force=force)
+    _report(result, as_json)
+
+
+@outbox_app.command("suspend")
+@friendly_errors
+def suspend_cmd(
+    targets: list[str] = typer.Argument(..., metavar="ID...", help=TARGETS_HELP),
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    as_json: bool = json_option(),
+) -> None:
+    """Hold PENDING, FAILED (and SENDING rows whose lease expired) in SUSPENDED."""
+    engine = _engine(url)
+    _report(ops.suspend(engine, _tables(table, DEFAULT_ACK_TABLE).outbox, _targets(targets)),
+            as_json)
+
+
+@outbox_app.command("resume")
+@friendly_errors
+def resume_cmd(
+    targets: list[str] = typer.Argument(..., metavar="ID...", help=TARGETS_HELP),
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    as_json: bool = json_option(),
+) -> None:
+    """Put SUSPENDED rows back to PENDING, due now."""
+    engine = _engine(url)
+    _report(ops.resume(engine, _tables(table, DEFAULT_ACK_TABLE).outbox, _targets(targets)),
+            as_json)
+
+
+@outbox_app.command("archive")
+@friendly_errors
+def archive_cmd(
+    older_than: str = typer.Option("30d", "--older-than", help="age of the last change, e.g. 30d"),
+    batch: int = typer.Option(ops.DEFAULT_ARCHIVE_BATCH, "--batch", help="rows per transaction"),
+    max_batches: int = typer.Option(ops.DEFAULT_ARCHIVE_MAX_BATCHES, "--max-batches",
+                                    help="stop after N batches (run again for the rest)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="count the rows, move nothing"),
+    url: str | None = db_url_option(),
+    table: str = TABLE_OPT,
+    as_json: bool = json_option(),
+) -> None:
+    """Move CONSUMED and REJECTED rows last changed before the horizon into <table>_archive.
+
+    Bounded batches, one transaction each; one run per table at a time (a second run exits 2).
+    """
+    horizon = parse_duration(older_than)
+    engine = _engine(url)
+    tables = _tables(table, DEFAULT_ACK_TABLE)
+    result = ops.archive(engine, tables, horizon, batch=batch, max_batches=max_batches,
+                         dry_run=dry_run)
+    if as_json:
+        data: dict[str, Any] = result.to_dict()
+        data["archive_table"] = tables.archive.name
+        print_json(data)
+        return
+    if dry_run:
+        typer.echo(f"{result.moved} rows older than {result.cutoff} would move to "
+                   f"{tables.archive.name}")
+        return
+    typer.echo(f"archived {result.moved} rows in {result.batches} batches into "
+               f"{tables.archive.name} (cutoff {result.cutoff})")
+    if result.more:
+        typer.echo(f"stopped after --max-batches {max_batches}: run again for the rest")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `outbox` sub-command group to the `ckit` app."""
+    app.add_typer(outbox_app, name="outbox")

@@ -1,0 +1,160 @@
+"""`ckit reconcile`: repair outbox rows stuck past a cutoff (Spark or plain SQL engine).
+
+Exit codes: 0 clean, 3 when a threshold is crossed or a failure class is present (cron alerts),
+2 bad options or configuration, 1 an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from consumer_kit.cli.common import (
+    db_url_option,
+    friendly_errors,
+    json_option,
+    print_json,
+    print_table,
+    require,
+)
+from consumer_kit.clock import parse_duration
+from consumer_kit.errors import ConfigError
+from consumer_kit.reconcile import (
+    GroupSource,
+    ReconcileConfig,
+    ReconcileSummary,
+    RepairClass,
+    Thresholds,
+    run_reconcile,
+)
+from consumer_kit.reconcile.model import DEFAULT_MASTER, ENGINES
+from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, DEFAULT_PROCESSED_TABLE
+
+DEFAULT_OUTPUT = "ckit-out/reconcile"
+
+
+def reconcile(
+    ctx: typer.Context,
+    url: str | None = db_url_option("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
+    group: list[str] = typer.Option(
+        [], "--group", "-g", metavar="NAME[:TOPIC,...]=DB_URL",
+        help="a consumer group and its database (repeatable); topics limit what it must consume"),
+    processed_table: str = typer.Option(DEFAULT_PROCESSED_TABLE, "--processed-table",
+                                        help="processed table name in the groups' databases"),
+    outbox_table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--outbox-table"),
+    ack_table: str = typer.Option(DEFAULT_ACK_TABLE, "--ack-table"),
+    stuck_after: str = typer.Option("10m", "--stuck-after",
+                                    help="SENT (or leased) longer than this is stuck"),
+    max_retries: int | None = typer.Option(
+        None, "--max-retries", help="override every row's max_retries (re-sends allowed)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="classify and report, write nothing"),
+    output: str = typer.Option(DEFAULT_OUTPUT, "--output", "-o",
+                               help="folder for summary.json and samples ('' for none)"),
+    engine: str = typer.Option("spark", "--engine", help=f"one of {', '.join(ENGINES)}"),
+    master: str | None = typer.Option(
+        None, "--master", help=f"Spark master (default {DEFAULT_MASTER}; spark-submit's own)"),
+    conf: list[str] = typer.Option([], "--conf", metavar="KEY=VALUE",
+                                   help="Spark configuration (repeatable)"),
+    orphan_window: str = typer.Option(
+        "1h", "--orphan-window", help="processed rows this far before the cutoff are checked "
+                                      "for orphans (0 disables)"),
+    src: str | None = typer.Option(None, "--src",
+                                   help="only processed rows from this producer (ckit_src)"),
+    batch_size: int = typer.Option(500, "--batch-size", help="rows per repair statement"),
+    fail_on_stuck: int | None = typer.Option(
+        None, "--fail-on-stuck", metavar="N", help="alert when more than N rows are stuck"),
+    fail_on_orphans: int | None = typer.Option(
+        None, "--fail-on-orphans", metavar="N", help="alert when more than N orphans"),
+    fail_on_conflicts: int | None = typer.Option(
+        None, "--fail-on-conflicts", metavar="N", help="alert when more than N conflicts"),
+    fail_on_failures: bool = typer.Option(
+        True, "--fail-on-failures/--no-fail-on-failures",
+        help="alert when rejected, exhausted or unmatched rows are found"),
+    json_out: bool = json_option(),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr"),
+) -> None:
+    """Compare the outbox with every group's processed table and repair stuck rows."""
+    spark_submit = bool(ctx.obj and ctx.obj.get("spark_submit"))
+    config = ReconcileConfig(
+        producer_url=require(url, "--url", "CKIT_DB_URL"),
+        groups=tuple(GroupSource.parse(g, table=processed_table) for g in group),
+        outbox_table=outbox_table,
+        ack_table=ack_table,
+        stuck_after=parse_duration(stuck_after),
+        max_retries=max_retries,
+        dry_run=dry_run,
+        output_dir=Path(output) if output else None,
+        engine=engine,
+        master=master or (None if spark_submit else DEFAULT_MASTER),
+        thresholds=Thresholds(stuck=fail_on_stuck, orphans=fail_on_orphans,
+                              conflicts=fail_on_conflicts, fail_on_failures=fail_on_failures),
+        orphan_window=parse_duration(orphan_window or "0"),
+        src=src,
+        batch_size=batch_size,
+        spark_conf=tuple(_pair(c) for c in conf),
+    )
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        if not quiet:
+            typer.echo(f"[reconcile {time.monotonic() - started:6.1f}s] {message}", err=True)
+
+    summary = run_reconcile(config, progress=progress)
+    if json_out:
+        print_json(summary.to_dict())
+    else:
+        print_summary(summary)
+    raise typer.Exit(summary.exit_code)
+
+
+def print_summary(summary: ReconcileSummary) -> None:
+    """The terminal report: counts per class, then cutoff, reads, durations and alerts."""
+    mode = " (dry run: nothing written)" if summary.dry_run else ""
+    typer.echo(f"reconcile [{summary.engine}]{mode}  now {summary.now.isoformat(sep=' ')}  "
+               f"cutoff {summary.cutoff.isoformat(sep=' ')}")
+    typer.echo(f"producer {summary.producer}; groups "
+               + ", ".join(f"{g['name']} ({g['url']})" for g in summary.groups))
+    rows: list[list[Any]] = []
+    for klass, count in summary.classes.items():
+        repair = "report only" if not klass.repairs else (
+            "would repair" if summary.dry_run else "repaired")
+        rows.append([klass.value, count.found, count.intended, count.applied, count.conflicts,
+                     repair])
+    print_table(["class", "found", "intended", "applied", "conflicts", "action"], rows)
+    typer.echo(f"window rows {summary.window_rows}; acks inserted {summary.acks_inserted}; "
+               f"statements {summary.statements}; rows read {summary.total_rows_read} "
+               f"({', '.join(f'{k}={v}' for k, v in sorted(summary.rows_read.items()))})")
+    typer.echo("durations " + ", ".join(f"{k} {v:.2f}s" for k, v in summary.durations.items()))
+    if summary.output_dir:
+        typer.echo(f"output {summary.output_dir}")
+    for alert in summary.alerts:
+        typer.echo(f"ALERT: {alert}", err=True)
+    if summary.classes[RepairClass.ORPHAN].found:
+        typer.echo("orphans are reported only: see samples/orphan.jsonl")
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--conf must be KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `ckit reconcile` to the CLI."""
+    app.command("reconcile")(friendly_errors(reconcile))
+
+
+def standalone(argv: list[str]) -> int:
+    """Run the reconcile command alone (the spark-submit entry): Spark's master comes from
+    spark-submit unless `--master` is given. Returns the exit code."""
+    from consumer_kit.cli.common import configure_logging
+
+    configure_logging(0)
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(friendly_errors(reconcile))
+    code = app(args=argv, obj={"spark_submit": True}, standalone_mode=False)
+    return int(code or 0)

@@ -1,0 +1,35 @@
+"""Control-flow exceptions a handler raises to steer the outcome (they are not failures)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+
+class Reject(Exception):  # noqa: N818 - named for what the handler means, like dramatiq's Retry
+    """Refuse a message permanently: it is recorded FAILED with `reason`, acked to the broker,
+    and acked to the producer as rejected (its outbox row becomes REJECTED).
+
+    >>> raise Reject("unknown sku")            # doctest: +SKIP
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Retry(Exception):  # noqa: N818
+    """Ask for a redelivery later (RECONSUME_LATER); the broker's back-off decides when.
+
+    `delay` is a hint kept for logs and transports that can honour it; RocketMQ's push consumer
+    uses its own delay levels.
+    """
+
+    def __init__(self, reason: str = "retry requested", *, delay: dt.timedelta | None = None
+                 ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
+class InvalidBody(ValueError):
+    """`Message.json()` found a body that is not valid JSON (a permanent error)."""

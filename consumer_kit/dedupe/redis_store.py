@@ -1,0 +1,118 @@
+"""The Redis fast path: one round trip answers done / busy / claimed.
+
+Redis is an accelerator, never the truth: when it is down or flushed the processed table still
+decides. Errors switch the store to degraded mode (a warning and a metric) and it tries Redis
+again after `retry_after`, so it recovers by itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import threading
+import time
+from importlib import resources
+
+import redis
+
+from consumer_kit import metrics
+from consumer_kit.dedupe.keys import done_key, lease_key
+
+log = logging.getLogger("consumer_kit.dedupe.redis")
+
+DEFAULT_DONE_TTL = dt.timedelta(days=7)
+DEFAULT_LEASE = dt.timedelta(minutes=2)
+DEFAULT_RETRY_AFTER = 5.0
+
+
+class Claim(enum.Enum):
+    """What the claim script answered."""
+
+    CLAIMED = 0
+    DUPLICATE = 1
+    BUSY = 2
+    UNAVAILABLE = 3
+
+
+def _script(name: str) -> str:
+    return resources.files("consumer_kit.dedupe").joinpath(name).read_text()
+
+
+class RedisDedupe:
+    """Claims, finishes and releases message ids of one consumer group in Redis."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        group: str,
+        *,
+        lease: dt.timedelta = DEFAULT_LEASE,
+        done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
+        retry_after: float = DEFAULT_RETRY_AFTER,
+    ) -> None:
+        self.client = client
+        self.group = group
+        self.lease_ms = int(lease.total_seconds() * 1000)
+        self.done_ms = int(done_ttl.total_seconds() * 1000)
+        self.retry_after = retry_after
+        self._claim = client.register_script(_script("claim.lua"))
+        self._finish = client.register_script(_script("finish.lua"))
+        self._release = client.register_script(_script("release.lua"))
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is considered down (the database path alone decides)."""
+        return time.monotonic() < self._down_until
+
+    def _failed(self, what: str, message_id: str, exc: Exception) -> None:
+        with self._lock:
+            first = not self.degraded
+            self._down_until = time.monotonic() + self.retry_after
+        metrics.DEGRADED.labels(self.group).set(1)
+        if first:
+            log.warning("message %s: redis %s failed (%s); degraded to the database path for "
+                        "%.0fs", message_id, what, exc, self.retry_after)
+
+    def _ok(self) -> None:
+        if self._down_until:
+            with self._lock:
+                if self._down_until:
+                    self._down_until = 0.0
+                    metrics.DEGRADED.labels(self.group).set(0)
+                    log.warning("redis is back for group %s; fast path restored", self.group)
+
+    def claim(self, message_id: str, token: str) -> Claim:
+        """Take the in-flight lease unless the message is done or leased by someone else."""
+        if self.degraded:
+            return Claim.UNAVAILABLE
+        try:
+            answer = self._claim(keys=[done_key(self.group, message_id),
+                                       lease_key(self.group, message_id)],
+                                 args=[token, self.lease_ms])
+        except redis.RedisError as exc:
+            self._failed("claim", message_id, exc)
+            return Claim.UNAVAILABLE
+        self._ok()
+        return Claim(int(answer))  # type: ignore[arg-type]
+
+    def finish(self, message_id: str, token: str) -> None:
+        """Mark done (TTL) and drop our lease. A failure only costs a database lookup later."""
+        if self.degraded:
+            return
+        try:
+            self._finish(keys=[done_key(self.group, message_id),
+                               lease_key(self.group, message_id)], args=[token, self.done_ms])
+        except redis.RedisError as exc:
+            self._failed("finish", message_id, exc)
+
+    def release(self, message_id: str, token: str) -> None:
+        """Drop our lease so a redelivery can be processed at once."""
+        if self.degraded:
+            return
+        try:
+            self._release(keys=[lease_key(self.group, message_id)], args=[token])
+        except redis.RedisError as exc:
+            self._failed("release", message_id, exc)

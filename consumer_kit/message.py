@@ -1,0 +1,85 @@
+"""`Message`: what a handler receives, copied out of the transport's object."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from consumer_kit.control import InvalidBody
+from consumer_kit.transports.base import PROP_BIZ, PROP_ID, PROP_SENT, PROP_SRC, Delivery
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """A received message.
+
+    `id` is the dedupe key: `ckit_id` for outbox messages, else the first KEYS entry, else the
+    broker's message id (or what the listener's `dedupe_key` function returned).
+    """
+
+    id: str
+    topic: str
+    tags: str
+    keys: tuple[str, ...]
+    body: bytes
+    properties: Mapping[str, str]
+    reconsume_times: int
+    broker_message_id: str
+    producer: str | None
+
+    @classmethod
+    def from_delivery(cls, delivery: Delivery) -> Message:
+        """Build a message (dedupe id by the envelope's rules) from a transport delivery."""
+        keys = tuple(delivery.keys.split())
+        props = dict(delivery.properties)
+        dedupe = props.get(PROP_ID) or (keys[0] if keys else "") or delivery.broker_message_id
+        return cls(id=dedupe, topic=delivery.topic, tags=delivery.tags, keys=keys,
+                   body=delivery.body, properties=props,
+                   reconsume_times=delivery.reconsume_times,
+                   broker_message_id=delivery.broker_message_id,
+                   producer=props.get(PROP_SRC) or None)
+
+    def with_id(self, dedupe_id: str) -> Message:
+        """A copy with another dedupe id (a listener's own `dedupe_key`)."""
+        return dataclasses.replace(self, id=dedupe_id)
+
+    @property
+    def is_outbox(self) -> bool:
+        """True when the message came through an outbox (it carries `ckit_id`)."""
+        return PROP_ID in self.properties
+
+    @property
+    def biz(self) -> str | None:
+        """`biz_type:biz_key` of an outbox message."""
+        return self.properties.get(PROP_BIZ)
+
+    @property
+    def sent_at_ms(self) -> int | None:
+        """Epoch ms when the producer committed the message (for lag metrics)."""
+        raw = self.properties.get(PROP_SENT)
+        return int(raw) if raw and raw.isdigit() else None
+
+    def text(self) -> str:
+        """The body as UTF-8 text.
+
+        Raises:
+            InvalidBody: the body is not UTF-8 (a permanent error: the message is rejected).
+        """
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidBody(f"body is not UTF-8: {exc}") from None
+
+    def json(self) -> Any:
+        """The body parsed as JSON.
+
+        Raises:
+            InvalidBody: the body is not valid JSON (a permanent error: the message is rejected
+                with the parse error as the reason).
+        """
+        try:
+            return json.loads(self.text())
+        except json.JSONDecodeError as exc:
+            raise InvalidBody(f"body is not valid JSON: {exc}") from None

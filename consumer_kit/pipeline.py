@@ -1,0 +1,202 @@
+"""The per-message pipeline (DESIGN.md, "Consumer half"): dedupe key, Redis claim, handler and
+processed row in one transaction, done marker, lease release, ack, broker status."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import traceback
+import uuid
+
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from consumer_kit import metrics
+from consumer_kit.ack_sender import AckSender
+from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
+from consumer_kit.listeners import Listener, Router
+from consumer_kit.message import Message
+from consumer_kit.outcome import Outcome, Result, broker_status
+from consumer_kit.processed import ProcessedStore
+from consumer_kit.schema import REASON_LEN, ProcessedStatus
+from consumer_kit.transports.base import ConsumeStatus, Delivery
+
+log = logging.getLogger("consumer_kit.pipeline")
+
+#: errors that can never succeed on redelivery
+DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
+    InvalidBody, json.JSONDecodeError, UnicodeDecodeError,
+)
+
+
+class Pipeline:
+    """Processes deliveries for one consumer group. Thread-safe; `__call__` never raises."""
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        engine: Engine,
+        router: Router,
+        store: ProcessedStore,
+        redis: RedisDedupe | None = None,
+        recent: RecentlyDone | None = None,
+        acks: AckSender | None = None,
+        permanent: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.group = group
+        self.engine = engine
+        self.router = router
+        self.store = store
+        self.redis = redis
+        self.recent = recent or RecentlyDone()
+        self.acks = acks
+        self.permanent = DEFAULT_PERMANENT + tuple(permanent)
+
+    def __call__(self, delivery: Delivery) -> ConsumeStatus:
+        """The transport callback: every exception is caught (one escaping a ctypes callback
+        would read as CONSUME_SUCCESS in the RocketMQ client: a lost message)."""
+        try:
+            return broker_status(self.process(delivery).outcome)
+        except BaseException:  # noqa: BLE001 - the contract is "never raise"
+            log.exception("message %s: pipeline error; reconsume later",
+                          getattr(delivery, "broker_message_id", "?"))
+            return ConsumeStatus.RECONSUME_LATER
+
+    def process(self, delivery: Delivery) -> Result:
+        """Run the pipeline for one delivery and return its outcome."""
+        msg = Message.from_delivery(delivery)
+        listener = self.router.find(msg.topic, msg.tags)
+        if listener is None:
+            return self._finish(msg, None, "", self._reject(
+                msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}"))
+        if listener.dedupe_key is not None:
+            try:
+                msg = msg.with_id(str(listener.dedupe_key(msg)))
+            except Exception as exc:
+                return self._finish(msg, listener, "", self._reject(
+                    msg, f"dedupe_key failed: {type(exc).__name__}: {exc}"))
+        if not msg.id:
+            msg = msg.with_id("noid-" + hashlib.sha1(msg.topic.encode() + msg.body).hexdigest())
+            return self._finish(msg, listener, "", self._reject(
+                msg, "message has no id (no ckit_id, KEYS or broker id)"))
+        if msg.id in self.recent:
+            return self._count(msg, Result(Outcome.DUPLICATE, "seen by this process"))
+        token = uuid.uuid4().hex
+        claim = self.redis.claim(msg.id, token) if self.redis else Claim.UNAVAILABLE
+        if claim is Claim.DUPLICATE:
+            self.recent.add(msg.id)
+            return self._count(msg, Result(Outcome.DUPLICATE, "done in redis"))
+        if claim is Claim.BUSY:
+            return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
+        return self._finish(msg, listener, token, self._run(listener, msg))
+
+    def _run(self, listener: Listener, msg: Message) -> Result:
+        started = time.perf_counter()
+        try:
+            if listener.wants_session:
+                return self._run_in_transaction(listener, msg)
+            return self._run_then_record(listener, msg)
+        finally:
+            metrics.HANDLER_SECONDS.labels(self.group, msg.topic).observe(
+                time.perf_counter() - started)
+
+    def _run_in_transaction(self, listener: Listener, msg: Message) -> Result:
+        try:
+            with self.engine.connect() as conn:
+                tx = conn.begin()
+                try:
+                    if not self.store.insert(conn, msg, ProcessedStatus.SUCCEEDED):
+                        tx.rollback()
+                        return Result(Outcome.DUPLICATE, "processed row exists")
+                    with Session(bind=conn) as session:
+                        listener.fn(msg, session)
+                        session.flush()
+                    tx.commit()
+                except BaseException:
+                    if tx.is_active:
+                        tx.rollback()
+                    raise
+        except Exception as exc:
+            return self._failure(listener, msg, exc)
+        return Result(Outcome.SUCCEEDED)
+
+    def _run_then_record(self, listener: Listener, msg: Message) -> Result:
+        try:
+            if self.store.status(msg.id) is not None:
+                return Result(Outcome.DUPLICATE, "processed row exists")
+            listener.fn(msg)
+        except Exception as exc:
+            return self._failure(listener, msg, exc)
+        try:
+            if not self.store.record(msg, ProcessedStatus.SUCCEEDED):
+                log.warning("message %s: processed concurrently by another consumer "
+                            "(a handler without a session is at-least-once)", msg.id)
+        except DBAPIError as exc:
+            return Result(Outcome.RETRY, f"database unavailable after the handler: {exc.orig}")
+        return Result(Outcome.SUCCEEDED)
+
+    def _failure(self, listener: Listener, msg: Message, exc: Exception) -> Result:
+        if isinstance(exc, Reject):
+            return self._reject(msg, exc.reason)
+        if isinstance(exc, self.permanent + listener.permanent):
+            return self._reject(msg, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, Retry):
+            return Result(Outcome.RETRY, exc.reason)
+        if isinstance(exc, DBAPIError):
+            return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
+        log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, listener.name,
+                    "".join(traceback.format_exception(exc)).rstrip())
+        return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+
+    def _reject(self, msg: Message, reason: str) -> Result:
+        """Record FAILED with the reason (durably) before the broker is acked."""
+        try:
+            if not self.store.record(msg, ProcessedStatus.FAILED, reason[:REASON_LEN]):
+                return Result(Outcome.DUPLICATE, "processed row exists")
+        except DBAPIError as exc:
+            return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
+        return Result(Outcome.REJECTED, reason)
+
+    def _finish(self, msg: Message, listener: Listener | None, token: str, result: Result
+                ) -> Result:
+        durable = result.outcome in (Outcome.SUCCEEDED, Outcome.DUPLICATE, Outcome.REJECTED)
+        if self.redis is not None and token:
+            if durable:
+                self.redis.finish(msg.id, token)
+            else:
+                self.redis.release(msg.id, token)
+        if durable:
+            self.recent.add(msg.id)
+        if self.acks is not None and msg.producer and msg.is_outbox:
+            if result.outcome is Outcome.SUCCEEDED:
+                self.acks.put(msg.producer, msg.id, "consumed")
+            elif result.outcome is Outcome.REJECTED:
+                self.acks.put(msg.producer, msg.id, "rejected", result.reason)
+        return self._count(msg, result)
+
+    def _count(self, msg: Message, result: Result) -> Result:
+        outcome = result.outcome
+        if outcome is Outcome.SUCCEEDED:
+            metrics.CONSUMED.labels(self.group, msg.topic).inc()
+            log.debug("message %s consumed", msg.id)
+        elif outcome is Outcome.DUPLICATE:
+            metrics.DUPLICATES.labels(self.group, msg.topic).inc()
+            log.debug("message %s duplicate: %s", msg.id, result.reason)
+        elif outcome is Outcome.BUSY:
+            metrics.BUSY.labels(self.group).inc()
+            log.info("message %s busy: %s", msg.id, result.reason)
+        elif outcome is Outcome.REJECTED:
+            metrics.REJECTED.labels(self.group, msg.topic).inc()
+            log.warning("message %s rejected: %s", msg.id, result.reason)
+        else:
+            metrics.RETRIED.labels(self.group, msg.topic).inc()
+            log.info("message %s reconsume later: %s", msg.id, result.reason)
+        return result
+
+

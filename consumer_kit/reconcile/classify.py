@@ -1,0 +1,98 @@
+"""The reconciler's rules: one pure function from a window row and its evidence to a decision.
+
+Both engines call `classify`; nothing else in the package decides what a row is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from consumer_kit.reconcile.model import Decision, Evidence, GroupSource, RepairClass, WindowRow
+from consumer_kit.schema import REASON_LEN, AckOutcome, OutboxState, ProcessedStatus
+
+
+def classify(
+    row: WindowRow,
+    evidence: Iterable[Evidence],
+    groups: Sequence[GroupSource],
+    *,
+    max_retries: int | None = None,
+) -> Decision:
+    """Classify one outbox row of the window.
+
+    `groups` are every configured group; only those expecting the row's topic count. `evidence`
+    may hold rows of other groups (ignored). `max_retries` overrides the row's own `max_retries`.
+
+    Rules, in order: a SENDING row (its lease expired before the cutoff) is STUCK_SENDING; a SENT
+    row with no expected group is UNMATCHED; any expected group that FAILED it (processed FAILED
+    or acked `rejected`) makes it REJECTED; every expected group SUCCEEDED (processed) or acked
+    `consumed` makes it ACK_LOST; otherwise some group is missing: RETRY while
+    `retry_count < max_retries`, else EXHAUSTED.
+
+    >>> row = WindowRow(id=1, message_id="m1", topic="T", state=2, retry_count=0,
+    ...                 max_retries=3, lock_version=4)
+    >>> classify(row, [], [GroupSource("g", "sqlite://")]).klass
+    <RepairClass.RETRY: 'retry'>
+    """
+    if row.state == OutboxState.SENDING:
+        return Decision(row=row, klass=RepairClass.STUCK_SENDING,
+                        reason=f"lease expired at {row.lease_until}")
+    expected = [g.name for g in groups if g.expects(row.topic)]
+    if not expected:
+        return Decision(row=row, klass=RepairClass.UNMATCHED,
+                        reason=f"no configured consumer group consumes topic {row.topic!r}")
+    by_group: dict[str, Evidence] = {}
+    for ev in evidence:
+        if ev.group in expected:
+            by_group[ev.group] = _merge(by_group.get(ev.group), ev)
+
+    rejected = [_rejection(by_group[g]) for g in expected if g in by_group]
+    reasons = [r for r in rejected if r is not None]
+    if reasons:
+        return Decision(row=row, klass=RepairClass.REJECTED, reason=_truncate("; ".join(reasons)))
+
+    consumed = [g for g in expected if g in by_group and _consumed(by_group[g])]
+    missing = tuple(g for g in expected if g not in consumed)
+    if not missing:
+        missing_acks = tuple(g for g in expected if by_group[g].ack_outcome is None)
+        return Decision(row=row, klass=RepairClass.ACK_LOST, missing_acks=missing_acks)
+
+    limit = row.max_retries if max_retries is None else max_retries
+    if row.retry_count < limit:
+        return Decision(row=row, klass=RepairClass.RETRY, groups_missing=missing,
+                        reason=f"not consumed by {', '.join(missing)}; re-send "
+                               f"{row.retry_count + 1}/{limit}")
+    return Decision(
+        row=row, klass=RepairClass.EXHAUSTED, groups_missing=missing,
+        reason=_truncate(f"reconciler: not consumed by {', '.join(missing)} after "
+                         f"{row.retry_count} retries (max {limit})"),
+    )
+
+
+def _merge(old: Evidence | None, new: Evidence) -> Evidence:
+    if old is None:
+        return new
+    return Evidence(
+        group=new.group,
+        processed_status=new.processed_status or old.processed_status,
+        processed_error=new.processed_error or old.processed_error,
+        ack_outcome=new.ack_outcome or old.ack_outcome,
+        ack_reason=new.ack_reason or old.ack_reason,
+    )
+
+
+def _rejection(ev: Evidence) -> str | None:
+    if ev.processed_status == ProcessedStatus.FAILED.value:
+        return f"{ev.group}: {ev.processed_error or 'processing failed'}"
+    if ev.ack_outcome == AckOutcome.REJECTED.value:
+        return f"{ev.group}: {ev.ack_reason or 'rejected'}"
+    return None
+
+
+def _consumed(ev: Evidence) -> bool:
+    return (ev.processed_status == ProcessedStatus.SUCCEEDED.value
+            or ev.ack_outcome == AckOutcome.CONSUMED.value)
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= REASON_LEN else text[: REASON_LEN - 3] + "..."

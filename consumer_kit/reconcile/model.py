@@ -1,0 +1,226 @@
+"""The reconciler's shared model: classes of findings, sources, configuration, window rows.
+
+Both engines (plain SQL and Spark) read the same facts into `WindowRow` + `Evidence`, hand them to
+`consumer_kit.reconcile.classify.classify`, and apply the resulting `Decision`s through the same
+compare-and-set applier, so the rules live in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from consumer_kit.errors import ConfigError
+from consumer_kit.identifiers import validate_identifier
+from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, DEFAULT_PROCESSED_TABLE
+
+T = TypeVar("T")
+
+DEFAULT_STUCK_AFTER = dt.timedelta(minutes=10)
+DEFAULT_ORPHAN_WINDOW = dt.timedelta(hours=1)
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_SAMPLE_SIZE = 20
+#: Above this many window rows the Spark engine reads processed rows by time range, not IN lists.
+DEFAULT_IN_LIST_MAX = 200_000
+DEFAULT_ENGINE = "spark"
+DEFAULT_MASTER = "local[*]"
+ENGINES = ("spark", "sql")
+#: The `updated_by` every repair writes, so operators can find the reconciler's changes.
+RECONCILER = "reconciler"
+
+
+class RepairClass(str, enum.Enum):
+    """What the reconciler found for one outbox row (or one orphan processed row)."""
+
+    ACK_LOST = "ack_lost"
+    """Processed SUCCEEDED (or acked) in every expected group, outbox still SENT -> CONSUMED."""
+    REJECTED = "rejected"
+    """A group's processed row is FAILED (or it acked `rejected`) -> REJECTED."""
+    RETRY = "retry"
+    """Not consumed by every group, retries left -> PENDING, retry_count + 1 (re-send)."""
+    EXHAUSTED = "exhausted"
+    """Not consumed by every group, retries exhausted -> FAILED."""
+    STUCK_SENDING = "stuck_sending"
+    """SENDING with a lease expired before the cutoff -> PENDING."""
+    UNMATCHED = "unmatched"
+    """SENT, but no configured group consumes its topic: report only (a configuration gap)."""
+    ORPHAN = "orphan"
+    """A processed row with no outbox row: report only."""
+
+    @property
+    def repairs(self) -> bool:
+        """Whether this class changes the outbox (the others are report only)."""
+        return self not in (RepairClass.UNMATCHED, RepairClass.ORPHAN)
+
+    @property
+    def is_failure(self) -> bool:
+        """Classes that make the run exit non-zero by default (so cron alerts)."""
+        return self in (RepairClass.REJECTED, RepairClass.EXHAUSTED)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSource:
+    """One consumer group: where its processed table lives and which topics it consumes.
+
+    `topics` empty means the group is expected to consume every topic of the window.
+
+    >>> GroupSource("inventory", "sqlite:///inv.db").table
+    'ckit_processed'
+    """
+
+    name: str
+    url: str
+    table: str = DEFAULT_PROCESSED_TABLE
+    topics: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ConfigError("consumer group name must not be empty")
+        if not self.url:
+            raise ConfigError(f"consumer group {self.name!r} has no database URL")
+        validate_identifier(self.table, what="processed table")
+
+    def expects(self, topic: str) -> bool:
+        """Whether this group is expected to consume messages of `topic`."""
+        return not self.topics or topic in self.topics
+
+    @classmethod
+    def parse(cls, spec: str, *, table: str = DEFAULT_PROCESSED_TABLE) -> GroupSource:
+        """Parse `NAME=DB_URL` or `NAME:TOPIC1,TOPIC2=DB_URL` (the `--group` option).
+
+        Raises:
+            ConfigError: when the spec has no `=` or an empty name/URL.
+        """
+        head, sep, url = spec.partition("=")
+        if not sep:
+            raise ConfigError(f"--group must be NAME=DB_URL or NAME:TOPIC,...=DB_URL, got {spec!r}")
+        name, _, topics = head.partition(":")
+        return cls(
+            name=name.strip(),
+            url=url.strip(),
+            table=table,
+            topics=tuple(t.strip() for t in topics.split(",") if t.strip()),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Alerting thresholds: the run exits non-zero when one is crossed.
+
+    `None` disables a threshold. `fail_on_failures` makes REJECTED/EXHAUSTED findings alert.
+    """
+
+    stuck: int | None = None
+    orphans: int | None = None
+    conflicts: int | None = None
+    fail_on_failures: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ReconcileConfig:
+    """Everything one reconcile run needs. Build it from the CLI or from code.
+
+    >>> cfg = ReconcileConfig(producer_url="sqlite:///orders.db",
+    ...                       groups=(GroupSource("inventory", "sqlite:///inv.db"),))
+    >>> cfg.engine
+    'spark'
+    """
+
+    producer_url: str
+    groups: tuple[GroupSource, ...]
+    outbox_table: str = DEFAULT_OUTBOX_TABLE
+    ack_table: str = DEFAULT_ACK_TABLE
+    stuck_after: dt.timedelta = DEFAULT_STUCK_AFTER
+    max_retries: int | None = None
+    dry_run: bool = False
+    output_dir: Path | None = None
+    engine: str = DEFAULT_ENGINE
+    master: str | None = DEFAULT_MASTER
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    orphan_window: dt.timedelta = DEFAULT_ORPHAN_WINDOW
+    src: str | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    sample_size: int = DEFAULT_SAMPLE_SIZE
+    now: dt.datetime | None = None
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    in_list_max: int = DEFAULT_IN_LIST_MAX
+
+    def __post_init__(self) -> None:
+        if not self.producer_url:
+            raise ConfigError("missing the producer database URL (--url or CKIT_DB_URL)")
+        if not self.groups:
+            raise ConfigError("give at least one consumer group (--group NAME=DB_URL)")
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"consumer groups named twice: {sorted(names)}")
+        validate_identifier(self.outbox_table, what="outbox table")
+        validate_identifier(self.ack_table, what="ack table")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r} (use one of {', '.join(ENGINES)})")
+        if self.stuck_after <= dt.timedelta(0):
+            raise ConfigError("--stuck-after must be positive")
+        if self.max_retries is not None and self.max_retries < 0:
+            raise ConfigError("--max-retries must be >= 0")
+        if self.batch_size < 1:
+            raise ConfigError("batch size must be >= 1")
+
+    def expected_groups(self, topic: str) -> list[GroupSource]:
+        """The configured groups expected to consume `topic`."""
+        return [g for g in self.groups if g.expects(topic)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowRow:
+    """One outbox row of the window, as both engines read it (timestamps as text)."""
+
+    id: int
+    message_id: str
+    topic: str
+    state: int
+    retry_count: int
+    max_retries: int
+    lock_version: int
+    sent_at: str | None = None
+    lease_until: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What one group recorded for one message: a processed row and/or an ack row."""
+
+    group: str
+    processed_status: str | None = None
+    processed_error: str | None = None
+    ack_outcome: str | None = None
+    ack_reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The class of one window row and what to write. `missing_acks` only for ACK_LOST."""
+
+    row: WindowRow
+    klass: RepairClass
+    reason: str | None = None
+    missing_acks: tuple[str, ...] = ()
+    groups_missing: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    """A processed row whose message id has no outbox row (report only)."""
+
+    group: str
+    message_id: str
+    topic: str
+    status: str
+    processed_at: str | None
+
+
+def chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    """Split `items` into consecutive slices of at most `size` elements."""
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,216 @@
+"""Guarded compare-and-set repairs, many rows per statement.
+
+Decisions are buffered per `(class, expected state, lock_version)`; each full buffer becomes one
+statement::
+
+    UPDATE outbox SET state = :target, lock_version = :seen + 1, gmt_modified = :now,
+                      updated_by = 'reconciler', ...
+     WHERE id IN (:ids) AND state = :expected AND lock_version = :seen
+
+Per-row values (a rejection reason) go through a bound `CASE id WHEN ... THEN ...`. The row count
+says how many were applied; the difference from the ids sent is reported as conflicts (the row
+moved between read and write: it is left alone). When some rows conflicted, or acks must be
+inserted, a fingerprint select (`updated_by`, `gmt_modified = :now`, `lock_version = seen + 1`)
+tells which ids were ours. Ack rows for ACK_LOST are inserted in the same transaction, skipping
+rows that exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections import defaultdict
+from typing import Any
+
+import sqlalchemy as sa
+
+from consumer_kit.reconcile.model import RECONCILER, Decision, RepairClass
+from consumer_kit.schema import AckOutcome, OutboxState, ack_table, outbox_table
+
+log = logging.getLogger("consumer_kit.reconcile.repair")
+
+TARGET_STATE: dict[RepairClass, OutboxState] = {
+    RepairClass.ACK_LOST: OutboxState.CONSUMED,
+    RepairClass.REJECTED: OutboxState.REJECTED,
+    RepairClass.RETRY: OutboxState.PENDING,
+    RepairClass.EXHAUSTED: OutboxState.FAILED,
+    RepairClass.STUCK_SENDING: OutboxState.PENDING,
+}
+
+
+@dataclasses.dataclass
+class RepairCount:
+    """Rows a class meant to change versus rows the compare-and-set actually changed."""
+
+    intended: int = 0
+    applied: int = 0
+
+    @property
+    def conflicts(self) -> int:
+        """Rows that moved between read and write (left untouched)."""
+        return self.intended - self.applied
+
+
+@dataclasses.dataclass
+class RepairResult:
+    """Counts per class, plus the ids that conflicted and the ack rows inserted."""
+
+    counts: dict[RepairClass, RepairCount] = dataclasses.field(default_factory=dict)
+    conflict_ids: list[tuple[RepairClass, int, str]] = dataclasses.field(default_factory=list)
+    acks_inserted: int = 0
+    statements: int = 0
+
+
+class RepairApplier:
+    """Apply decisions as batched compare-and-set updates (nothing is written when `dry_run`).
+
+    >>> applier = RepairApplier(engine, outbox="ckit_outbox", ack="ckit_outbox_ack",
+    ...                         now=utcnow(), dry_run=False)          # doctest: +SKIP
+    >>> for d in decisions: applier.add(d)                            # doctest: +SKIP
+    >>> result = applier.finish()                                     # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        outbox: str,
+        ack: str,
+        now: dt.datetime,
+        dry_run: bool,
+        batch_size: int = 500,
+        conflict_sample: int = 100,
+    ) -> None:
+        metadata = sa.MetaData()
+        self._engine = engine
+        self._outbox = outbox_table(metadata, outbox)
+        self._ack = ack_table(metadata, ack)
+        self._now = now
+        self._dry_run = dry_run
+        self._batch_size = batch_size
+        self._conflict_sample = conflict_sample
+        self._buffers: dict[tuple[RepairClass, int, int], list[Decision]] = defaultdict(list)
+        self.result = RepairResult()
+
+    def add(self, decision: Decision) -> None:
+        """Queue one decision; report-only classes are ignored. Flushes full batches."""
+        if not decision.klass.repairs:
+            return
+        count = self.result.counts.setdefault(decision.klass, RepairCount())
+        count.intended += 1
+        if self._dry_run:
+            return
+        key = (decision.klass, decision.row.state, decision.row.lock_version)
+        buffer = self._buffers[key]
+        buffer.append(decision)
+        if len(buffer) >= self._batch_size:
+            self._apply(key, buffer)
+            self._buffers[key] = []
+
+    def finish(self) -> RepairResult:
+        """Flush what is left and return the counts."""
+        for key, buffer in list(self._buffers.items()):
+            if buffer:
+                self._apply(key, buffer)
+        self._buffers.clear()
+        return self.result
+
+    def _apply(self, key: tuple[RepairClass, int, int], batch: list[Decision]) -> None:
+        klass, expected_state, seen_version = key
+        t = self._outbox
+        ids = [d.row.id for d in batch]
+        values = self._values(klass, batch, seen_version)
+        stmt = (
+            sa.update(t)
+            .where(t.c.id.in_(ids), t.c.state == expected_state, t.c.lock_version == seen_version)
+            .values(**values)
+        )
+        with self._engine.begin() as conn:
+            applied = conn.execute(stmt).rowcount
+            self.result.statements += 1
+            mine = set(ids)
+            if applied != len(ids):
+                mine = self._applied_ids(conn, klass, ids, seen_version)
+                applied = len(mine)
+            if klass is RepairClass.ACK_LOST:
+                self._insert_acks(conn, [d for d in batch if d.row.id in mine])
+        self.result.counts[klass].applied += applied
+        if applied != len(ids):
+            for d in batch:
+                if d.row.id not in mine:
+                    log.warning("reconcile conflict: message_id=%s id=%s class=%s moved since "
+                                "read (state/lock_version changed); left untouched",
+                                d.row.message_id, d.row.id, klass.value)
+                    if len(self.result.conflict_ids) < self._conflict_sample:
+                        self.result.conflict_ids.append((klass, d.row.id, d.row.message_id))
+        log.debug("reconcile batch class=%s lock_version=%s applied %s/%s",
+                  klass.value, seen_version, applied, len(ids))
+
+    def _values(self, klass: RepairClass, batch: list[Decision], seen: int) -> dict[str, Any]:
+        t = self._outbox
+        values: dict[str, Any] = {
+            "state": int(TARGET_STATE[klass]),
+            "lock_version": seen + 1,
+            "gmt_modified": self._now,
+            "updated_by": RECONCILER,
+        }
+        if klass is RepairClass.ACK_LOST:
+            values["consumed_at"] = self._now
+        elif klass in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.RETRY):
+            values["fail_reason"] = _per_row(t.c.id, {d.row.id: d.reason for d in batch})
+            if klass is RepairClass.RETRY:
+                values["retry_count"] = t.c.retry_count + 1
+                values["next_retry_at"] = self._now
+        elif klass is RepairClass.STUCK_SENDING:
+            values.update(next_retry_at=self._now, lease_owner=None, lease_until=None)
+        return values
+
+    def _applied_ids(self, conn: sa.Connection, klass: RepairClass, ids: list[int],
+                     seen: int) -> set[int]:
+        t = self._outbox
+        stmt = sa.select(t.c.id).where(
+            t.c.id.in_(ids),
+            t.c.state == int(TARGET_STATE[klass]),
+            t.c.lock_version == seen + 1,
+            t.c.updated_by == RECONCILER,
+            t.c.gmt_modified == self._now,
+        )
+        return set(conn.execute(stmt).scalars())
+
+    def _insert_acks(self, conn: sa.Connection, applied: list[Decision]) -> None:
+        rows = [
+            {"message_id": d.row.message_id, "consumer_group": group,
+             "outcome": AckOutcome.CONSUMED.value, "reason": None, "acked_at": self._now}
+            for d in applied for group in d.missing_acks
+        ]
+        if not rows:
+            return
+        conn.execute(_insert_missing(conn.dialect.name, self._ack), rows)
+        self.result.acks_inserted += len(rows)
+
+
+def _per_row(id_column: sa.ColumnElement[Any], by_id: dict[int, str | None]) -> Any:
+    """One bound value when every row gets the same, else `CASE id WHEN :id THEN :v ... END`."""
+    distinct = set(by_id.values())
+    if len(distinct) == 1:
+        return next(iter(distinct))
+    return sa.case(by_id, value=id_column)
+
+
+def _insert_missing(dialect: str, table: sa.Table) -> Any:
+    """An INSERT that skips rows whose primary key exists (an ack applier may race us)."""
+    if dialect in ("mysql", "mariadb"):
+        from sqlalchemy.dialects import mysql
+
+        stmt = mysql.insert(table)
+        return stmt.on_duplicate_key_update(message_id=table.c.message_id)
+    if dialect == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return table.insert()
