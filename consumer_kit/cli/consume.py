@@ -1,0 +1,67 @@
+"""`ckit consume MODULE:APP`: run a ConsumerApp."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from pathlib import Path
+
+import typer
+
+from consumer_kit.app import ConsumerApp
+from consumer_kit.cli.common import friendly_errors, transport_option
+from consumer_kit.cli.signals import on_shutdown
+from consumer_kit.errors import ConfigError
+
+
+def load_app(target: str) -> ConsumerApp:
+    """Import `module:attribute` and return the ConsumerApp it names.
+
+    Raises:
+        ConfigError: the module or attribute is missing, or is not a ConsumerApp.
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"invalid app {target!r}: use MODULE:APP, e.g. examples.inventory:app")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, ConsumerApp):
+        raise ConfigError(f"{target} is {type(app).__name__}, not a ConsumerApp")
+    return app
+
+
+@friendly_errors
+def consume(
+    app_path: str = typer.Argument(..., metavar="MODULE:APP", help="e.g. examples.inventory:app"),
+    transport: str | None = transport_option(),
+    burst: bool = typer.Option(False, "--burst", help="drain what is there, then exit"),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="consumer threads"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                            help="serve Prometheus metrics on this port"),
+    max_seconds: float | None = typer.Option(None, "--max-seconds",
+                                             help="stop after this long (tests, demos)"),
+) -> None:
+    """Run the app's listeners: dedupe, handle, ack. SIGTERM/SIGINT finish in-flight messages."""
+    app = load_app(app_path)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")
+    stop = threading.Event()
+    on_shutdown(stop.set)
+    try:
+        app.run(transport=transport, burst=burst, stop=stop, threads=threads,
+                max_seconds=max_seconds)
+    finally:
+        app.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `consume` to the CLI."""
+    app.command("consume")(consume)

@@ -1,0 +1,42 @@
+"""`ckit processed purge`: keep the processed table bounded, in step with the Redis TTL."""
+
+from __future__ import annotations
+
+import typer
+
+from consumer_kit.cli.common import db_url_option, friendly_errors, print_json, require
+from consumer_kit.clock import parse_duration
+from consumer_kit.db import check_tables, make_engine
+from consumer_kit.processed import ProcessedStore
+from consumer_kit.schema import DEFAULT_PROCESSED_TABLE
+
+processed_app = typer.Typer(help="the consumer's processed-messages table", no_args_is_help=True)
+
+
+@processed_app.command("purge")
+@friendly_errors
+def purge(
+    url: str | None = db_url_option("SQLAlchemy URL of the consumer database (env CKIT_DB_URL)"),
+    group: str = typer.Option(..., "--group", help="consumer group whose rows to purge"),
+    older_than: str = typer.Option("7d", "--older-than",
+                                   help="delete rows processed before now minus this"),
+    batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),
+    max_batches: int | None = typer.Option(None, "--max-batches", min=1),
+    table: str = typer.Option(DEFAULT_PROCESSED_TABLE, "--table"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Delete old processed rows in bounded batches. Keep --older-than at least the Redis done
+    TTL plus the broker's redelivery window, or old duplicates could be applied again."""
+    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    store = ProcessedStore(engine, group, table=table)
+    check_tables(engine, store.table)
+    deleted = store.purge(parse_duration(older_than), batch=batch, max_batches=max_batches)
+    if as_json:
+        print_json({"deleted": deleted, "group": group})
+    else:
+        typer.echo(f"deleted {deleted} processed rows of group {group}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `processed` to the CLI."""
+    app.add_typer(processed_app, name="processed")

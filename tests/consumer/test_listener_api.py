@@ -1,0 +1,102 @@
+"""The listener decorator: with and without arguments, checked at decoration time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from consumer_kit import ConfigError, ConsumerApp, Message
+from consumer_kit.errors import HandlerSignatureError, SchemaError
+from consumer_kit.transports import Subscription
+
+
+def make_app(**kwargs: Any) -> ConsumerApp:
+    return ConsumerApp(group="inventory", db="sqlite://", transport="memory://api", **kwargs)
+
+
+def test_the_decorator_works_bare_and_keeps_the_function_callable() -> None:
+    app = make_app()
+
+    @app.listener
+    def order_created(msg: Message) -> str:
+        return "called"
+
+    assert order_created(None) == "called"  # type: ignore[arg-type]
+    assert app.router.subscriptions() == [Subscription("ORDER_CREATED", "*")]
+
+
+def test_the_decorator_takes_topic_and_tags() -> None:
+    app = make_app()
+
+    @app.listener("ORDERS", tags="created || paid")
+    def handle(msg: Message, session: Any) -> None:
+        pass
+
+    [listener] = app.router.listeners
+    assert (listener.topic, listener.tags, listener.wants_session) == (
+        "ORDERS", "created || paid", True)
+
+
+def test_unknown_options_are_refused_at_decoration_time() -> None:
+    app = make_app()
+    with pytest.raises(ConfigError, match="unknown listener option.*retries"):
+        @app.listener("ORDERS", retries=3)
+        def handle(msg: Message) -> None:
+            pass
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: None,
+    lambda msg, session, extra: None,
+    lambda msg, *, required: None,
+    lambda msg, session=None: None,
+])
+def test_a_handler_with_a_wrong_signature_is_refused(bad: Any) -> None:
+    app = make_app()
+    with pytest.raises(HandlerSignatureError, match=r"must take \(msg\) or \(msg, session\)"):
+        app.listener("ORDERS")(bad)
+
+
+def test_two_listeners_for_the_same_topic_and_tags_are_refused() -> None:
+    app = make_app()
+    app.listener("ORDERS")(lambda msg: None)
+    with pytest.raises(ConfigError, match="already has listener"):
+        app.listener("ORDERS")(lambda msg: None)
+
+
+def test_start_up_check_names_a_missing_processed_table() -> None:
+    app = make_app()
+    app.listener("ORDERS")(lambda msg: None)
+    with pytest.raises(SchemaError, match="ckit db init"):
+        app.check()
+
+
+def test_start_up_check_refuses_an_unreachable_redis_without_its_password() -> None:
+    app = make_app(redis="redis://:SECRET@127.0.0.1:1/0")
+    app.listener("ORDERS")(lambda msg: None)
+    import sqlalchemy as sa
+
+    from consumer_kit.schema import processed_table
+
+    processed_table(sa.MetaData()).create(app.engine)
+    with pytest.raises(ConfigError, match="unreachable") as caught:
+        app.check()
+    assert "SECRET" not in str(caught.value)
+
+
+def test_an_app_without_listeners_refuses_to_start() -> None:
+    with pytest.raises(ConfigError, match="no listeners"):
+        make_app().check()
+
+
+def test_message_json_and_envelope_fields() -> None:
+    from consumer_kit.transports import Delivery
+
+    msg = Message.from_delivery(Delivery(
+        topic="T", body=b'{"a": 1}', broker_message_id="B1", tags="x", keys="k1 k2",
+        properties={"ckit_id": "M", "ckit_src": "orders", "ckit_biz": "order:1",
+                    "ckit_sent": "1700000000000"}, reconsume_times=2))
+    assert (msg.id, msg.producer, msg.biz, msg.sent_at_ms) == ("M", "orders", "order:1",
+                                                               1700000000000)
+    assert msg.json() == {"a": 1} and msg.keys == ("k1", "k2") and msg.reconsume_times == 2
