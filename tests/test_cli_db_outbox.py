@@ -1,0 +1,231 @@
+"""`ckit db` and `ckit outbox` through typer's CliRunner, on SQLite (the `sqlite_db` fixture).
+
+User mistakes must end in one `error:` line and a non-zero exit, never a traceback or a password.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner, Result
+
+from consumer_kit.cli.main import app
+from consumer_kit.clock import utcnow
+from consumer_kit.schema import OutboxState
+from outbox_producer import ops
+from tests.conftest import Db
+
+SECRET_URL = "mysql+pymysql://u:SECRET@127.0.0.1:1/x"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CKIT_DB_URL", raising=False)
+
+
+def ckit(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_error_line(result: Result, code: int, text: str) -> None:
+    assert result.exit_code == code, result.output
+    assert result.stderr.startswith("error: ") and text in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def insert(db: Db, state: OutboxState = OutboxState.PENDING, **fields: Any) -> dict[str, Any]:
+    now = utcnow()
+    created = fields.pop("gmt_create", now)
+    row: dict[str, Any] = {
+        "message_id": f"m-{uuid.uuid4().hex}", "biz_type": "ORDER_CREATED",
+        "biz_key": f"k-{uuid.uuid4().hex[:6]}", "topic": "ORDERS", "body": b'{"a": 1}',
+        "state": int(state), "next_retry_at": created, "gmt_create": created,
+        "gmt_modified": created, **fields,
+    }  # fmt: skip
+    outbox = ops.OutboxTables.from_names(db.names).outbox
+    with db.engine.begin() as conn:
+        row["id"] = conn.execute(sa.insert(outbox).values(**row)).inserted_primary_key[0]  # type: ignore[index]
+    return row
+
+
+def state_of(db: Db, row_id: int) -> OutboxState:
+    outbox = ops.OutboxTables.from_names(db.names).outbox
+    with db.engine.connect() as conn:
+        query = sa.select(outbox.c.state).where(outbox.c.id == row_id)
+        return OutboxState(conn.execute(query).scalar_one())
+
+
+def opts(db: Db) -> list[str]:
+    return ["--url", db.url, "--table", db.names.outbox]
+
+
+# -------------------------------------------------------------------------------------------- db
+
+
+def test_db_init_creates_the_tables_then_reports_them_already_present(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'init.db'}"
+    first = ckit("db", "init", "--url", url, "--outbox-table", "my_outbox")
+    second = ckit("db", "init", "--url", url, "--outbox-table", "my_outbox", "--json")
+    assert first.exit_code == 0, first.output
+    assert "my_outbox: created" in first.stdout and "my_outbox_archive: created" in first.stdout
+    data = json.loads(second.stdout)
+    assert data["created"] == [] and "my_outbox" in data["already_present"]
+
+
+def test_db_ddl_prints_the_ddl_for_a_dialect() -> None:
+    result = ckit("db", "ddl", "--dialect", "postgresql")
+    assert result.exit_code == 0
+    assert "CREATE TABLE ckit_outbox (" in result.stdout and "COMMENT ON TABLE" in result.stdout
+
+
+def test_db_ddl_with_an_unknown_dialect_is_one_error_line() -> None:
+    assert_one_error_line(ckit("db", "ddl", "--dialect", "oracle"), 2, "unknown dialect 'oracle'")
+
+
+def test_db_init_rejects_a_bad_table_name(tmp_path: Path) -> None:
+    result = ckit("db", "init", "--url", f"sqlite:///{tmp_path / 'x.db'}",
+                  "--outbox-table", "x; drop table")
+    assert_one_error_line(result, 2, "invalid outbox 'x; drop table'")
+
+
+def test_db_init_never_prints_the_password_of_an_unreachable_database() -> None:
+    result = ckit("db", "init", "--url", SECRET_URL)
+    assert result.exit_code != 0 and "SECRET" not in result.output
+    assert result.stderr.startswith("error: database error")
+
+
+# --------------------------------------------------------------------------------------- outbox
+
+
+@pytest.mark.parametrize("command", [
+    ["outbox", "stats"], ["outbox", "show", "x"], ["outbox", "retry", "1"],
+    ["outbox", "suspend", "1"], ["outbox", "resume", "1"], ["outbox", "archive"],
+    ["db", "init"],
+])  # fmt: skip
+def test_every_command_without_a_url_says_so_in_one_line(command: list[str]) -> None:
+    result = ckit(*command)
+    assert_one_error_line(result, 2, "missing --url (or set CKIT_DB_URL)")
+
+
+def test_the_url_can_come_from_ckit_db_url(sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKIT_DB_URL", sqlite_db.url)
+    result = ckit("outbox", "stats", "--table", sqlite_db.names.outbox)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", [["outbox", "stats"], ["outbox", "archive"]])
+def test_outbox_commands_never_print_the_password(command: list[str]) -> None:
+    result = ckit(*command, "--url", SECRET_URL)
+    assert result.exit_code != 0 and "SECRET" not in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_bad_table_name_is_one_error_line(sqlite_db: Db) -> None:
+    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "x; drop table")
+    assert_one_error_line(result, 2, "invalid")
+
+
+def test_a_missing_table_points_at_ckit_db_init(sqlite_db: Db) -> None:
+    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "nope")
+    assert_one_error_line(result, 2, "ckit db init")
+
+
+def test_stats_prints_every_state_and_the_total(sqlite_db: Db) -> None:
+    # Given two FAILED rows and a CONSUMED row
+    insert(sqlite_db, OutboxState.FAILED)
+    insert(sqlite_db, OutboxState.FAILED)
+    insert(sqlite_db, OutboxState.CONSUMED)
+    # When
+    table = ckit("outbox", "stats", *opts(sqlite_db))
+    as_json = json.loads(ckit("outbox", "stats", *opts(sqlite_db), "--json").stdout)
+    # Then
+    assert table.exit_code == 0 and "total: 3" in table.stdout and "SUSPENDED" in table.stdout
+    assert as_json["counts"]["FAILED"] == 2 and as_json["counts"]["PENDING"] == 0
+
+
+def test_show_prints_a_message_by_id_and_fails_for_an_unknown_one(sqlite_db: Db) -> None:
+    row = insert(sqlite_db, OutboxState.SENT)
+    args = [*opts(sqlite_db), "--ack-table", sqlite_db.names.outbox_ack]
+    shown = ckit("outbox", "show", row["message_id"], *args)
+    data = json.loads(ckit("outbox", "show", row["biz_key"], *args, "--json").stdout)
+    missing = ckit("outbox", "show", "nothing-here", *args)
+    assert shown.exit_code == 0 and "SENT (2)" in shown.stdout and "acks: none" in shown.stdout
+    assert data[0]["message"]["message_id"] == row["message_id"]
+    assert_one_error_line(missing, 1, "no message with message_id or biz_key 'nothing-here'")
+
+
+def test_retry_by_id_requeues_and_a_refusal_exits_1(sqlite_db: Db) -> None:
+    failed = insert(sqlite_db, OutboxState.FAILED)
+    consumed = insert(sqlite_db, OutboxState.CONSUMED)
+    ok = ckit("outbox", "retry", str(failed["id"]), *opts(sqlite_db))
+    refused = ckit("outbox", "retry", consumed["message_id"], *opts(sqlite_db))
+    forced = ckit("outbox", "retry", consumed["message_id"], "--force", *opts(sqlite_db))
+    assert ok.exit_code == 0 and "retry: 1 changed, 0 refused" in ok.stdout
+    assert refused.exit_code == 1 and "--force" in refused.stdout
+    assert forced.exit_code == 0
+    assert state_of(sqlite_db, failed["id"]) is OutboxState.PENDING
+    assert state_of(sqlite_db, consumed["id"]) is OutboxState.PENDING
+
+
+def test_bulk_retry_takes_state_topic_and_limit(sqlite_db: Db) -> None:
+    rows = [insert(sqlite_db, OutboxState.FAILED, topic="A") for _ in range(3)]
+    result = ckit("outbox", "retry", "--state", "failed", "--topic", "A", "--limit", "2",
+                  *opts(sqlite_db), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["changed"] == [r["id"] for r in rows[:2]]
+
+
+def test_bulk_retry_of_consumed_rows_needs_force(sqlite_db: Db) -> None:
+    result = ckit("outbox", "retry", "--state", "CONSUMED", *opts(sqlite_db))
+    assert_one_error_line(result, 2, "--force")
+
+
+def test_retry_with_an_unknown_state_lists_the_valid_ones(sqlite_db: Db) -> None:
+    result = ckit("outbox", "retry", "--state", "LOST", *opts(sqlite_db))
+    assert_one_error_line(result, 2, "valid: 0=PENDING")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give the ids to retry"),
+    (["1", "--state", "FAILED"], "not both"),
+])  # fmt: skip
+def test_retry_usage_mistakes_are_one_error_line(
+    sqlite_db: Db, args: list[str], message: str
+) -> None:
+    assert_one_error_line(ckit("outbox", "retry", *args, *opts(sqlite_db)), 2, message)
+
+
+def test_suspend_then_resume(sqlite_db: Db) -> None:
+    row = insert(sqlite_db)
+    suspended = ckit("outbox", "suspend", str(row["id"]), *opts(sqlite_db))
+    held = state_of(sqlite_db, row["id"])
+    again = ckit("outbox", "suspend", str(row["id"]), *opts(sqlite_db))
+    resumed = ckit("outbox", "resume", str(row["id"]), *opts(sqlite_db))
+    assert suspended.exit_code == 0 and held is OutboxState.SUSPENDED
+    assert again.exit_code == 1 and "SUSPENDED" in again.stdout
+    assert resumed.exit_code == 0 and state_of(sqlite_db, row["id"]) is OutboxState.PENDING
+
+
+def test_archive_moves_old_consumed_rows(sqlite_db: Db) -> None:
+    old = insert(sqlite_db, OutboxState.CONSUMED, gmt_create=utcnow() - dt.timedelta(days=40))
+    recent = insert(sqlite_db, OutboxState.CONSUMED)
+    dry = ckit("outbox", "archive", "--older-than", "30d", "--dry-run", *opts(sqlite_db))
+    result = ckit("outbox", "archive", "--older-than", "30d", "--batch", "10", *opts(sqlite_db))
+    assert dry.exit_code == 0 and dry.stdout.startswith("1 rows")
+    assert result.exit_code == 0 and "archived 1 rows in 1 batches" in result.stdout
+    tables = ops.OutboxTables.from_names(sqlite_db.names)
+    with sqlite_db.engine.connect() as conn:
+        assert list(conn.scalars(sa.select(tables.archive.c.id))) == [old["id"]]
+        assert list(conn.scalars(sa.select(tables.outbox.c.id))) == [recent["id"]]
+
+
+def test_archive_with_a_bad_duration_is_one_error_line(sqlite_db: Db) -> None:
+    result = ckit("outbox", "archive", "--older-than", "soon", *opts(sqlite_db))
+    assert_one_error_line(result, 2, "not a duration")
