@@ -77,15 +77,17 @@ class Relay:
         failed_retry_after: dt.timedelta | None = None,
         idle_sleep: float = DEFAULT_IDLE_SLEEP,
         owner: str | None = None,
+        workers: int = 1,
     ) -> None:
-        if batch < 1:
-            raise ValueError("batch must be at least 1")
+        if batch < 1 or workers < 1:
+            raise ValueError("batch and workers must be at least 1")
         if max_rate is not None and max_rate <= 0:
             raise ValueError("max_rate must be positive")
         self.engine = make_engine(engine)
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = owner or default_owner("relay")
         self.batch = batch
+        self.workers = workers
         self.idle_sleep = idle_sleep
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease, shard=shard,
                                retry_failed=failed_retry_after is not None)
@@ -117,7 +119,32 @@ class Relay:
     def run(self, *, once: bool = False, max_batches: int | None = None) -> RelayResult:
         """Loop until `stop()` (or, with `once`, until nothing is due). Outages of the database
         or broker are logged and waited out with a doubling back-off; claimed rows keep their
-        lease and are reclaimed when it expires, so nothing is lost."""
+        lease and are reclaimed when it expires, so nothing is lost.
+
+        With `workers > 1` that many loops run on threads of this process; their claims never
+        overlap (row locks or claim tokens), so database round trips of one overlap the sends
+        and marks of another."""
+        if self.workers == 1:
+            return self._loop(once, max_batches)
+        parts = [RelayResult() for _ in range(self.workers)]
+
+        def work(i: int) -> None:
+            parts[i] = self._loop(once, max_batches)
+
+        threads = [threading.Thread(target=work, args=(i,), name=f"ckit-relay-{i}")
+                   for i in range(self.workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        total = RelayResult()
+        for part in parts:
+            total.batches += part.batches
+            total.errors += part.errors
+            total.stats.add(part.stats)
+        return total
+
+    def _loop(self, once: bool, max_batches: int | None) -> RelayResult:
         result = RelayResult()
         outage_wait = OUTAGE_BACKOFF[0]
         while not self.stopping.is_set():

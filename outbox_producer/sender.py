@@ -21,6 +21,9 @@ from outbox_producer.envelope import envelope
 
 log = logging.getLogger("consumer_kit.outbox.sender")
 
+#: rows per UPDATE when marking a batch SENT
+MARK_CHUNK = 500
+
 
 @dataclasses.dataclass
 class SendStats:
@@ -80,22 +83,25 @@ class Sender:
         return stats
 
     def _mark_sent(self, params: list[dict[str, Any]]) -> tuple[int, int]:
+        """Mark a batch SENT with one guarded UPDATE per chunk: the guard is the row's
+        `(id, lock_version)` pair and state SENDING; the broker ids come in through a CASE."""
         t = self.table
         now = utcnow()
-        stmt = (
-            sa.update(t)
-            .where(t.c.id == sa.bindparam("b_id"), t.c.lock_version == sa.bindparam("b_lv"),
-                   t.c.state == int(OutboxState.SENDING))
-            .values(state=int(OutboxState.SENT), broker_message_id=sa.bindparam("b_bid"),
-                    sent_at=now, lease_owner=None, lease_until=None,
-                    lock_version=t.c.lock_version + 1, gmt_modified=now,
-                    updated_by=self.owner[:128], fail_reason=None)
-        )
+        changed = 0
         with self.engine.begin() as conn:
-            if len(params) == 1:
-                changed = conn.execute(stmt, params[0]).rowcount
-            else:
-                changed = conn.execute(stmt, params).rowcount
+            for start in range(0, len(params), MARK_CHUNK):
+                chunk = params[start:start + MARK_CHUNK]
+                broker_id = sa.case({p["b_id"]: p["b_bid"] for p in chunk}, value=t.c.id)
+                changed += conn.execute(
+                    sa.update(t)
+                    .where(sa.tuple_(t.c.id, t.c.lock_version).in_(
+                        [(p["b_id"], p["b_lv"]) for p in chunk]),
+                        t.c.state == int(OutboxState.SENDING))
+                    .values(state=int(OutboxState.SENT), broker_message_id=broker_id,
+                            sent_at=now, lease_owner=None, lease_until=None,
+                            lock_version=t.c.lock_version + 1, gmt_modified=now,
+                            updated_by=self.owner[:128], fail_reason=None)
+                ).rowcount
         # a row not changed was acked before we marked it (it is CONSUMED already) or its
         # lease was reclaimed; both are fine, neither is overwritten
         return changed, len(params) - changed

@@ -26,6 +26,8 @@ def relay(
     transport: str | None = transport_option(),
     once: bool = typer.Option(False, "--once", help="drain what is due, then exit"),
     batch: int = typer.Option(200, "--batch", min=1, help="rows claimed per batch"),
+    workers: int = typer.Option(1, "--workers", min=1,
+                                help="claim/send loops in this process (they never overlap)"),
     shard: str | None = typer.Option(None, "--shard", help="i/N: only rows with MOD(id, N) = i"),
     max_rate: float | None = typer.Option(None, "--max-rate", help="cap on sends per second"),
     lease: str = typer.Option("30s", "--lease", help="SENDING lease; expired leases are reclaimed"),
@@ -41,7 +43,7 @@ def relay(
     db = make_engine(require(url, "--url", "CKIT_DB_URL"))
     target = open_transport(require(transport, "--transport", "CKIT_TRANSPORT"))
     worker = Relay(
-        db, target, table=table, batch=batch, max_rate=max_rate,
+        db, target, table=table, batch=batch, workers=workers, max_rate=max_rate,
         shard=Shard.parse(shard) if shard else None, lease=parse_duration(lease),
         failed_retry_after=parse_duration(retry_failed_after) if retry_failed_after else None,
     )

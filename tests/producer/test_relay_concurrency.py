@@ -66,3 +66,12 @@ def test_four_relays_on_sqlite_send_each_row_exactly_once(sqlite_db: Db) -> None
         t.join(120)
     counts = transport.counts()
     assert len(counts) == 2_000 and max(counts.values()) == 1
+
+
+def test_one_relay_with_three_workers_sends_each_row_exactly_once(db: Db) -> None:
+    bulk_insert(db, 3_000)
+    transport = RecordingTransport()
+    result = Relay(db.engine, transport, table=db.names.outbox, batch=100, workers=3).run_once()
+    counts = transport.counts()
+    assert result.stats.sent == 3_000
+    assert len(counts) == 3_000 and max(counts.values()) == 1
