@@ -67,7 +67,8 @@ class ConsumerApp:
         transport: transport URL (or object) to consume from; `ckit consume --transport`
             overrides it.
         ack: `"topic"` (ack messages on the producer's ack topic over the same transport), a
-            SQLAlchemy URL of the producer's database (applied there directly), or None (off).
+            SQLAlchemy URL of the producer's database (applied there directly), an `AckRoute`
+            of your own, or None (off).
         permanent_errors: exception types that reject a message instead of retrying it.
     """
 
@@ -78,7 +79,7 @@ class ConsumerApp:
         db: str | Engine,
         redis: str | redis_lib.Redis | None = None,
         transport: str | Transport | None = None,
-        ack: str | None = "topic",
+        ack: str | AckRoute | None = "topic",
         processed_table: str = DEFAULT_PROCESSED_TABLE,
         permanent_errors: tuple[type[BaseException], ...] = (),
         done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
@@ -178,8 +179,8 @@ class ConsumerApp:
         return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
 
     def _ack_route(self) -> AckRoute | None:
-        if self.ack is None:
-            return None
+        if self.ack is None or isinstance(self.ack, AckRoute):
+            return self.ack
         if self.ack == "topic":
             return TopicRoute(self.transport())
         if "://" in self.ack:

@@ -3,7 +3,9 @@ processed row in one transaction, done marker, lease release, ack, broker status
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import threading
 import json
 import logging
 import time
@@ -57,6 +59,9 @@ class Pipeline:
         self.recent = recent or RecentlyDone()
         self.acks = acks
         self.permanent = DEFAULT_PERMANENT + tuple(permanent)
+        #: outcomes so far (for `ckit consume` and the demo's summary)
+        self.counts: collections.Counter[Outcome] = collections.Counter()
+        self._counts_lock = threading.Lock()
 
     def __call__(self, delivery: Delivery) -> ConsumeStatus:
         """The transport callback: every exception is caught (one escaping a ctypes callback
@@ -182,6 +187,8 @@ class Pipeline:
 
     def _count(self, msg: Message, result: Result) -> Result:
         outcome = result.outcome
+        with self._counts_lock:
+            self.counts[outcome] += 1
         if outcome is Outcome.SUCCEEDED:
             metrics.CONSUMED.labels(self.group, msg.topic).inc()
             log.debug("message %s consumed", msg.id)

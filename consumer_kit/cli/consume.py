@@ -13,6 +13,7 @@ from consumer_kit.app import ConsumerApp
 from consumer_kit.cli.common import friendly_errors, transport_option
 from consumer_kit.cli.signals import on_shutdown
 from consumer_kit.errors import ConfigError
+from consumer_kit.outcome import Outcome
 
 
 def load_app(target: str) -> ConsumerApp:
@@ -60,6 +61,8 @@ def consume(
                 max_seconds=max_seconds)
     finally:
         app.close()
+    counts = app.pipeline().counts
+    typer.echo("  ".join(f"{o.value}={counts[o]}" for o in Outcome))
 
 
 def register(app: typer.Typer) -> None:

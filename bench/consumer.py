@@ -1,0 +1,137 @@
+"""Consumer overhead on real MariaDB + Redis: a handler doing one business INSERT, decorated
+(Redis claim, processed row in the same transaction, done marker) versus the same INSERT bare.
+
+    python bench/consumer.py [--messages 2000]
+
+Bare and decorated runs are interleaved message by message, so machine noise hits both alike;
+the overhead percentiles are of the paired differences. Then the duplicate path: the same ids
+delivered again, rejected via Redis (in-process cache off) and via the in-process cache.
+Targets: decorated <= 1.3x bare; >= 20,000 duplicates/s rejected by one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine_facts, percentile  # noqa: E402
+from consumer_kit import ConsumerApp, Message  # noqa: E402
+from consumer_kit.db import make_engine  # noqa: E402
+from consumer_kit.schema import TableNames, build_metadata  # noqa: E402
+from consumer_kit.transports import Delivery  # noqa: E402
+
+MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")
+REDIS = os.environ.get("CKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def deliveries(n: int, tag: str) -> list[Delivery]:
+    return [Delivery(topic="ORDER_CREATED", body=b'{"sku":"SKU-%d","qty":1}' % i,
+                     broker_message_id=f"B{tag}{i}", tags="created",
+                     properties={"ckit_id": f"{tag}-{i}", "ckit_src": "orders"})
+            for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    args = parser.parse_args()
+    n = args.messages
+    engine = make_engine(MYSQL)
+    tag = uuid.uuid4().hex[:6]
+    names = TableNames(processed=f"bench_{tag}_processed")
+    metadata = build_metadata(names, include_transport=False)
+    processed = metadata.tables[names.processed]
+    stock = sa.Table(f"bench_{tag}_stock", metadata,
+                     sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+                     sa.Column("sku", sa.String(32), nullable=False),
+                     sa.Column("qty", sa.Integer, nullable=False))
+    processed.create(engine)
+    stock.create(engine)
+    client = redis.Redis.from_url(REDIS)
+
+    def make_app(local_cache: int) -> ConsumerApp:
+        app = ConsumerApp(group=f"bench-{tag}", db=engine, redis=client, ack=None,
+                          transport="memory://bench", processed_table=names.processed,
+                          local_cache=local_cache)
+
+        @app.listener("ORDER_CREATED")
+        def reserve(msg: Message, session: Any) -> None:
+            body = msg.json()
+            session.execute(sa.insert(stock).values(sku=body["sku"], qty=body["qty"]))
+
+        return app
+
+    def bare(delivery: Delivery) -> None:
+        import json
+
+        body = json.loads(delivery.body)
+        with engine.begin() as conn:
+            conn.execute(sa.insert(stock).values(sku=body["sku"], qty=body["qty"]))
+
+    try:
+        print(machine_facts(engine))
+        print(f"redis   : {client.info('server')['redis_version']}")
+        app = make_app(local_cache=0)
+        pipeline = app.pipeline()
+        batch = deliveries(n, tag)
+        for d in deliveries(50, "warm" + tag):  # warm pools and scripts
+            bare(d)
+            pipeline(d)
+        bare_t: list[float] = []
+        deco_t: list[float] = []
+        for d in batch:
+            t0 = time.perf_counter()
+            bare(d)
+            t1 = time.perf_counter()
+            pipeline(d)
+            t2 = time.perf_counter()
+            bare_t.append(t1 - t0)
+            deco_t.append(t2 - t1)
+        diffs = [d - b for b, d in zip(bare_t, deco_t)]
+        ratio = statistics.fmean(deco_t) / statistics.fmean(bare_t)
+        print(f"\nhandler with one INSERT, {n} messages, interleaved:")
+        print(f"  bare      : p50 {percentile(bare_t, 50) * 1e3:.2f} ms  p99 "
+              f"{percentile(bare_t, 99) * 1e3:.2f} ms  mean {statistics.fmean(bare_t) * 1e3:.2f} ms")
+        print(f"  decorated : p50 {percentile(deco_t, 50) * 1e3:.2f} ms  p99 "
+              f"{percentile(deco_t, 99) * 1e3:.2f} ms  mean {statistics.fmean(deco_t) * 1e3:.2f} ms")
+        print(f"  ratio decorated/bare (means): {ratio:.2f}x   (p50 ratio "
+              f"{percentile(deco_t, 50) / percentile(bare_t, 50):.2f}x; target <= 1.3x)")
+        print(f"  added overhead per message  : p50 {percentile(diffs, 50) * 1e6:.0f} us  "
+              f"p99 {percentile(diffs, 99) * 1e6:.0f} us")
+        with engine.connect() as conn:
+            effects = conn.execute(sa.select(sa.func.count()).select_from(stock)).scalar()
+        print(f"  effects written: {effects} (= 2 x {n} + 100 warm-up: bare and decorated)")
+
+        for label, local in (("via redis (in-process cache off)", 0),
+                             ("via the in-process cache", 100_000)):
+            dup_app = make_app(local_cache=local)
+            dup = dup_app.pipeline()
+            if local:
+                for d in batch:  # this process saw them: fill its memory of finished ids
+                    dup.recent.add(d.properties["ckit_id"])
+            t0 = time.perf_counter()
+            rounds = 3
+            for _ in range(rounds):
+                for d in batch:
+                    dup(d)
+            rate = rounds * n / (time.perf_counter() - t0)
+            print(f"duplicates rejected {label}: {rate:,.0f}/s (target >= 20,000/s)")
+    finally:
+        stock.drop(engine)
+        processed.drop(engine)
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example services: `orders` (producer, outbox) and `inventory` (consumer, ConsumerApp)."""
