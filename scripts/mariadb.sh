@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Install, start and provision the MariaDB server the test suite uses (loopback only, no systemd).
+#
+# usage: scripts/mariadb.sh [install|start|provision|stop|status|all]   (default: all)
+#
+#   install    apt-get install mariadb-server mariadb-client (apt-get update only when needed)
+#              and write /etc/mysql/mariadb.conf.d/99-ckit.cnf
+#   start      start the server unless it already answers; wait (bounded) for `mariadb-admin ping`
+#   provision  databases ckit_test, ckit_test2, ckit_bench; user ckit/ckit on 127.0.0.1 and
+#              localhost with all privileges on `ckit%` databases (idempotent)
+#   stop       shut the server down (whoever started it)
+#   status     say whether the server answers, on the socket and on 127.0.0.1:3306
+#   all        install + start + provision
+#
+# Environment: CKIT_MARIADB_TIMEOUT (seconds to wait for start/stop, default 60);
+#   CKIT_MARIADB_NO_SERVICE=1 skips `service mariadb start` and launches mysqld_safe directly.
+set -euo pipefail
+
+readonly PORT=3306
+readonly DATADIR=/var/lib/mysql
+readonly RUNDIR=/run/mysqld
+readonly LOGDIR=/var/log/mysql
+readonly ERRLOG=${LOGDIR}/error.log
+readonly LAUNCH_LOG=${LOGDIR}/ckit-launch.log
+readonly CONF=/etc/mysql/mariadb.conf.d/99-ckit.cnf
+readonly TIMEOUT=${CKIT_MARIADB_TIMEOUT:-60}
+readonly DATABASES=(ckit_test ckit_test2 ckit_bench)
+
+log() { printf '[mariadb] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; }
+
+need_root() {
+  [[ $(id -u) -eq 0 ]] || die "must run as root (apt-get and the server's files need it)"
+}
+
+pkg_installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+# True when the package lists know a candidate version for every given package.
+apt_knows() {
+  local out
+  out=$(apt-cache policy "$@" 2>/dev/null) || return 1
+  (($(grep -c '^ *Candidate: [^(]' <<<"$out") == $#))
+}
+
+# apt-get install the given packages when any is missing; `apt-get update` only when the
+# package lists do not know them (fresh machine) or an install fails on stale lists.
+apt_install() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    pkg_installed "$pkg" || missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  local apt=(apt-get -o DPkg::Lock::Timeout=600 -y -q)
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt_knows "${missing[@]}"; then
+    log "apt-get update"
+    "${apt[@]}" update >&2
+  fi
+  log "apt-get install ${missing[*]}"
+  if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2; then
+    log "install failed; refreshing package lists and retrying once"
+    "${apt[@]}" update >&2
+    "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2
+  fi
+}
+
+write_conf() {
+  local tmp
+  mkdir -p "$(dirname "$CONF")"
+  tmp=$(mktemp)
+  cat >"$tmp" <<EOF
+# Written by consumer-kit scripts/mariadb.sh: a small test server on loopback only.
+# Transaction isolation is deliberately left at the default REPEATABLE-READ.
+[mysqld]
+bind-address            = 127.0.0.1
+port                    = ${PORT}
+skip-name-resolve
+innodb_buffer_pool_size = 256M
+max_connections         = 300
+log_error               = ${ERRLOG}
+
+[mysqld_safe]
+skip_syslog
+log_error               = ${ERRLOG}
+EOF
+  if cmp -s "$tmp" "$CONF"; then
+    rm -f "$tmp"
+    return 1  # unchanged
+  fi
+  install -m 0644 "$tmp" "$CONF"
+  rm -f "$tmp"
+  log "wrote $CONF"
+  return 0
+}
+
+cmd_install() {
+  need_root
+  local changed=0
+  # The conf goes in before the packages so a server started by their postinst already uses it.
+  write_conf && changed=1
+  apt_install mariadb-server mariadb-client
+  # Settings changed while a server is up: restart it so they take effect.
+  if ((changed)) && alive; then
+    log "configuration changed; restarting the running server"
+    cmd_stop
+    cmd_start
+  fi
+}
+
+# True when a server answers on the local socket (mariadb-admin ping exits 0 even on auth errors).
+alive() {
+  mariadb-admin --no-defaults --protocol=socket --socket="${RUNDIR}/mysqld.sock" \
+    --connect-timeout=2 ping >/dev/null 2>&1
+}
+
+# True when 127.0.0.1:PORT accepts TCP connections (a ping over TCP as an unknown user fails with
+# "host not allowed" before provisioning, so this only checks that the port listens).
+alive_tcp() {
+  # shellcheck disable=SC2016  # $1 is expanded by the inner bash
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$PORT" 2>/dev/null
+}
+
+server_pid() {
+  local pidfile=${RUNDIR}/mysqld.pid
+  [[ -s $pidfile ]] && cat "$pidfile"
+}
+
+show_logs() {
+  local f
+  for f in "$ERRLOG" "$LAUNCH_LOG"; do
+    [[ -s $f ]] || continue
+    log "--- last lines of $f ---"
+    tail -n 40 "$f" >&2
+  done
+}
+
+wait_until_alive() {
+  local deadline=$((SECONDS + TIMEOUT))
+  until alive && alive_tcp; do
+    if ((SECONDS >= deadline)); then
+      log "server did not answer within ${TIMEOUT}s"
+      show_logs
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+prepare_dirs() {
+  install -d -o mysql -g mysql -m 0755 "$RUNDIR"
+  install -d -o mysql -g adm -m 2750 "$LOGDIR"
+  touch "$ERRLOG" "$LAUNCH_LOG"
+  chown mysql:adm "$ERRLOG" "$LAUNCH_LOG"
+  if [[ ! -d ${DATADIR}/mysql ]]; then
+    log "initialising the data directory ${DATADIR}"
+    install -d -o mysql -g mysql -m 0755 "$DATADIR"
+    mariadb-install-db --user=mysql --datadir="$DATADIR" --skip-test-db \
+      --auth-root-authentication-method=socket >>"$LAUNCH_LOG" 2>&1 \
+      || { show_logs; die "mariadb-install-db failed"; }
+  fi
+}
+
+cmd_start() {
+  need_root
+  command -v mariadb-admin >/dev/null || die "mariadb is not installed: run $0 install"
+  if alive; then
+    alive_tcp || die "a server is running but does not listen on 127.0.0.1:${PORT}"
+    log "already running"
+    return 0
+  fi
+  prepare_dirs
+  # Every daemon gets its own session and no inherited descriptors, so nothing started here keeps
+  # the caller's stdout open (a CI runner waiting for EOF would hang).
+  if [[ -z ${CKIT_MARIADB_NO_SERVICE:-} ]] && command -v service >/dev/null \
+    && [[ -x /etc/init.d/mariadb ]]; then
+    log "starting with 'service mariadb start'"
+    if timeout $((TIMEOUT + 30)) setsid service mariadb start \
+      </dev/null >>"$LAUNCH_LOG" 2>&1 && wait_until_alive; then
+      log "started (pid $(server_pid || echo '?'))"
+      return 0
+    fi
+    log "'service mariadb start' did not bring the server up; launching mysqld_safe directly"
+  fi
+  if ! alive; then
+    setsid mysqld_safe --datadir="$DATADIR" --bind-address=127.0.0.1 --port="$PORT" \
+      </dev/null >>"$LAUNCH_LOG" 2>&1 &
+  fi
+  wait_until_alive || die "MariaDB did not start"
+  log "started (pid $(server_pid || echo '?'))"
+}
+
+root_sql() {
+  mariadb --no-defaults --protocol=socket --socket="${RUNDIR}/mysqld.sock" -uroot \
+    --batch --skip-column-names "$@"
+}
+
+cmd_provision() {
+  need_root
+  alive || die "server is not running: run $0 start"
+  local sql="" db host
+  for db in "${DATABASES[@]}"; do
+    sql+="CREATE DATABASE IF NOT EXISTS \`${db}\` CHARACTER SET utf8mb4;"$'\n'
+  done
+  for host in 127.0.0.1 localhost; do
+    sql+="CREATE USER IF NOT EXISTS 'ckit'@'${host}' IDENTIFIED BY 'ckit';"$'\n'
+    sql+="ALTER USER 'ckit'@'${host}' IDENTIFIED BY 'ckit';"$'\n'
+    sql+="GRANT ALL PRIVILEGES ON \`ckit%\`.* TO 'ckit'@'${host}';"$'\n'
+  done
+  # SQL goes through stdin so the (fixed, test-only) password never shows in a process list.
+  root_sql <<<"$sql" || die "provisioning failed"
+  mariadb --no-defaults -uckit -pckit -h127.0.0.1 -P"$PORT" ckit_test -e 'SELECT 1' >/dev/null \
+    || die "user ckit cannot log in over TCP after provisioning"
+  log "provisioned ${DATABASES[*]} and user ckit@127.0.0.1/localhost"
+}
+
+cmd_stop() {
+  need_root
+  if ! alive; then
+    log "not running"
+    return 0
+  fi
+  local pid
+  pid=$(server_pid || true)
+  mariadb-admin --no-defaults --protocol=socket --socket="${RUNDIR}/mysqld.sock" -uroot \
+    shutdown || die "mariadb-admin shutdown failed"
+  local deadline=$((SECONDS + TIMEOUT))
+  while alive || { [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; }; do
+    if ((SECONDS >= deadline)); then
+      show_logs
+      die "server still running ${TIMEOUT}s after shutdown"
+    fi
+    sleep 0.5
+  done
+  log "stopped"
+}
+
+cmd_status() {
+  if ! command -v mariadb-admin >/dev/null; then
+    log "not installed"
+    return 3
+  fi
+  if alive; then
+    local version
+    version=$(root_sql -e 'SELECT VERSION()' 2>/dev/null || echo '?')
+    if alive_tcp; then
+      log "running: ${version}, pid $(server_pid || echo '?'), 127.0.0.1:${PORT}"
+    else
+      log "running: ${version} but NOT reachable on 127.0.0.1:${PORT}"
+      return 1
+    fi
+  else
+    log "not running"
+    return 3
+  fi
+}
+
+main() {
+  local cmd=${1:-all}
+  case $cmd in
+    install) cmd_install ;;
+    start) cmd_start ;;
+    provision) cmd_provision ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    all) cmd_install; cmd_start; cmd_provision ;;
+    -h | --help | help) usage ;;
+    *) usage; exit 2 ;;
+  esac
+}
+
+main "$@"
