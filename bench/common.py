@@ -50,7 +50,8 @@ def percentile(values: Sequence[float], pct: float) -> float:
 
 def summary_us(values: Sequence[float]) -> str:
     """`p50/p99/mean` of seconds, printed in microseconds."""
-    return (f"p50 {percentile(values, 50) * 1e6:8.0f} us  p99 {percentile(values, 99) * 1e6:8.0f} us"
+    return (f"p50 {percentile(values, 50) * 1e6:8.0f} us  "
+            f"p99 {percentile(values, 99) * 1e6:8.0f} us"
             f"  mean {statistics.fmean(values) * 1e6 if values else 0:8.0f} us")
 
 

@@ -25,11 +25,11 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine_facts, percentile  # noqa: E402
-from consumer_kit import ConsumerApp, Message  # noqa: E402
-from consumer_kit.db import make_engine  # noqa: E402
-from consumer_kit.schema import TableNames, build_metadata  # noqa: E402
-from consumer_kit.transports import Delivery  # noqa: E402
+from bench.common import machine_facts, percentile
+from consumer_kit import ConsumerApp, Message
+from consumer_kit.db import make_engine
+from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.transports import Delivery
 
 MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")
 REDIS = os.environ.get("CKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -101,10 +101,10 @@ def main() -> None:
         diffs = [d - b for b, d in zip(bare_t, deco_t)]
         ratio = statistics.fmean(deco_t) / statistics.fmean(bare_t)
         print(f"\nhandler with one INSERT, {n} messages, interleaved:")
-        print(f"  bare      : p50 {percentile(bare_t, 50) * 1e3:.2f} ms  p99 "
-              f"{percentile(bare_t, 99) * 1e3:.2f} ms  mean {statistics.fmean(bare_t) * 1e3:.2f} ms")
-        print(f"  decorated : p50 {percentile(deco_t, 50) * 1e3:.2f} ms  p99 "
-              f"{percentile(deco_t, 99) * 1e3:.2f} ms  mean {statistics.fmean(deco_t) * 1e3:.2f} ms")
+        for label, times in (("bare     ", bare_t), ("decorated", deco_t)):
+            print(f"  {label} : p50 {percentile(times, 50) * 1e3:.2f} ms  "
+                  f"p99 {percentile(times, 99) * 1e3:.2f} ms  "
+                  f"mean {statistics.fmean(times) * 1e3:.2f} ms")
         print(f"  ratio decorated/bare (means): {ratio:.2f}x   (p50 ratio "
               f"{percentile(deco_t, 50) / percentile(bare_t, 50):.2f}x; target <= 1.3x)")
         print(f"  added overhead per message  : p50 {percentile(diffs, 50) * 1e6:.0f} us  "

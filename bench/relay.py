@@ -23,14 +23,14 @@ from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine_facts, percentile, table  # noqa: E402
-from consumer_kit.clock import utcnow  # noqa: E402
-from consumer_kit.db import make_engine  # noqa: E402
-from consumer_kit.schema import TableNames, build_metadata, outbox_table  # noqa: E402
-from consumer_kit.transports.base import OutgoingMessage, SendResult  # noqa: E402
-from consumer_kit.transports.memory import MemoryTransport  # noqa: E402
-from outbox_producer import Dispatcher, Outbox, Relay  # noqa: E402
-from outbox_producer.ids import new_message_id  # noqa: E402
+from bench.common import machine_facts, percentile, table
+from consumer_kit.clock import utcnow
+from consumer_kit.db import make_engine
+from consumer_kit.schema import TableNames, build_metadata, outbox_table
+from consumer_kit.transports.base import OutgoingMessage, SendResult
+from consumer_kit.transports.memory import MemoryTransport
+from outbox_producer import Dispatcher, Outbox, Relay
+from outbox_producer.ids import new_message_id
 
 DEFAULT_URL = os.environ.get("CKIT_TEST_MYSQL_URL",
                              "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")

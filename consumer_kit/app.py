@@ -186,7 +186,8 @@ class ConsumerApp:
         if "://" in self.ack:
             outbox, acks = self.ack_tables
             return SqlRoute(self.ack, outbox_table=outbox, ack_table=acks)
-        raise ConfigError(f"invalid ack={mask_url(self.ack)!r}: use 'topic', a database URL or None")
+        raise ConfigError(
+            f"invalid ack={mask_url(self.ack)!r}: use 'topic', a database URL or None")
 
     def pipeline(self) -> Pipeline:
         """The message pipeline (built on first use)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 
-class Reject(Exception):  # noqa: N818 - named for what the handler means, like dramatiq's Retry
+class Reject(Exception):
     """Refuse a message permanently: it is recorded FAILED with `reason`, acked to the broker,
     and acked to the producer as rejected (its outbox row becomes REJECTED).
 
@@ -17,7 +17,7 @@ class Reject(Exception):  # noqa: N818 - named for what the handler means, like 
         self.reason = reason
 
 
-class Retry(Exception):  # noqa: N818
+class Retry(Exception):
     """Ask for a redelivery later (RECONSUME_LATER); the broker's back-off decides when.
 
     `delay` is a hint kept for logs and transports that can honour it; RocketMQ's push consumer

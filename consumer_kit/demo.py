@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -72,7 +71,8 @@ def run_demo(
 ) -> DemoResult:
     """Run the demo in `workdir` (a fresh temporary folder by default) and return its summary."""
     from consumer_kit.reconcile import GroupSource, ReconcileConfig, run_reconcile
-    from examples import inventory, orders as order_service
+    from examples import inventory
+    from examples import orders as order_service
     from outbox_producer import AckApplier, Outbox, Relay
     from outbox_producer.ack_consumer import AckConsumer
     from outbox_producer.envelope import envelope
@@ -107,7 +107,7 @@ def run_demo(
         rows = conn.execute(sa.select(table).order_by(table.c.id)).mappings().all()
     _step(say, f"inject: {DUPLICATES} messages sent a second time (a producer retry)")
     for row in rows[:DUPLICATES]:
-        transport.send(envelope(row))
+        transport.send(envelope(dict(row)))
     lose = {rows[DUPLICATES]["message_id"]}
 
     _step(say, "inventory consumer: dedupe, reserve stock, ack back (one ack lost on purpose)")
@@ -149,7 +149,7 @@ def run_demo(
         route.lost == sorted(lose),
     ]
     result_rows: list[tuple[str, object, str]] = [
-        ("published", orders, f"outbox rows; publishing order 1 again returned the same id"),
+        ("published", orders, "outbox rows; publishing order 1 again returned the same id"),
         ("sent by the relay", relayed, "after commit, from the outbox"),
         ("delivered", delivered, f"including {DUPLICATES} duplicates injected on purpose"),
         ("duplicates skipped", counts[Outcome.DUPLICATE], "dedupe on ckit_id: no second effect"),

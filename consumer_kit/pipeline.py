@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import threading
 import json
 import logging
+import threading
 import time
 import traceback
 import uuid
-
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
@@ -68,7 +67,7 @@ class Pipeline:
         would read as CONSUME_SUCCESS in the RocketMQ client: a lost message)."""
         try:
             return broker_status(self.process(delivery).outcome)
-        except BaseException:  # noqa: BLE001 - the contract is "never raise"
+        except BaseException:
             log.exception("message %s: pipeline error; reconsume later",
                           getattr(delivery, "broker_message_id", "?"))
             return ConsumeStatus.RECONSUME_LATER

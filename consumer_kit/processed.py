@@ -61,11 +61,10 @@ class ProcessedStore:
 
     def record(self, msg: Message, status: ProcessedStatus, error: str | None = None) -> bool:
         """Insert the row in a transaction of its own; False when it already existed."""
-        with self.engine.connect() as conn:
-            with conn.begin() as tx:
-                if self.insert(conn, msg, status, error):
-                    return True
-                tx.rollback()
+        with self.engine.connect() as conn, conn.begin() as tx:
+            if self.insert(conn, msg, status, error):
+                return True
+            tx.rollback()
         return False
 
     def status(self, message_id: str, conn: Connection | None = None) -> ProcessedStatus | None:

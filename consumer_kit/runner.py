@@ -39,11 +39,13 @@ def run_consumer(
             ready = consumer.ready()
             busy = consumer.in_flight > 0
             if ready is not None:
-                if ready == 0 and not busy:
-                    # confirm once more after a short pause: a callback may be about to start
-                    if stop.wait(DEFAULT_POLL) or (consumer.ready() == 0
-                                                   and consumer.in_flight == 0):
-                        break
+                # when drained, confirm once more after a short pause: a callback may be about
+                # to start
+                if ready == 0 and not busy and (
+                    stop.wait(DEFAULT_POLL)
+                    or (consumer.ready() == 0 and consumer.in_flight == 0)
+                ):
+                    break
                 continue
             if busy or activity.since(quiet_since):
                 quiet_since = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
@@ -72,17 +73,17 @@ class ProcessedStatus(str, enum.Enum):
     FAILED = "FAILED"
 
 
-def big_id() -> sa.types.TypeEngine[int]:
+def big_id() -> sa.types.TypeEngine[Any]:
     """BIGINT primary key that still autoincrements on SQLite (which needs INTEGER)."""
     return sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
-def timestamp() -> sa.types.TypeEngine[object]:
+def timestamp() -> sa.types.TypeEngine[Any]:
     """DATETIME with microseconds on MySQL/MariaDB (plain DATETIME would drop them)."""
     return sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
-def blob() -> sa.types.TypeEngine[bytes]:
+def blob() -> sa.types.TypeEngine[Any]:
     """Message bodies: MEDIUMBLOB (16 MiB) on MySQL, BYTEA on PostgreSQL, BLOB on SQLite."""
     return (
         sa.LargeBinary()
@@ -91,7 +92,7 @@ def blob() -> sa.types.TypeEngine[bytes]:
     )
 
 
-def long_text() -> sa.types.TypeEngine[str]:
+def long_text() -> sa.types.TypeEngine[Any]:
     """Long free text (errors, reasons) that may exceed VARCHAR limits."""
     return sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
@@ -115,7 +116,7 @@ class TableNames:
         return validate_identifier(f"{self.outbox}_archive")
 
 
-def _outbox_columns() -> list[sa.Column[object]]:
+def _outbox_columns() -> list[sa.Column[Any]]:
     return [
         sa.Column("id", big_id(), primary_key=True, autoincrement=True,
                   comment="surrogate key; relays shard on MOD(id, N)"),
@@ -246,7 +247,9 @@ def register_tables(builder: TableBuilder) -> TableBuilder:
     return builder
 
 
-def build_metadata(names: TableNames | None = None, *, include_transport: bool = True) -> sa.MetaData:
+def build_metadata(
+    names: TableNames | None = None, *, include_transport: bool = True
+) -> sa.MetaData:
     """Return a MetaData holding every consumer-kit table under the given names."""
     names = names or TableNames()
     metadata = sa.MetaData()

@@ -7,7 +7,7 @@ import logging
 from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.runner import Activity
-from consumer_kit.transports.base import ConsumeStatus, Consumer, Delivery, Subscription, Transport
+from consumer_kit.transports.base import Consumer, ConsumeStatus, Delivery, Subscription, Transport
 from outbox_producer.acks import AckApplier, AckResult, ack_topic, decode_acks
 from outbox_producer.errors import AckError
 

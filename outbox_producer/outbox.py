@@ -16,8 +16,8 @@ from consumer_kit.clock import utcnow
 from consumer_kit.db import make_engine
 from consumer_kit.schema import (
     BIZ_KEY_LEN,
-    DEFAULT_OUTBOX_TABLE,
     BIZ_TYPE_LEN,
+    DEFAULT_OUTBOX_TABLE,
     KEYS_LEN,
     TAGS_LEN,
     TOPIC_LEN,

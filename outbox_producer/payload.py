@@ -11,6 +11,7 @@ from typing import Any
 
 from outbox_producer.errors import PayloadError
 
+
 def _default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)

@@ -19,7 +19,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("consumer_kit.cli")
 
 DB_URL_HELP = "SQLAlchemy URL of the database (env CKIT_DB_URL)"
-TRANSPORT_HELP = "transport URL: memory://NAME, sql+<db-url>, rocketmq://host:port (env CKIT_TRANSPORT)"
+TRANSPORT_HELP = (
+    "transport URL: memory://NAME, sql+<db-url>, rocketmq://host:port (env CKIT_TRANSPORT)"
+)
 
 
 def db_url_option(help_text: str = DB_URL_HELP) -> Any:

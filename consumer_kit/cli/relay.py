@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import typer
 
 from consumer_kit.cli.common import (

@@ -96,7 +96,7 @@ class RedisDedupe:
             self._failed("claim", message_id, exc)
             return Claim.UNAVAILABLE
         self._ok()
-        return Claim(int(answer))  # type: ignore[arg-type]
+        return Claim(int(answer))
 
     def finish(self, message_id: str, token: str) -> None:
         """Mark done (TTL) and drop our lease. A failure only costs a database lookup later."""

@@ -11,8 +11,8 @@ from typing import Any
 
 from consumer_kit.errors import ConfigError
 from consumer_kit.transports.base import (
-    ConsumeStatus,
     Consumer,
+    ConsumeStatus,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,

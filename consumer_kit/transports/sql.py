@@ -129,6 +129,14 @@ class SqlTransport(Transport):
         self.activity = threading.Condition()
         self._consumers: weakref.WeakSet[SqlConsumer] = weakref.WeakSet()
         self._closed = False
+        # built once: building and cache-keying Core statements costs more than SQLite itself
+        q = self.tables.queue
+        this_queue = (q.c.topic == sa.bindparam("b_topic")) & (
+            q.c.queue_id == sa.bindparam("b_queue"))
+        self._lock_queue = sa.select(q.c.next_offset).where(this_queue).with_for_update()
+        self._bump_queue = (sa.update(q).where(this_queue, q.c.next_offset == sa.bindparam("old"))
+                            .values(next_offset=sa.bindparam("new")))
+        self._insert_message = sa.insert(self.tables.message)
 
     def __repr__(self) -> str:
         return f"SqlTransport({self.db.masked_url!r}, table_prefix={self.tables.message.name!r})"
@@ -218,7 +226,7 @@ class SqlTransport(Transport):
             "reconsume_times": 0, "origin_group": None, "origin_topic": None,
         }
         if delay > 0:
-            self.db.run(lambda conn: conn.execute(sa.insert(self.tables.message), [row]),
+            self.db.run(lambda conn: conn.execute(self._insert_message, row),
                         write=True, what="schedule a message")
             log.debug("scheduled message %s on %s in %.3fs", uniq_key, message.topic, delay)
             return SendResult(uniq_key, queue_id, None)
@@ -229,16 +237,13 @@ class SqlTransport(Transport):
 
     def _append(self, conn: sa.Connection, row: dict[str, Any]) -> int:
         """Insert `row` at its queue's next offset, holding the queue row's lock."""
-        q = self.tables.queue
-        where = (q.c.topic == row["topic"]) & (q.c.queue_id == row["queue_id"])
-        offset = conn.execute(sa.select(q.c.next_offset).where(where).with_for_update()
-                              ).scalar_one_or_none()
+        key = {"b_topic": row["topic"], "b_queue": row["queue_id"]}
+        offset = conn.execute(self._lock_queue, key).scalar_one_or_none()
         if offset is None:
             raise TransportError(f"queue {row['topic']}/{row['queue_id']} does not exist")
-        conn.execute(sa.insert(self.tables.message), [{**row, "queue_offset": offset}])
-        bumped = conn.execute(sa.update(q).where(where & (q.c.next_offset == offset))
-                              .values(next_offset=offset + 1))
-        if bumped.rowcount != 1:
+        conn.execute(self._insert_message, {**row, "queue_offset": offset})
+        if conn.execute(self._bump_queue, {**key, "old": offset, "new": offset + 1}
+                        ).rowcount != 1:
             raise TransportError(f"queue {row['topic']}/{row['queue_id']} moved under its lock")
         return int(offset)
 
@@ -278,10 +283,9 @@ class SqlTransport(Transport):
         return promoted
 
     def _promote(self, conn: sa.Connection, *, topic: str, queue_id: int, ids: list[int]) -> int:
-        q, m = self.tables.queue, self.tables.message
-        where = (q.c.topic == topic) & (q.c.queue_id == queue_id)
-        start = conn.execute(sa.select(q.c.next_offset).where(where).with_for_update()
-                             ).scalar_one_or_none()
+        m = self.tables.message
+        key = {"b_topic": topic, "b_queue": queue_id}
+        start = conn.execute(self._lock_queue, key).scalar_one_or_none()
         if start is None:
             return 0
         offset = int(start)
@@ -289,11 +293,9 @@ class SqlTransport(Transport):
             moved = conn.execute(sa.update(m).where(m.c.id == row_id, m.c.queue_offset.is_(None))
                                  .values(queue_offset=offset))
             offset += moved.rowcount  # 0: another consumer promoted it first
-        if offset != start:
-            bumped = conn.execute(sa.update(q).where(where & (q.c.next_offset == start))
-                                  .values(next_offset=offset))
-            if bumped.rowcount != 1:
-                raise TransportError(f"queue {topic}/{queue_id} moved under its lock")
+        if offset != start and conn.execute(
+                self._bump_queue, {**key, "old": start, "new": offset}).rowcount != 1:
+            raise TransportError(f"queue {topic}/{queue_id} moved under its lock")
         return offset - int(start)
 
     # -- retry and dead letters ------------------------------------------------------------------

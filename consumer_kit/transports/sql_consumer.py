@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("consumer_kit.transports.sql")
 
 COMMIT_INTERVAL = 0.2
+HANDOVER_INTERVAL = 0.25
 ERROR_BACKOFF = 1.0
 
 
@@ -101,6 +102,9 @@ class SqlConsumer(Consumer):
         self._threads: list[threading.Thread] = []
         self._in_flight = 0
         self._rebalance_now = True
+        self._next_promote = 0.0
+        self._next_handover = 0.0
+        self._wanted: set[QueueKey] = set()
         self._started = False
 
     def __repr__(self) -> str:
@@ -189,6 +193,8 @@ class SqlConsumer(Consumer):
                     self._rebalance_now = False
                     next_beat = now + self._beat_every
                     self._rebalance()
+                elif now >= self._next_handover:
+                    self._handover()
                 if now >= next_commit:
                     next_commit = now + COMMIT_INTERVAL
                     self._commit()
@@ -229,10 +235,18 @@ class SqlConsumer(Consumer):
                 state.lease_deadline = deadline
                 if state.key not in wanted:
                     state.active = False
-                idle = not state.active and state.running == 0
-            if idle:
-                self._give_up(state)
-        for key in sorted(wanted - set(self._owned)):
+        self._wanted = wanted
+        self._handover()
+
+    def _handover(self) -> None:
+        """Give up inactive queues whose callbacks finished; try to take the missing wanted
+        ones (often held by a member that gives them up at its own next step)."""
+        self._next_handover = time.monotonic() + HANDOVER_INTERVAL
+        with self._cond:
+            idle = [s for s in self._owned.values() if not s.active and s.running == 0]
+        for state in idle:
+            self._give_up(state)
+        for key in sorted(self._wanted - set(self._owned)):
             self._take(key)
 
     def _give_up(self, state: _QueueState) -> None:
@@ -273,7 +287,10 @@ class SqlConsumer(Consumer):
             active = [s for s in self._owned.values() if s.active]
         if not active:
             return False
-        self.transport.promote_due([s.key for s in active])
+        now = time.monotonic()
+        if now >= self._next_promote:  # effect times need no finer grain than the poll interval
+            self._next_promote = now + self.settings.poll_interval
+            self.transport.promote_due([s.key for s in active])
         heads = self.store.queues({s.key[0] for s in active})
         fetched = False
         for state in active:
@@ -312,8 +329,12 @@ class SqlConsumer(Consumer):
                     continue
                 work = self._buffer.popleft()
                 state = work.state
-                if not state.active or time.monotonic() > state.lease_deadline:
-                    continue  # the queue is being given up: the next owner delivers it
+                if state.active and time.monotonic() > state.lease_deadline:
+                    # not renewed in time (database slow or away): stop, and let the poller
+                    # release and re-take the queue, which re-fetches from the committed offset
+                    state.active = False
+                if not state.active:
+                    continue  # the queue is being given up: its next owner delivers this
                 state.running += 1
                 self._in_flight += 1
                 return work

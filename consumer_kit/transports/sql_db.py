@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -82,16 +83,22 @@ class Database:
                 raise ConfigError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
             options.update(pool_size=8, max_overflow=24, connect_args={"check_same_thread": False})
         elif self.dialect in ("mysql", "mariadb"):
+            # No pre-ping (a round trip per transaction): a stale pooled connection fails on the
+            # first statement, before anything was written, and `run` retries on a fresh one.
             options.update(isolation_level="READ COMMITTED", pool_size=8, max_overflow=24,
-                           pool_recycle=3600, pool_pre_ping=True)
+                           pool_recycle=1800)
         options.update(engine_options or {})
         try:
             self.engine = sa.create_engine(parsed, **options)
         except (exc.ArgumentError, ImportError) as error:
             raise ConfigError(f"cannot open {self.masked_url}: {error}") from error
+        # SQLite has one writer: threads of this process queue on a lock instead of spinning in
+        # SQLite's busy handler (which sleeps up to 100 ms per try); other processes still do.
+        self._write_lock: threading.Lock | None = None
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine, busy_timeout, sqlite_synchronous.upper())
             self.writer: sa.Engine = self.engine.execution_options(ckit_immediate=True)
+            self._write_lock = threading.Lock()
         else:
             self.writer = self.engine
 
@@ -114,6 +121,9 @@ class Database:
         while True:
             attempt += 1
             try:
+                if write and self._write_lock is not None:
+                    with self._write_lock, self.writer.begin() as conn:
+                        return work(conn)
                 with (self.writer if write else self.engine).begin() as conn:
                     return work(conn)
             except exc.DBAPIError as error:

@@ -7,8 +7,7 @@ from typing import Any
 
 import redis
 
-from consumer_kit import Message, Outcome
-from consumer_kit import metrics
+from consumer_kit import Message, Outcome, metrics
 from consumer_kit.dedupe import Claim, RedisDedupe
 from tests.consumer.conftest import Env, add_reservation, delivery
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -93,10 +94,9 @@ def test_two_consumers_receiving_the_same_message_at_once_apply_it_once(
         @app.listener("ORDER_CREATED")
         def reserve(msg: Message, session: Any) -> None:
             add_reservation(real_env, session, "A")
-            try:
-                both_inside.wait()  # only reachable by both without Redis: the DB must decide
-            except threading.BrokenBarrierError:
-                pass
+            # only reachable by both without Redis: the DB must decide
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_inside.wait()
 
     results: dict[int, Outcome] = {}
     start = threading.Barrier(2)

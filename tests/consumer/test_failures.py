@@ -63,7 +63,7 @@ def test_a_body_that_is_not_json_is_rejected_with_the_parse_error(env: Env) -> N
         msg.json()
 
     assert app.process(delivery("M1", b"{not json")) is ConsumeStatus.CONSUME_SUCCESS
-    [(mid, status, error)] = env.processed()
+    [(_mid, status, error)] = env.processed()
     assert status == "FAILED"
     assert error is not None and error.startswith("InvalidBody: body is not valid JSON")
 

@@ -40,7 +40,7 @@ def test_the_decorator_takes_topic_and_tags() -> None:
 
 def test_unknown_options_are_refused_at_decoration_time() -> None:
     app = make_app()
-    with pytest.raises(ConfigError, match="unknown listener option.*retries"):
+    with pytest.raises(ConfigError, match=r"unknown listener option.*retries"):
         @app.listener("ORDERS", retries=3)
         def handle(msg: Message) -> None:
             pass

@@ -16,7 +16,8 @@ class MemoryHarness:
     quiet = 0.3
 
     def __init__(self) -> None:
-        self.transport = MemoryTransport(retry_delays=[0.05, 0.1], max_reconsume_times=MAX_RECONSUME)
+        self.transport = MemoryTransport(retry_delays=[0.05, 0.1],
+                                         max_reconsume_times=MAX_RECONSUME)
 
     def topic(self, stem: str) -> str:
         return unique(stem)

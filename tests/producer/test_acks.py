@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit.runner import run_consumer
 from consumer_kit.schema import OutboxState
+from consumer_kit.transports import OutgoingMessage
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import (
     Ack,
@@ -19,8 +21,6 @@ from outbox_producer import (
     encode_acks,
 )
 from outbox_producer.ack_consumer import AckConsumer
-from consumer_kit.runner import run_consumer
-from consumer_kit.transports import OutgoingMessage
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 

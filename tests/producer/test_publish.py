@@ -104,9 +104,9 @@ def test_a_non_serializable_payload_fails_inside_publish_and_writes_nothing(db: 
 
 def test_a_biz_key_longer_than_the_column_is_refused_with_its_length(db: Db) -> None:
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
-    with pytest.raises(PayloadError, match="biz_key is 200 characters; the column holds 128"):
-        with db.engine.begin() as conn:
-            outbox.publish(conn, "T", {}, biz_type="t", biz_key="k" * 200)
+    too_long = "biz_key is 200 characters; the column holds 128"
+    with pytest.raises(PayloadError, match=too_long), db.engine.begin() as conn:
+        outbox.publish(conn, "T", {}, biz_type="t", biz_key="k" * 200)
 
 
 def test_publish_with_a_session_joins_the_session_transaction(db: Db) -> None:

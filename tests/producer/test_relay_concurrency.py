@@ -7,10 +7,10 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from outbox_producer import Relay
-from outbox_producer.ids import new_message_id
 from consumer_kit.clock import utcnow
 from consumer_kit.schema import outbox_table
+from outbox_producer import Relay
+from outbox_producer.ids import new_message_id
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 

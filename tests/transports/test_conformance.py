@@ -10,8 +10,8 @@ import pytest
 
 from consumer_kit.errors import MessageTooLarge
 from consumer_kit.transports import (
-    ConsumeStatus,
     Consumer,
+    ConsumeStatus,
     Delivery,
     OutgoingMessage,
     Subscription,
@@ -94,7 +94,8 @@ def test_every_group_gets_every_message(h: Harness) -> None:
         for i in range(5):
             h.transport.send(OutgoingMessage(topic, f"m{i}".encode()))
         assert wait_for(lambda: len(first.items) >= 5 and len(second.items) >= 5, h.timeout)
-        assert sorted(first.bodies()) == sorted(second.bodies()) == [f"m{i}".encode() for i in range(5)]
+        expected = [f"m{i}".encode() for i in range(5)]
+        assert sorted(first.bodies()) == sorted(second.bodies()) == expected
     finally:
         for c in consumers:
             c.shutdown()
