@@ -265,6 +265,8 @@ class ConsumerApp:
         """Flush acks and release connections."""
         if self._acks is not None:
             self._acks.close()
+        if self._pipeline is not None and self._pipeline.redis is not None:
+            self._pipeline.redis.close()
         if self._transport is not None:
             self._transport.close()
         if isinstance(self.db, Engine):

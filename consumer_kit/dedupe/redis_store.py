@@ -18,6 +18,7 @@ import redis
 
 from consumer_kit import metrics
 from consumer_kit.dedupe.keys import done_key, lease_key
+from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger("consumer_kit.dedupe.redis")
 
@@ -61,6 +62,7 @@ class RedisDedupe:
         self._release = client.register_script(_script("release.lua"))
         self._down_until = 0.0
         self._lock = threading.Lock()
+        self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc))
 
     @property
     def degraded(self) -> bool:
@@ -99,20 +101,22 @@ class RedisDedupe:
         return Claim(int(answer))
 
     def finish(self, message_id: str, token: str) -> None:
-        """Mark done (TTL) and drop our lease. A failure only costs a database lookup later."""
-        if self.degraded:
-            return
-        try:
-            self._finish(keys=[done_key(self.group, message_id),
-                               lease_key(self.group, message_id)], args=[token, self.done_ms])
-        except redis.RedisError as exc:
-            self._failed("finish", message_id, exc)
+        """Mark done (TTL) and drop our lease, off the hot path (see `RedisWriter`). Lost, it
+        only costs a database lookup for the next duplicate."""
+        if not self.degraded:
+            self.writer.submit(self._finish, [done_key(self.group, message_id),
+                                              lease_key(self.group, message_id)],
+                               [token, self.done_ms])
 
     def release(self, message_id: str, token: str) -> None:
-        """Drop our lease so a redelivery can be processed at once."""
-        if self.degraded:
-            return
-        try:
-            self._release(keys=[lease_key(self.group, message_id)], args=[token])
-        except redis.RedisError as exc:
-            self._failed("release", message_id, exc)
+        """Drop our lease so a redelivery can be processed at once (off the hot path)."""
+        if not self.degraded:
+            self.writer.submit(self._release, [lease_key(self.group, message_id)], [token])
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until queued done markers and releases reached Redis."""
+        return self.writer.flush(timeout)
+
+    def close(self) -> None:
+        """Send queued writes and stop the writer thread."""
+        self.writer.close()

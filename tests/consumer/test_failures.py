@@ -116,6 +116,9 @@ def test_the_consumer_database_down_means_redelivery_never_an_ack(env: Env) -> N
 
     assert app.process(delivery("M1")) is ConsumeStatus.RECONSUME_LATER
     # and the Redis lease was released, not marked done: the redelivery can run
+    redis_store = app.pipeline().redis
+    assert redis_store is not None and redis_store.flush()
+    assert env.redis.keys(f"ckit:{{{app.group}}}:lease:*") == []
     assert env.redis.keys(f"ckit:{{{app.group}}}:done:*") == []
 
 
