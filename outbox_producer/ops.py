@@ -25,21 +25,18 @@ Decisions (documented for operators in `ckit outbox --help` and schema/README.md
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
-import hashlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.clock import utcnow
-from consumer_kit.db import check_tables, dialect_name
+from consumer_kit.db import check_tables
 from consumer_kit.schema import REASON_LEN, OutboxState, TableNames, ack_table, outbox_table
-from outbox_producer.errors import OutboxError
 
 OPERATOR = "operator"
 RETRY_PREFIX = "operator retry"
@@ -486,146 +483,3 @@ def select_ids(
 
 
 # ------------------------------------------------------------------------------------- archive
-
-
-class ArchiveBusy(OutboxError):
-    """Another `archive` run holds the lock for this outbox table; try again later."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ArchiveResult:
-    """Outcome of `archive`: rows moved (or eligible, on a dry run) and batches run."""
-
-    moved: int
-    batches: int
-    cutoff: dt.datetime
-    more: bool
-    dry_run: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
-
-
-def archive(
-    engine: Engine,
-    tables: OutboxTables,
-    older_than: dt.timedelta,
-    *,
-    batch: int = DEFAULT_ARCHIVE_BATCH,
-    max_batches: int | None = DEFAULT_ARCHIVE_MAX_BATCHES,
-    states: Sequence[OutboxState] = ARCHIVE_STATES,
-    dry_run: bool = False,
-    now: dt.datetime | None = None,
-) -> ArchiveResult:
-    """Move terminal rows last changed before `now - older_than` into the archive table.
-
-    Each batch is one transaction: pick up to `batch` ids (keyset on `id`), lock them (`FOR
-    UPDATE` on MySQL/PostgreSQL), `INSERT INTO archive SELECT ... WHERE id IN (...)`, then `DELETE`
-    the same ids under the same guard; the two row counts must agree or the batch rolls back. The
-    archive table is created when missing. One run per outbox table at a time: `GET_LOCK` on
-    MySQL/MariaDB, `pg_try_advisory_lock` on PostgreSQL; on SQLite each batch holds the database's
-    single write lock, so concurrent runs interleave batches but never move a row twice.
-
-    Raises:
-        ValueError: `older_than` is not positive, or `batch`/`max_batches` < 1.
-        ArchiveBusy: another run holds the lock.
-        SchemaError: the outbox table is missing.
-        sqlalchemy.exc.SQLAlchemyError: the database failed.
-    """
-    if older_than <= dt.timedelta(0):
-        raise ValueError(f"older_than must be positive, got {older_than}")
-    if batch < 1 or (max_batches is not None and max_batches < 1):
-        raise ValueError("batch and max_batches must be at least 1")
-    bad = [s.name for s in states if s not in ARCHIVE_STATES]
-    if bad:
-        raise ValueError(f"only terminal states can be archived, not {', '.join(bad)}")
-    check_tables(engine, tables.outbox)
-    cutoff = (now or utcnow()) - older_than
-    c = tables.outbox.c
-    guard = sa.and_(
-        c.state.in_([int(s) for s in states]),
-        c.gmt_modified < cutoff,
-        # implied by the line above; lets ix_<outbox>_gmt_create bound the scan
-        c.gmt_create < cutoff,
-    )
-    if dry_run:
-        with engine.connect() as conn:
-            count = conn.scalar(sa.select(sa.func.count()).select_from(tables.outbox).where(guard))
-        return ArchiveResult(int(count or 0), 0, cutoff, False, dry_run=True)
-    tables.archive.create(engine, checkfirst=True)
-    moved = batches = 0
-    last_id = 0
-    more = False
-    with _single_instance(engine, tables.outbox.name):
-        while True:
-            if max_batches is not None and batches >= max_batches:
-                more = True
-                break
-            count, last_id = _archive_batch(engine, tables, guard, last_id, batch)
-            if count == 0 and last_id == 0:
-                break
-            moved += count
-            batches += 1
-            if last_id == 0:  # the selection came back short: nothing older is left
-                break
-    return ArchiveResult(moved, batches, cutoff, more)
-
-
-def _archive_batch(
-    engine: Engine, tables: OutboxTables, guard: Any, after_id: int, batch: int
-) -> tuple[int, int]:
-    """Move one batch; return (rows moved, id to continue after, or 0 when the scan is done)."""
-    outbox, c = tables.outbox, tables.outbox.c
-    with engine.begin() as conn:
-        query = sa.select(c.id).where(guard, c.id > after_id).order_by(c.id).limit(batch)
-        if dialect_name(conn) != "sqlite":
-            # Lock the picked rows so no operator retry slips between the copy and the delete.
-            # SQLite needs no lock: the INSERT takes the single write lock, and both statements
-            # repeat the guard, so the copy and the delete see the same rows.
-            query = query.with_for_update()
-        ids = list(conn.scalars(query))
-        if not ids:
-            return 0, 0
-        in_batch = sa.and_(c.id.in_(ids), guard)
-        columns = [col.name for col in outbox.columns]
-        inserted = conn.execute(
-            sa.insert(tables.archive).from_select(
-                columns, sa.select(*[outbox.c[n] for n in columns]).where(in_batch)
-            )
-        ).rowcount
-        deleted = conn.execute(sa.delete(outbox).where(in_batch)).rowcount
-        if inserted != deleted:
-            raise RuntimeError(
-                f"archive batch after id {after_id}: copied {inserted} rows but deleted {deleted};"
-                " rolled back"
-            )
-        return deleted, (ids[-1] if len(ids) == batch else 0)
-
-
-@contextlib.contextmanager
-def _single_instance(engine: Engine, table_name: str) -> Iterator[None]:
-    """Hold a server-side lock naming this outbox table for the whole run (see `archive`)."""
-    dialect = dialect_name(engine)
-    if dialect not in ("mysql", "postgresql"):
-        yield
-        return
-    name = f"ckit_archive:{engine.url.database}.{table_name}"
-    if len(name) > 64:  # MySQL's GET_LOCK limit
-        name = "ckit_archive:" + hashlib.sha1(name.encode()).hexdigest()
-    with engine.connect() as conn:
-        if dialect == "mysql":
-            got = conn.scalar(sa.select(sa.func.get_lock(name, 0)))
-            release = sa.select(sa.func.release_lock(name))
-        else:
-            key = int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big", signed=True)
-            got = conn.scalar(sa.select(sa.func.pg_try_advisory_lock(key)))
-            release = sa.select(sa.func.pg_advisory_unlock(key))
-        conn.commit()
-        if not got:
-            raise ArchiveBusy(f"another `ckit outbox archive` holds the lock {name!r}; try later")
-        try:
-            yield
-        finally:
-            conn.execute(release)
-            conn.commit()

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from consumer_kit.errors import ConfigError
 from consumer_kit.schema import OutboxState, TableNames
-from outbox_producer import ops
+from outbox_producer import archive, ops
 from tests.conftest import Db
 
 NOW = dt.datetime(2026, 1, 15, 12, 0, 0)
@@ -283,7 +283,7 @@ def test_archive_moves_only_old_terminal_rows_in_bounded_batches(db: Db) -> None
         insert(db, OutboxState.CONSUMED, gmt_create=old, gmt_modified=NOW)["id"],
     ]
     # When archiving rows older than 30 days, 4 rows per batch
-    result = ops.archive(db.engine, tables(db), dt.timedelta(days=30), batch=4, now=NOW)
+    result = archive.archive(db.engine, tables(db), dt.timedelta(days=30), batch=4, now=NOW)
     # Then the six moved in two batches, and the others stayed
     assert (result.moved, result.batches, result.more) == (6, 2, False)
     assert archived_ids(db) == sorted(moved)
@@ -296,16 +296,16 @@ def test_archive_stops_after_max_batches_and_says_there_is_more(db: Db) -> None:
     old = NOW - dt.timedelta(days=40)
     for _ in range(5):
         insert(db, OutboxState.CONSUMED, gmt_create=old)
-    first = ops.archive(db.engine, tables(db), dt.timedelta(days=30), batch=2, max_batches=1,
+    first = archive.archive(db.engine, tables(db), dt.timedelta(days=30), batch=2, max_batches=1,
                         now=NOW)
-    rest = ops.archive(db.engine, tables(db), dt.timedelta(days=30), batch=2, now=NOW)
+    rest = archive.archive(db.engine, tables(db), dt.timedelta(days=30), batch=2, now=NOW)
     assert (first.moved, first.more) == (2, True)
     assert (rest.moved, rest.more) == (3, False)
 
 
 def test_archive_dry_run_counts_without_moving_anything(db: Db) -> None:
     insert(db, OutboxState.CONSUMED, gmt_create=NOW - dt.timedelta(days=40))
-    result = ops.archive(db.engine, tables(db), dt.timedelta(days=30), dry_run=True, now=NOW)
+    result = archive.archive(db.engine, tables(db), dt.timedelta(days=30), dry_run=True, now=NOW)
     assert (result.moved, result.dry_run) == (1, True)
     assert archived_ids(db) == []
 
@@ -315,16 +315,16 @@ def test_archive_creates_the_archive_table_when_it_is_missing(db: Db) -> None:
     tables(db).archive.drop(db.engine)
     row = insert(db, OutboxState.CONSUMED, gmt_create=NOW - dt.timedelta(days=40))
     # When
-    ops.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
+    archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
     # Then
     assert archived_ids(db) == [row["id"]]
 
 
 def test_archive_rejects_a_non_positive_horizon_and_non_terminal_states(db: Db) -> None:
     with pytest.raises(ValueError, match="positive"):
-        ops.archive(db.engine, tables(db), dt.timedelta(0))
+        archive.archive(db.engine, tables(db), dt.timedelta(0))
     with pytest.raises(ValueError, match="terminal"):
-        ops.archive(db.engine, tables(db), dt.timedelta(days=1), states=[OutboxState.SENT])
+        archive.archive(db.engine, tables(db), dt.timedelta(days=1), states=[OutboxState.SENT])
 
 
 def test_a_second_archive_run_on_the_same_table_is_refused_while_one_runs(db: Db) -> None:
@@ -332,9 +332,9 @@ def test_a_second_archive_run_on_the_same_table_is_refused_while_one_runs(db: Db
         pytest.skip("SQLite serialises archive batches through its write lock instead")
     insert(db, OutboxState.CONSUMED, gmt_create=NOW - dt.timedelta(days=40))
     # Given a run holding the lock (from another connection)
-    with ops._single_instance(db.engine, tables(db).outbox.name), \
-            pytest.raises(ops.ArchiveBusy, match="another"):
+    with archive._single_instance(db.engine, tables(db).outbox.name), \
+            pytest.raises(archive.ArchiveBusy, match="another"):
         # When a second run starts, then it is refused
-        ops.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
+        archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
     # And once the first is done, a run goes through
-    assert ops.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW).moved == 1
+    assert archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW).moved == 1

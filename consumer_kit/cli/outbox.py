@@ -26,6 +26,7 @@ from consumer_kit.clock import parse_duration
 from consumer_kit.db import make_engine
 from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, OutboxState, TableNames
 from outbox_producer import ops
+from outbox_producer.archive import archive as archive_rows
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox. Exit 1 when a requested row was refused, 2 on bad usage.",
@@ -236,7 +237,7 @@ def archive_cmd(
     horizon = parse_duration(older_than)
     engine = _engine(url)
     tables = _tables(table, DEFAULT_ACK_TABLE)
-    result = ops.archive(engine, tables, horizon, batch=batch, max_batches=max_batches,
+    result = archive_rows(engine, tables, horizon, batch=batch, max_batches=max_batches,
                          dry_run=dry_run)
     if as_json:
         data: dict[str, Any] = result.to_dict()
