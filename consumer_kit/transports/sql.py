@@ -382,6 +382,9 @@ class SqlTransport(Transport):
         self._consumers.add(consumer)
         return consumer
 
+    def __enter__(self) -> SqlTransport:
+        return self
+
     def close(self) -> None:
         """Shut down this transport's consumers and close its connections. Idempotent."""
         if self._closed:

@@ -219,8 +219,8 @@ class SqlConsumer(Consumer):
         wanted = allocate(list(heads), members, self.member_id)
         with self._cond:
             states = list(self._owned.values())
+        deadline = time.monotonic() + self.settings.lease_seconds * 0.8  # before the renewal
         renewed = self.store.renew(s.lease for s in states)
-        deadline = time.monotonic() + self.settings.lease_seconds * 0.8
         for state in states:
             lease = renewed.get(state.key)
             if lease is None:
@@ -258,13 +258,13 @@ class SqlConsumer(Consumer):
                  self.group, *state.key, offset, "released" if released else "lost")
 
     def _take(self, key: QueueKey) -> None:
+        deadline = time.monotonic() + self.settings.lease_seconds * 0.8
         taken = self.store.acquire(key)
         if taken is None:
             return
         lease, offset = taken
         state = _QueueState(key=key, lease=lease, expression=self.expressions[key[0]],
-                            cursor=offset, committed=offset,
-                            lease_deadline=time.monotonic() + self.settings.lease_seconds * 0.8)
+                            cursor=offset, committed=offset, lease_deadline=deadline)
         with self._cond:
             self._owned[key] = state
         log.info("consumer %s of %s took %s/%d at offset %d", self.member_id, self.group,

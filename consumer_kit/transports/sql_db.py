@@ -13,6 +13,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -78,6 +79,10 @@ class Database:
             if parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed):
                 raise ConfigError("the SQL transport needs a SQLite file shared by its threads "
                                   "and processes: use sql+sqlite:///path/to/ckit-mq.db")
+            folder = Path(parsed.database).expanduser().resolve().parent
+            if not folder.is_dir():
+                raise ConfigError(f"the folder of the SQLite file {parsed.database!r} does not "
+                                  "exist; create it first")
             sync = sqlite_synchronous.upper()
             if sync not in SQLITE_SYNCHRONOUS:
                 raise ConfigError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")

@@ -114,6 +114,12 @@ class GroupStore:
         offset to resume from, or None when another live member holds it."""
         le = self.t.lease
         now = utcnow()
+        holder = self.db.run(lambda conn: conn.execute(
+            sa.select(le.c.owner, le.c.lease_until).where(self._lease_where(key))).first(),
+            write=False, what="read a queue lease")
+        if holder is not None and holder.owner not in (None, self.member_id) \
+                and holder.lease_until is not None and holder.lease_until > now:
+            return None  # held by a live member: no write transaction needed to learn that
 
         def take(conn: sa.Connection) -> tuple[Lease, int] | None:
             row = conn.execute(sa.select(le.c.owner, le.c.lease_until, le.c.lock_version)
