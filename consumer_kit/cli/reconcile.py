@@ -40,10 +40,12 @@ def reconcile(
     ctx: typer.Context,
     url: str | None = db_url_option("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
     group: list[str] = typer.Option(
-        [], "--group", "-g", metavar="NAME[:TOPIC,...]=DB_URL",
-        help="a consumer group and its database (repeatable); topics limit what it must consume"),
-    processed_table: str = typer.Option(DEFAULT_PROCESSED_TABLE, "--processed-table",
-                                        help="processed table name in the groups' databases"),
+        [], "--group", "-g", metavar="NAME[:TOPIC,...][@TABLE]=DB_URL",
+        help="a consumer group, its database and processed table (repeatable); topics limit "
+             "what it must consume"),
+    processed_table: str = typer.Option(
+        DEFAULT_PROCESSED_TABLE, "--processed-table",
+        help="processed table of the groups that name none with @TABLE"),
     outbox_table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--outbox-table"),
     ack_table: str = typer.Option(DEFAULT_ACK_TABLE, "--ack-table"),
     stuck_after: str = typer.Option("10m", "--stuck-after",

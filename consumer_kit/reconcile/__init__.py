@@ -13,6 +13,7 @@ Two engines share the model, the rules (`classify`), the repair applier and the 
 from __future__ import annotations
 
 from consumer_kit.reconcile.classify import classify
+from consumer_kit.reconcile.errors import ReconcileError
 from consumer_kit.reconcile.model import (
     DEFAULT_STUCK_AFTER,
     Decision,
@@ -37,6 +38,7 @@ __all__ = [
     "GroupSource",
     "Orphan",
     "ReconcileConfig",
+    "ReconcileError",
     "ReconcileSummary",
     "RepairClass",
     "Thresholds",

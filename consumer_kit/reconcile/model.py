@@ -90,19 +90,25 @@ class GroupSource:
 
     @classmethod
     def parse(cls, spec: str, *, table: str = DEFAULT_PROCESSED_TABLE) -> GroupSource:
-        """Parse `NAME=DB_URL` or `NAME:TOPIC1,TOPIC2=DB_URL` (the `--group` option).
+        """Parse `NAME[:TOPIC,...][@TABLE]=DB_URL` (the `--group` option).
+
+        `table` is the processed table when the spec names none.
 
         Raises:
-            ConfigError: when the spec has no `=` or an empty name/URL.
+            ConfigError: when the spec has no `=`, an empty name/URL or a bad table name.
+
+        >>> GroupSource.parse("billing:PAYMENT@billing_processed=sqlite:///b.db").table
+        'billing_processed'
         """
         head, sep, url = spec.partition("=")
         if not sep:
-            raise ConfigError(f"--group must be NAME=DB_URL or NAME:TOPIC,...=DB_URL, got {spec!r}")
+            raise ConfigError(f"--group must be NAME[:TOPIC,...][@TABLE]=DB_URL, got {spec!r}")
+        head, at, own_table = head.partition("@")
         name, _, topics = head.partition(":")
         return cls(
             name=name.strip(),
             url=url.strip(),
-            table=table,
+            table=own_table.strip() if at else table,
             topics=tuple(t.strip() for t in topics.split(",") if t.strip()),
         )
 

@@ -33,6 +33,8 @@ log = logging.getLogger("consumer_kit.reconcile.sql_engine")
 #: Message ids per IN list (well under SQLite's 32766 bound parameters).
 IN_CHUNK = 1000
 
+PROGRESS_EVERY = 10_000
+
 Progress = Callable[[str], None]
 
 
@@ -174,7 +176,8 @@ def run_sql(config: ReconcileConfig, *, now: dt.datetime, progress: Progress) ->
                 builder.decision(decision)
                 applier.add(decision)
             done += len(chunk)
-            progress(f"classified {done}/{len(ids)}")
+            if done % PROGRESS_EVERY < IN_CHUNK or done == len(ids):
+                progress(f"classified {done}/{len(ids)}")
         result = applier.finish()
         builder.summary.durations["window_and_repairs"] = time.monotonic() - started
         orphan_started = time.monotonic()

@@ -1,0 +1,142 @@
+"""JDBC plumbing for the Spark reconciler: SQLAlchemy URL -> JDBC URL + properties, driver jars,
+and safe SQL literals for the read-side subqueries.
+
+Passwords travel only in the `properties` dict (never in the JDBC URL), and `JdbcSource` prints
+without them, so nothing here can leak one into a log line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import glob
+import os
+import re
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from consumer_kit.errors import ConfigError
+from consumer_kit.urls import mask_url
+
+SQLITE_DRIVER = "org.sqlite.JDBC"
+MARIADB_DRIVER = "org.mariadb.jdbc.Driver"
+JAVA_DIR = "/usr/share/java"
+JAR_PATTERNS = {"mysql": "mariadb-java-client*.jar", "sqlite": "sqlite-jdbc*.jar"}
+JARS_ENV = "CKIT_JDBC_JARS"
+DEFAULT_FETCH_SIZE = 10_000
+
+#: Text that may go into a quoted SQL literal as is: printable ASCII without quotes/backslashes.
+_SAFE_LITERAL = re.compile(r"^[\x20-\x26\x28-\x5b\x5d-\x7e]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class JdbcSource:
+    """A database as Spark's JDBC reader wants it. `repr` never shows the password."""
+
+    url: str
+    properties: dict[str, str] = dataclasses.field(repr=False)
+    dialect: str
+    display: str
+
+    def __repr__(self) -> str:
+        return f"JdbcSource({self.display})"
+
+    def options(self) -> dict[str, str]:
+        """`url` + `driver` + credentials + fetch size, for `spark.read.format('jdbc')`."""
+        return {"url": self.url, **self.properties}
+
+
+def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> JdbcSource:
+    """Convert a SQLAlchemy URL to a JDBC URL and connection properties.
+
+    `sqlite:///path` -> `jdbc:sqlite:/abs/path`; `mysql+pymysql://u:pw@h:p/db` (any MySQL or
+    MariaDB driver) -> `jdbc:mysql://h:p/db?permitMysqlScheme` with the MariaDB Connector/J
+    driver (the `jdbc:mysql:` scheme selects Spark's MySQL dialect; Connector/J 3 accepts it only
+    with `permitMysqlScheme`, 2.x ignores the flag).
+
+    Raises:
+        ConfigError: in-memory SQLite (a JVM cannot share it) or an unsupported backend.
+
+    >>> to_jdbc("mysql+pymysql://app:pw@db:3306/orders").url
+    'jdbc:mysql://db:3306/orders?permitMysqlScheme'
+    """
+    try:
+        url = make_url(sqlalchemy_url)
+    except Exception as exc:
+        raise ConfigError(f"invalid database URL {mask_url(sqlalchemy_url)!r}: {exc}") from None
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if not url.database or url.database == ":memory:":
+            raise ConfigError("the Spark engine cannot read an in-memory SQLite database; "
+                              "use a file (sqlite:///path) or --engine sql")
+        path = Path(url.database).expanduser().resolve()
+        return JdbcSource(url=f"jdbc:sqlite:{path}", properties={"driver": SQLITE_DRIVER},
+                          dialect="sqlite", display=f"jdbc:sqlite:{path}")
+    if backend in ("mysql", "mariadb"):
+        host = url.host or "127.0.0.1"
+        port = url.port or 3306
+        jdbc_url = f"jdbc:mysql://{host}:{port}/{url.database or ''}?permitMysqlScheme"
+        props = {"driver": MARIADB_DRIVER, "fetchsize": str(fetch_size)}
+        if url.username:
+            props["user"] = url.username
+        if url.password is not None:
+            props["password"] = str(url.password)
+        return JdbcSource(url=jdbc_url, properties=props, dialect="mysql",
+                          display=f"{jdbc_url} user={url.username or ''}")
+    raise ConfigError(f"the Spark engine reads SQLite and MySQL/MariaDB only, not {backend!r} "
+                      f"({mask_url(sqlalchemy_url)}); use --engine sql")
+
+
+def find_jars(dialects: set[str], *, env: dict[str, str] | None = None) -> list[str]:
+    """Jar files of the JDBC drivers the given dialects need.
+
+    `CKIT_JDBC_JARS` (comma or path-separator separated) wins; else `/usr/share/java`.
+
+    Raises:
+        ConfigError: naming `scripts/jdbc.sh` when a driver jar is not found.
+    """
+    environ = os.environ if env is None else env
+    listed = environ.get(JARS_ENV, "").strip()
+    if listed:
+        named = [j for j in re.split(rf"[,{re.escape(os.pathsep)}]", listed) if j.strip()]
+        absent = [j for j in named if not Path(j).is_file()]
+        if absent:
+            raise ConfigError(f"{JARS_ENV} names missing jar(s) {absent}; run scripts/jdbc.sh")
+        return named
+    jars: list[str] = []
+    for dialect in sorted(dialects):
+        found = sorted(glob.glob(os.path.join(JAVA_DIR, JAR_PATTERNS[dialect])))
+        if not found:
+            raise ConfigError(
+                f"no JDBC driver for {dialect} ({JAVA_DIR}/{JAR_PATTERNS[dialect]}): run "
+                f"scripts/jdbc.sh (apt-installs libmariadb-java and libxerial-sqlite-jdbc-java), "
+                f"set {JARS_ENV}, or pass --conf spark.jars.packages=... on a cluster")
+        jars.append(os.path.realpath(found[0]))
+    return sorted(set(jars))
+
+
+def literal(value: str) -> str | None:
+    """`'value'` when it can be quoted safely in a read-side subquery, else None.
+
+    Spark's JDBC reader takes no bind parameters, so the window subqueries carry their values
+    as literals; only text without quotes, backslashes or control characters is accepted, and
+    callers send anything else through SQLAlchemy with bound parameters instead.
+    """
+    if _SAFE_LITERAL.match(value):
+        return f"'{value}'"
+    return None
+
+
+def require_literal(value: str, what: str) -> str:
+    """`literal(value)`, or ConfigError naming `what` when it cannot be quoted safely."""
+    quoted = literal(value)
+    if quoted is None:
+        raise ConfigError(f"{what} {value!r} has quotes, backslashes or control characters")
+    return quoted
+
+
+def timestamp_literal(value: dt.datetime) -> str:
+    """A naive-UTC datetime as `'YYYY-MM-DD HH:MM:SS.ffffff'`: compares correctly with MariaDB
+    DATETIME(6) and with the text SQLAlchemy stores in SQLite."""
+    return f"'{value.strftime('%Y-%m-%d %H:%M:%S.%f')}'"

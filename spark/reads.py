@@ -1,0 +1,244 @@
+"""The Spark engine's reads: partitioned JDBC reads of the window, the evidence and the orphans.
+
+Every query is built from validated identifiers and `spark.jdbc.literal`s (Spark's JDBC reader
+takes no bind parameters); every count and bound comes from a cheap indexed query on the driver.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from consumer_kit.reconcile.model import ReconcileConfig
+from consumer_kit.schema import OutboxState, outbox_table
+from spark.jdbc import JdbcSource, literal, require_literal, timestamp_literal
+
+ROWS_PER_PARTITION = 50_000
+MIN_ROWS_PER_PARTITION = 2_000
+MAX_PARTITIONS = 64
+MIN_IDS_PER_PREDICATE = 1_000
+WINDOW_COLUMNS = ("id", "message_id", "topic", "state", "retry_count", "max_retries",
+                  "lock_version", "sent_at", "lease_until")
+#: SQLite's JDBC metadata maps BIGINT/DATETIME badly; timestamps are read as text everywhere.
+WINDOW_SCHEMA = ("id BIGINT, state INT, retry_count INT, max_retries INT, lock_version INT, "
+                 "sent_at STRING, lease_until STRING")
+ACK_QUERY = "(SELECT message_id, consumer_group, outcome, reason, acked_at FROM {table}) a"
+PROCESSED_QUERY = ("(SELECT message_id, consumer_group, status, error, processed_at "
+                   "FROM {table}) p")
+EVIDENCE_SCHEMA = ("message_id STRING, grp STRING, processed_status STRING, "
+                   "processed_error STRING, ack_outcome STRING, ack_reason STRING")
+
+
+def partitions_for(rows: int, parallelism: int = 1) -> int:
+    """Partitions for `rows` rows: one per `ROWS_PER_PARTITION`, at least one per core while each
+    gets `MIN_ROWS_PER_PARTITION`, at most `MAX_PARTITIONS`."""
+    by_size = math.ceil(rows / ROWS_PER_PARTITION)
+    spread = min(parallelism, math.ceil(rows / MIN_ROWS_PER_PARTITION))
+    return max(1, min(MAX_PARTITIONS, max(by_size, spread)))
+
+
+def jdbc_read(spark: Any, src: JdbcSource, table: str, *, schema: str | None = None,
+              partition: tuple[str, int, int, int] | None = None,
+              predicates: Sequence[str] | None = None) -> Any:
+    """A JDBC DataFrame over `table` (a table name or `(subquery) alias`).
+
+    `partition` is `(column, lower, upper, partitions)`; `predicates` one WHERE clause per
+    partition. `schema` is a `customSchema`.
+    """
+    options = dict(src.options())
+    if schema:
+        options["customSchema"] = schema
+    if predicates is not None:
+        return spark.read.jdbc(src.url, table, predicates=list(predicates), properties=options)
+    reader = spark.read.format("jdbc").options(**options).option("dbtable", table)
+    if partition is not None:
+        column, lower, upper, count = partition
+        reader = (reader.option("partitionColumn", column).option("lowerBound", str(lower))
+                  .option("upperBound", str(upper)).option("numPartitions", str(count)))
+    return reader.load()
+
+
+def window_bounds(engine: sa.Engine, config: ReconcileConfig,
+                  cutoff: dt.datetime) -> dict[str, tuple[int, int, int]]:
+    """`{"sent": (min id, max id, count), "sending": ...}` of the window: index-only scans."""
+    t = outbox_table(sa.MetaData(), config.outbox_table)
+    parts = {
+        "sent": sa.and_(t.c.state == int(OutboxState.SENT), t.c.sent_at < cutoff),
+        "sending": sa.and_(t.c.state == int(OutboxState.SENDING), t.c.lease_until < cutoff),
+    }
+    bounds: dict[str, tuple[int, int, int]] = {}
+    with engine.connect() as conn:
+        for name, cond in parts.items():
+            lo, hi, count = conn.execute(
+                sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count())
+                .where(cond)).one()
+            bounds[name] = (int(lo or 0), int(hi or 0), int(count or 0))
+    return bounds
+
+
+def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt.datetime,
+                bounds: dict[str, tuple[int, int, int]]) -> Any:
+    """The window as one DataFrame: SENT before the cutoff (partitioned by id over the bounds)
+    union SENDING with a lease expired before the cutoff (usually a handful of rows)."""
+    cols = ", ".join(WINDOW_COLUMNS)
+    cut = timestamp_literal(cutoff)
+    cores = int(spark.sparkContext.defaultParallelism)
+    frames = []
+    lo, hi, count = bounds["sent"]
+    if count:
+        query = (f"(SELECT {cols} FROM {config.outbox_table} "
+                 f"WHERE state = {int(OutboxState.SENT)} AND sent_at < {cut}) w")
+        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA,
+                                partition=("id", lo, hi + 1, partitions_for(count, cores))))
+    lo, hi, count = bounds["sending"]
+    if count:
+        query = (f"(SELECT {cols} FROM {config.outbox_table} "
+                 f"WHERE state = {int(OutboxState.SENDING)} AND lease_until < {cut}) ws")
+        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA,
+                                partition=("id", lo, hi + 1, partitions_for(count))))
+    if not frames:
+        return spark.createDataFrame([], WINDOW_SCHEMA.replace("id BIGINT", "id BIGINT, "
+                                     "message_id STRING, topic STRING"))
+    frame = frames[0]
+    for other in frames[1:]:
+        frame = frame.unionByName(other)
+    return frame.select(*WINDOW_COLUMNS)
+
+
+def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:
+    """`prefix AND column IN ('a', 'b', ...)` clauses, one per partition (ids must be safe)."""
+    per = max(MIN_IDS_PER_PREDICATE, math.ceil(len(ids) / MAX_PARTITIONS))
+    out = []
+    for i in range(0, len(ids), per):
+        quoted = ", ".join(f"'{m}'" for m in ids[i : i + per])
+        out.append(f"{prefix} AND {column} IN ({quoted})")
+    return out
+
+
+def read_evidence_by_ids(spark: Any, config: ReconcileConfig, producer: JdbcSource,
+                         groups: dict[str, JdbcSource], ids: Sequence[str]) -> Any:
+    """Ack rows and each group's processed rows for the window's (safe) message ids."""
+    from pyspark.sql import functions as F
+
+    names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
+    frames = []
+    if ids:
+        preds = id_predicates("message_id", ids, f"consumer_group IN ({names})")
+        acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
+                         schema="acked_at STRING", predicates=preds)
+        frames.append(acks.select(
+            "message_id", F.col("consumer_group").alias("grp"),
+            F.lit(None).cast("string").alias("processed_status"),
+            F.lit(None).cast("string").alias("processed_error"),
+            F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason")))
+        for group in config.groups:
+            prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
+            processed = jdbc_read(spark, groups[group.name],
+                                  PROCESSED_QUERY.format(table=group.table),
+                                  schema="processed_at STRING",
+                                  predicates=id_predicates("message_id", ids, prefix))
+            frames.append(_processed_evidence(processed, group.name))
+    return _union(spark, frames)
+
+
+def read_evidence_by_range(spark: Any, config: ReconcileConfig, producer: JdbcSource,
+                           groups: dict[str, JdbcSource], since: dt.datetime,
+                           until: dt.datetime) -> Any:
+    """Evidence for a large window: processed rows with `processed_at >= since` read in time
+    slices (the `processed_at` index), acks with `acked_at >= since`; joined in Spark."""
+    from pyspark.sql import functions as F
+
+    names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
+    slices = time_slices(since, until, MAX_PARTITIONS // 4 or 1)
+    acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
+                     schema="acked_at STRING", predicates=[
+        f"consumer_group IN ({names}) AND acked_at >= {timestamp_literal(since)}"])
+    frames = [acks.select(
+        "message_id", F.col("consumer_group").alias("grp"),
+        F.lit(None).cast("string").alias("processed_status"),
+        F.lit(None).cast("string").alias("processed_error"),
+        F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason"))]
+    for group in config.groups:
+        prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
+        processed = jdbc_read(spark, groups[group.name],
+                              PROCESSED_QUERY.format(table=group.table),
+                              schema="processed_at STRING",
+                              predicates=[f"{prefix} AND {s}" for s in slices])
+        frames.append(_processed_evidence(processed, group.name))
+    return _union(spark, frames)
+
+
+def time_slices(since: dt.datetime, until: dt.datetime, count: int) -> list[str]:
+    """`processed_at` range clauses covering `[since, +inf)` in `count` slices."""
+    step = (until - since) / count
+    edges = [since + step * i for i in range(count)]
+    clauses = []
+    for i, start in enumerate(edges):
+        clause = f"processed_at >= {timestamp_literal(start)}"
+        if i + 1 < len(edges):
+            clause += f" AND processed_at < {timestamp_literal(edges[i + 1])}"
+        clauses.append(clause)
+    return clauses
+
+
+def read_processed_window(spark: Any, src: JdbcSource, config: ReconcileConfig, table: str,
+                          group: str, topics: Sequence[str], since: dt.datetime,
+                          until: dt.datetime, rows: int) -> Any:
+    """A group's processed rows with `since <= processed_at < until` (the orphan scan)."""
+    conds = [f"consumer_group = {require_literal(group, 'consumer group')}"]
+    if config.src:
+        conds.append(f"src = {require_literal(config.src, 'producer name (--src)')}")
+    if topics:
+        conds.append("topic IN (" + ", ".join(require_literal(t, "topic") for t in topics) + ")")
+    query = (f"(SELECT message_id, topic, status, processed_at FROM {table} "
+             f"WHERE {' AND '.join(conds)}) pw")
+    slices = time_slices(since, until, partitions_for(rows))
+    slices[-1] += f" AND processed_at < {timestamp_literal(until)}"
+    return jdbc_read(spark, src, query, schema="processed_at STRING", predicates=slices)
+
+
+def read_outbox_ids_since(spark: Any, engine: sa.Engine, src: JdbcSource,
+                          config: ReconcileConfig, since: dt.datetime) -> Any:
+    """Outbox message ids created since `since`, partitioned by id (the `gmt_create` index)."""
+    t = outbox_table(sa.MetaData(), config.outbox_table)
+    with engine.connect() as conn:
+        lo, hi, count = conn.execute(
+            sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count())
+            .where(t.c.gmt_create >= since)).one()
+    query = (f"(SELECT id, message_id FROM {config.outbox_table} "
+             f"WHERE gmt_create >= {timestamp_literal(since)}) ob")
+    return jdbc_read(spark, src, query, schema="id BIGINT",
+                     partition=("id", int(lo or 0), int(hi or 0) + 1,
+                                partitions_for(int(count or 0)))).select("message_id")
+
+
+def split_safe(ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Ids that can be quoted as literals, and those that must go through bound parameters."""
+    safe: list[str] = []
+    unsafe: list[str] = []
+    for m in ids:
+        (safe if literal(m) is not None else unsafe).append(m)
+    return safe, unsafe
+
+
+def _processed_evidence(frame: Any, group: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return frame.select(
+        "message_id", F.lit(group).alias("grp"),
+        F.col("status").alias("processed_status"), F.col("error").alias("processed_error"),
+        F.lit(None).cast("string").alias("ack_outcome"),
+        F.lit(None).cast("string").alias("ack_reason"))
+
+
+def _union(spark: Any, frames: list[Any]) -> Any:
+    if not frames:
+        return spark.createDataFrame([], EVIDENCE_SCHEMA)
+    out = frames[0]
+    for other in frames[1:]:
+        out = out.unionByName(other)
+    return out

@@ -1,0 +1,125 @@
+"""The reconciler's pure parts: the rules, option parsing, JDBC URL conversion, jar lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consumer_kit.errors import ConfigError
+from consumer_kit.reconcile import Evidence, GroupSource, RepairClass, WindowRow, classify
+from spark.jdbc import find_jars, literal, to_jdbc
+
+GROUPS = [GroupSource("a", "sqlite:///a.db"), GroupSource("b", "sqlite:///b.db")]
+
+
+def _row(state: int = 2, retry_count: int = 0, max_retries: int = 3, topic: str = "T") -> WindowRow:
+    return WindowRow(id=1, message_id="m1", topic=topic, state=state, retry_count=retry_count,
+                     max_retries=max_retries, lock_version=0)
+
+
+def test_a_rejection_by_any_group_wins_over_success_elsewhere() -> None:
+    # Given group a succeeded and group b acked `rejected`
+    evidence = [Evidence("a", processed_status="SUCCEEDED"),
+                Evidence("b", ack_outcome="rejected", ack_reason="no such sku")]
+    # When classified / Then it is REJECTED with b's reason
+    d = classify(_row(), evidence, GROUPS)
+    assert (d.klass, d.reason) == (RepairClass.REJECTED, "b: no such sku")
+
+
+def test_ack_or_processed_success_counts_and_only_missing_ack_rows_are_inserted() -> None:
+    # Given a acked (its processed row purged) and b processed without an ack
+    evidence = [Evidence("a", ack_outcome="consumed"), Evidence("b", processed_status="SUCCEEDED")]
+    # When classified / Then ack lost, with only b's ack row to insert
+    d = classify(_row(), evidence, GROUPS)
+    assert (d.klass, d.missing_acks) == (RepairClass.ACK_LOST, ("b",))
+
+
+def test_missing_group_retries_until_the_override_is_reached() -> None:
+    # Given only a processed the message
+    evidence = [Evidence("a", processed_status="SUCCEEDED")]
+    # When classified with retries left, then with the --max-retries override reached
+    retry = classify(_row(retry_count=1), evidence, GROUPS)
+    exhausted = classify(_row(retry_count=1), evidence, GROUPS, max_retries=1)
+    # Then a re-send first, then FAILED naming the group that never consumed it
+    assert (retry.klass, retry.groups_missing) == (RepairClass.RETRY, ("b",))
+    assert exhausted.klass is RepairClass.EXHAUSTED and "by b after 1" in (exhausted.reason or "")
+
+
+def test_sending_rows_are_stuck_and_topics_nobody_consumes_are_unmatched() -> None:
+    groups = [GroupSource("a", "sqlite:///a.db", topics=("ORDER",))]
+    assert classify(_row(state=1), [], groups).klass is RepairClass.STUCK_SENDING
+    assert classify(_row(topic="AUDIT"), [], groups).klass is RepairClass.UNMATCHED
+    assert classify(_row(topic="ORDER"), [Evidence("zzz", processed_status="SUCCEEDED")],
+                    groups).klass is RepairClass.RETRY  # other groups' evidence is ignored
+
+
+def test_group_option_parses_name_topics_and_url() -> None:
+    g = GroupSource.parse("billing:PAYMENT,REFUND=mysql+pymysql://u:p@h/db", table="proc")
+    assert (g.name, g.topics, g.url, g.table) == (
+        "billing", ("PAYMENT", "REFUND"), "mysql+pymysql://u:p@h/db", "proc")
+    own = GroupSource.parse("inv@inv_processed=sqlite:///i.db", table="proc")
+    assert (own.name, own.table, own.topics) == ("inv", "inv_processed", ())
+    with pytest.raises(ConfigError):
+        GroupSource.parse("no-url-here")
+    with pytest.raises(ConfigError):
+        GroupSource.parse("g=sqlite:///x.db", table="bad name;")
+
+
+def test_jdbc_conversion_keeps_the_password_out_of_the_url_and_repr() -> None:
+    # Given a MariaDB URL with a password
+    src = to_jdbc("mysql+pymysql://app:s3cret@db.local:3307/orders?charset=utf8mb4")
+    # Then the JDBC URL selects Spark's MySQL dialect with the MariaDB driver
+    assert src.url == "jdbc:mysql://db.local:3307/orders?permitMysqlScheme"
+    assert src.properties["driver"] == "org.mariadb.jdbc.Driver"
+    assert src.properties["password"] == "s3cret"
+    assert "s3cret" not in repr(src) and "s3cret" not in src.url
+
+
+def test_jdbc_conversion_of_sqlite_paths_and_unsupported_urls(tmp_path: Path) -> None:
+    assert to_jdbc(f"sqlite:///{tmp_path}/x.db").url == f"jdbc:sqlite:{tmp_path}/x.db"
+    with pytest.raises(ConfigError, match="in-memory"):
+        to_jdbc("sqlite://")
+    with pytest.raises(ConfigError, match="--engine sql"):
+        to_jdbc("postgresql://u:pw@h/db")
+
+
+def test_missing_driver_jars_name_the_setup_script(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    # Given no CKIT_JDBC_JARS and an empty java folder
+    monkeypatch.setattr("spark.jdbc.JAVA_DIR", str(tmp_path))
+    # When the jars are looked up / Then the error says how to get them
+    with pytest.raises(ConfigError, match=r"scripts/jdbc\.sh"):
+        find_jars({"mysql"}, env={})
+    jar = tmp_path / "x.jar"
+    jar.write_bytes(b"")
+    assert find_jars({"mysql"}, env={"CKIT_JDBC_JARS": str(jar)}) == [str(jar)]
+    with pytest.raises(ConfigError, match=r"scripts/jdbc\.sh"):
+        find_jars({"mysql"}, env={"CKIT_JDBC_JARS": f"{jar},{tmp_path}/gone.jar"})
+
+
+def test_only_plain_text_becomes_a_read_side_literal() -> None:
+    assert literal("01HZX-abc:1") == "'01HZX-abc:1'"
+    assert literal("it's") is None and literal("a\\b") is None and literal("a\nb") is None
+
+
+def test_partitions_follow_the_window_size_and_the_cores() -> None:
+    from spark.reads import MAX_PARTITIONS, partitions_for
+
+    assert partitions_for(0) == 1
+    assert partitions_for(10_000, parallelism=2) == 2  # one per core when each gets enough rows
+    assert partitions_for(1_000, parallelism=8) == 1
+    assert partitions_for(1_000_000, parallelism=2) == 20  # 50,000 rows each
+    assert partitions_for(100_000_000) == MAX_PARTITIONS
+
+
+def test_time_slices_cover_the_range_without_gaps_and_stay_open_ended() -> None:
+    import datetime as dt
+
+    from spark.reads import time_slices
+
+    start = dt.datetime(2026, 1, 1)
+    slices = time_slices(start, start + dt.timedelta(hours=3), 3)
+    assert slices[0] == ("processed_at >= '2026-01-01 00:00:00.000000' "
+                         "AND processed_at < '2026-01-01 01:00:00.000000'")
+    assert slices[-1] == "processed_at >= '2026-01-01 02:00:00.000000'"
