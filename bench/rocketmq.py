@@ -1,0 +1,286 @@
+"""RocketMQ transport figures against the broker of scripts/rocketmq.sh: send rate (raw client vs
+the transport vs the relay), consume rate (raw push consumer vs the transport vs a decorated
+ConsumerApp), and RSS growth over many sends (the 2.0.0 `Message` leak, and our fix).
+
+    python bench/rocketmq.py                          # SQLite outbox/processed tables in /tmp
+    python bench/rocketmq.py --messages 20000 --url mysql+pymysql://ckit:ckit@127.0.0.1/ckit_test
+
+Baselines in the same run: the raw rocketmq-client-python loop (`send_sync` with a new `Message`
+each time, never freed, as its README does) and a raw PushConsumer with a no-op callback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Run as `python bench/rocketmq.py`, this file's folder comes first on sys.path and its name
+# would shadow the `rocketmq` client package: put the repository root there instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import sqlalchemy as sa  # noqa: E402
+
+from bench.common import machine_facts, rss_mb, summary_us, table  # noqa: E402
+from consumer_kit.db import make_engine  # noqa: E402
+from consumer_kit.schema import TableNames, build_metadata, outbox_table  # noqa: E402
+from consumer_kit.transports import ConsumeStatus, OutgoingMessage, Subscription  # noqa: E402
+from consumer_kit.transports import rocketmq_native as native  # noqa: E402
+from consumer_kit.transports.rocketmq import RocketMQTransport  # noqa: E402
+
+BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
+DEADLINE = 300.0
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def raw_send(addr: str, topic: str, n: int, *, free: bool, body: bytes = BODY
+             ) -> tuple[float, list[float]]:
+    client = native.client()
+    producer = client.Producer(f"bench-raw-{tag()}")
+    producer.set_name_server_address(addr)
+    native.set_producer_instance_name(producer, native.new_instance_name("bench"))
+    producer.start()
+    lat = []
+    try:
+        started = time.perf_counter()
+        for i in range(n):
+            t0 = time.perf_counter()
+            msg = client.Message(topic)
+            msg.set_keys(f"k{i}")
+            msg.set_property("ckit_id", f"id-{i}")
+            msg.set_body(body)
+            producer.send_sync(msg)
+            if free:
+                native.destroy_message(msg)
+            lat.append(time.perf_counter() - t0)
+        return time.perf_counter() - started, lat
+    finally:
+        producer.shutdown()
+
+
+def transport_send(transport: RocketMQTransport, topic: str, n: int, body: bytes = BODY
+                   ) -> tuple[float, list[float]]:
+    lat = []
+    started = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        transport.send(OutgoingMessage(topic, body, keys=(f"id-{i}",),
+                                       properties={"ckit_id": f"id-{i}", "ckit_src": "bench"}))
+        lat.append(time.perf_counter() - t0)
+    return time.perf_counter() - started, lat
+
+
+def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: str, n: int,
+               workers: int) -> float:
+    from consumer_kit.clock import utcnow
+    from outbox_producer import Relay
+    from outbox_producer.ids import new_message_id
+
+    t = outbox_table(sa.MetaData(), names.outbox)
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(sa.delete(t))
+        conn.execute(sa.insert(t), [
+            {"message_id": new_message_id(), "biz_type": "bench", "biz_key": f"{workers}-{i}",
+             "topic": topic, "body": BODY, "state": 0, "retry_count": 0, "max_retries": 10,
+             "next_retry_at": now, "lock_version": 0, "created_by": "bench",
+             "gmt_create": now, "gmt_modified": now} for i in range(n)])
+    transport = RocketMQTransport(addr, producer_group=f"bench-relay-{tag()}")
+    try:
+        relay = Relay(engine, transport, table=names.outbox, batch=500, workers=workers)
+        started = time.perf_counter()
+        result = relay.run_once()
+        elapsed = time.perf_counter() - started
+        assert result.stats.sent == n, result
+        return elapsed
+    finally:
+        transport.close()
+
+
+def fill_topic(transport: RocketMQTransport, topic: str, n: int) -> None:
+    transport.ensure_topic(topic)
+    for i in range(n):
+        transport.send(OutgoingMessage(topic, BODY, keys=(f"c-{i}",),
+                                       properties={"ckit_id": f"{topic}-{i}",
+                                                   "ckit_src": "bench"}))
+
+
+def wait_count(counter: list[int], n: int) -> float:
+    started = time.perf_counter()
+    while counter[0] < n and time.perf_counter() - started < DEADLINE:
+        time.sleep(0.01)
+    if counter[0] < n:
+        raise RuntimeError(f"only {counter[0]} of {n} messages consumed in {DEADLINE} s")
+    return time.perf_counter() - started
+
+
+def raw_consume(addr: str, topic: str, n: int, threads: int) -> float:
+    client = native.client()
+    count = [0]
+    lock = threading.Lock()
+
+    def on_message(_msg: Any) -> Any:
+        with lock:
+            count[0] += 1
+        return client.ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = client.PushConsumer(f"bench-raw-c-{tag()}")
+    consumer.set_name_server_address(addr)
+    consumer.set_instance_name(native.new_instance_name("bench"))
+    consumer.set_thread_count(threads)
+    consumer.subscribe(topic, on_message)
+    consumer.start()
+    try:
+        return wait_count(count, n)
+    finally:
+        consumer.shutdown()
+
+
+def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads: int,
+                      callback: Callable[[Any], ConsumeStatus] | None = None,
+                      group: str | None = None) -> float:
+    count = [0]
+    lock = threading.Lock()
+
+    def on_delivery(delivery: Any) -> ConsumeStatus:
+        status = callback(delivery) if callback else ConsumeStatus.CONSUME_SUCCESS
+        with lock:
+            count[0] += 1
+        return status
+
+    consumer = transport.consumer(group or f"bench-c-{tag()}", [Subscription(topic)],
+                                  on_delivery, threads=threads)
+    consumer.start()
+    try:
+        return wait_count(count, n)
+    finally:
+        consumer.shutdown()
+
+
+def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
+                topic: str, n: int, threads: int) -> float:
+    import fakeredis
+
+    from consumer_kit import ConsumerApp, Message
+
+    group = f"bench-app-{tag()}"
+    app = ConsumerApp(group=group, db=engine, redis=fakeredis.FakeRedis(), ack=None,
+                      processed_table=names.processed, transport=transport, threads=threads)
+
+    @app.listener(topic)
+    def handle(msg: Message, session: Any) -> None:
+        msg.json()
+
+    app.pipeline()
+    try:
+        return transport_consume(transport, topic, n, threads, app.process, group=group)
+    finally:
+        app.close()
+
+
+def rss_growth(addr: str, topic: str, n: int, body_bytes: int) -> list[list[object]]:
+    body = (b'{"pad":"' + b"x" * body_bytes)[:body_bytes - 2] + b'"}'
+    rows: list[list[object]] = []
+    before = rss_mb()
+    raw_send(addr, topic, n, free=False, body=body)
+    after_raw = rss_mb()
+    raw_send(addr, topic, n, free=True, body=body)
+    after_freed = rss_mb()
+    transport = RocketMQTransport(addr, producer_group=f"bench-rss-{tag()}")
+    try:
+        transport_send(transport, topic, n, body)
+    finally:
+        transport.close()
+    after_transport = rss_mb()
+    rows.append(["raw send_sync, Message never freed (2.0.0 as shipped)", n,
+                 f"{after_raw - before:+.1f}"])
+    rows.append(["raw send_sync + DestroyMessage", n, f"{after_freed - after_raw:+.1f}"])
+    rows.append(["RocketMQTransport.send", n, f"{after_transport - after_freed:+.1f}"])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--addr", default=os.environ.get("CKIT_TEST_ROCKETMQ", "127.0.0.1:9876"))
+    parser.add_argument("--url", default=None, help="database for the relay and the app "
+                        "(default: a SQLite file in a temporary folder)")
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rss-body-bytes", type=int, default=2048,
+                        help="body size for the RSS section (the leak grows with it)")
+    args = parser.parse_args()
+    n, threads = args.messages, args.threads
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("HOME", tmp)
+        engine = make_engine(args.url or f"sqlite:///{tmp}/bench.db")
+        names = TableNames(outbox=f"bench_{tag()}_outbox", outbox_ack=f"bench_{tag()}_ack",
+                           processed=f"bench_{tag()}_processed")
+        metadata = build_metadata(names, include_transport=False)
+        metadata.create_all(engine)
+        transport = RocketMQTransport(args.addr, producer_group=f"bench-{tag()}")
+        try:
+            print(machine_facts(engine))
+            print(f"broker  : {args.addr} (scripts/rocketmq.sh), {n:,} messages of "
+                  f"{len(BODY)} bytes per row, {threads} consume threads")
+            topic = f"BENCH_SEND_{tag()}"
+            transport.ensure_topic(topic)
+            send_rows = []
+            elapsed, lat = raw_send(args.addr, topic, n, free=False)
+            base = n / elapsed
+            send_rows.append(["raw send_sync loop (baseline)", f"{n / elapsed:,.0f}", "1.00x",
+                              summary_us(lat)])
+            elapsed, lat = transport_send(transport, topic, n)
+            send_rows.append(["RocketMQTransport.send", f"{n / elapsed:,.0f}",
+                              f"{n / elapsed / base:.2f}x", summary_us(lat)])
+            for workers in (1, 2):
+                elapsed = relay_send(engine, names, args.addr, topic, n, workers)
+                send_rows.append([f"Relay.run_once (batch 500, {workers} worker)",
+                                  f"{n / elapsed:,.0f}", f"{n / elapsed / base:.2f}x", ""])
+            print("\nsend (one process, synchronous sends)")
+            print(table(["path", "msgs/s", "vs raw", "latency"], send_rows))
+
+            consume_rows = []
+            runs: list[tuple[str, Callable[[str], float]]] = [
+                ("raw PushConsumer, no-op callback (baseline)",
+                 lambda t: raw_consume(args.addr, t, n, threads)),
+                ("RocketMQTransport consumer, no-op",
+                 lambda t: transport_consume(transport, t, n, threads)),
+                ("ConsumerApp listener (dedupe + processed row, SQLite/fakeredis)",
+                 lambda t: app_consume(transport, engine, names, t, n, threads)),
+            ]
+            base = 0.0
+            for label, run in runs:
+                topic = f"BENCH_CONSUME_{tag()}"
+                fill_topic(transport, topic, n)
+                elapsed = run(topic)
+                rate = n / elapsed
+                base = base or rate
+                consume_rows.append([label, f"{rate:,.0f}", f"{rate / base:.2f}x"])
+            print(f"\nconsume {n:,} messages already on the broker")
+            print(table(["path", "msgs/s", "vs raw"], consume_rows))
+
+            topic = f"BENCH_RSS_{tag()}"
+            transport.ensure_topic(topic)
+            print(f"\nRSS growth while sending {args.rss_body_bytes}-byte bodies (MiB)")
+            print(table(["path", "messages", "RSS growth MiB"],
+                        rss_growth(args.addr, topic, n, args.rss_body_bytes)))
+        finally:
+            transport.close()
+            metadata.drop_all(engine)
+            engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

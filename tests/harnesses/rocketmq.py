@@ -1,0 +1,66 @@
+"""Harness: the RocketMQ transport against the real name server + broker of scripts/rocketmq.sh.
+
+The broker runs with eighteen `1s` delay levels, so RECONSUME_LATER comes back in about a second.
+Topics are created before any consumer starts (the C++ client learns routes only every 30 s), and
+each group's `retryMaxTimes` is set to MAX_RECONSUME on the broker (the old client cannot carry
+it), both through the transport's admin client (milliseconds, where `mqadmin` takes seconds).
+Dead letters are read straight from `%DLQ%group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from consumer_kit.transports import Delivery
+from consumer_kit.transports.rocketmq import RocketMQTransport
+from tests import services
+from tests.harnesses.base import MAX_RECONSUME, unique, wait_for
+
+#: Must match the broker's messageDelayLevel (scripts/rocketmq.sh).
+TEST_DELAY_LEVELS = (1.0,) * 18
+
+
+class RocketMQHarness:
+    timeout = 30.0
+    quiet = 2.0
+
+    def __init__(self, addr: str, tmp_path: Path) -> None:
+        self.transport = RocketMQTransport(
+            addr,
+            producer_group=unique("ckit_test_producer"),
+            delay_levels=TEST_DELAY_LEVELS,
+            client_log_dir=str(tmp_path / "rocketmq-cpp"),
+        )
+        self.admin = self.transport.admin
+
+    def topic(self, stem: str) -> str:
+        name = unique(stem)
+        self.admin.create_topic(name, queues=4)
+        return name
+
+    def group(self, stem: str) -> str:
+        name = unique(stem)
+        self.admin.prepare_group(name, retry_max_times=MAX_RECONSUME)
+        return name
+
+    def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
+        found: list[Delivery] = []
+
+        def enough() -> bool:
+            found[:] = self.transport.dead_letters(group)
+            return len(found) >= expect
+
+        wait_for(enough, self.timeout, interval=0.25)
+        return found
+
+
+@contextmanager
+def harness(tmp_path: Path) -> Iterator[RocketMQHarness]:
+    services.require("rocketmq", services.ping_rocketmq)
+    h = RocketMQHarness(services.rocketmq_addr(), tmp_path)
+    try:
+        yield h
+    finally:
+        h.transport.close()
