@@ -92,3 +92,16 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
             f"run `ckit db init --url <that url>` first"
         )
+
+
+def read_committed(engine: Engine) -> Engine:
+    """The same engine (shared pool) whose transactions run at READ COMMITTED.
+
+    The relay, dispatcher and ack applier use it for their own transactions: under InnoDB's
+    default REPEATABLE READ, a `SELECT ... FOR UPDATE SKIP LOCKED` over the due-rows index
+    takes gap locks that deadlock the services' own INSERTs into the outbox. READ COMMITTED
+    takes no gap locks for locking reads. SQLite has no such level (and needs none).
+    """
+    if dialect_name(engine) in ("mysql", "postgresql"):
+        return engine.execution_options(isolation_level="READ COMMITTED")
+    return engine

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
+from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import (
     DEFAULT_ACK_TABLE,
     DEFAULT_OUTBOX_TABLE,
@@ -118,7 +118,7 @@ class AckApplier:
         expected_groups: Mapping[str, Sequence[str]] | None = None,
         updated_by: str = "acks",
     ) -> None:
-        self.engine = make_engine(engine)
+        self.engine = read_committed(make_engine(engine))
         metadata = sa.MetaData()
         self.table = outbox_table(metadata, table)
         self.acks = ack_table(metadata, ack_table_name)

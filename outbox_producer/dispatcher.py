@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.db import make_engine
+from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
@@ -48,7 +48,7 @@ class Dispatcher:
         lease: dt.timedelta = dt.timedelta(seconds=30),
         backoff: Backoff | None = None,
     ) -> None:
-        self.engine = make_engine(engine)
+        self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)

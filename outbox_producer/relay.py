@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from consumer_kit.db import make_engine
+from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
@@ -83,7 +83,7 @@ class Relay:
             raise ValueError("batch and workers must be at least 1")
         if max_rate is not None and max_rate <= 0:
             raise ValueError("max_rate must be positive")
-        self.engine = make_engine(engine)
+        self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = owner or default_owner("relay")
         self.batch = batch
