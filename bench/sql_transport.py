@@ -25,11 +25,11 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine_facts, table  # noqa: E402
-from consumer_kit.db import make_engine  # noqa: E402
-from consumer_kit.schema import TableNames, build_metadata, processed_table  # noqa: E402
-from consumer_kit.transports.sql import SqlTransport  # noqa: E402
-from outbox_producer import Outbox, Relay  # noqa: E402
+from bench.common import machine_facts, table
+from consumer_kit.db import make_engine
+from consumer_kit.schema import TableNames, build_metadata, processed_table
+from consumer_kit.transports.sql import SqlTransport
+from outbox_producer import Outbox, Relay
 
 MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")
 TOPIC = "BENCH_E2E"
