@@ -34,6 +34,8 @@ class ProcessedStore:
         self.engine = engine
         self.group = group
         self.table = processed_table(sa.MetaData(), table)
+        # built once: executing it with a parameter dict skips per-message value coercion
+        self._insert = sa.insert(self.table)
 
     def _row(self, msg: Message, status: ProcessedStatus, error: str | None) -> dict[str, Any]:
         now = utcnow()
@@ -52,7 +54,7 @@ class ProcessedStore:
         On a clash the caller must roll its transaction back (PostgreSQL aborts it anyway).
         """
         try:
-            conn.execute(sa.insert(self.table).values(**self._row(msg, status, error)))
+            conn.execute(self._insert, self._row(msg, status, error))
         except IntegrityError:
             if self.status(msg.id, conn) is None:
                 raise
