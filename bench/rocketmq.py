@@ -170,13 +170,11 @@ def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads:
 
 
 def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
-                topic: str, n: int, threads: int) -> float:
-    import fakeredis
-
+                topic: str, n: int, threads: int, redis_url: str) -> float:
     from consumer_kit import ConsumerApp, Message
 
     group = f"bench-app-{tag()}"
-    app = ConsumerApp(group=group, db=engine, redis=fakeredis.FakeRedis(), ack=None,
+    app = ConsumerApp(group=group, db=engine, redis=redis_url, ack=None,
                       processed_table=names.processed, transport=transport, threads=threads)
 
     @app.listener(topic)
@@ -211,11 +209,69 @@ def rss_growth(addr: str, topic: str, n: int, body_bytes: int) -> list[list[obje
     return rows
 
 
+def commit_to_handler(transport: RocketMQTransport, engine: sa.engine.Engine,
+                      names: TableNames, n: int) -> list[float]:
+    """Seconds from a business commit to the handler seeing the message (outbox -> dispatcher
+    -> RocketMQ -> push consumer), one commit at a time."""
+    from sqlalchemy.orm import Session
+
+    from outbox_producer import Dispatcher, Outbox
+
+    topic = f"BENCH_LAT_{tag()}"
+    transport.ensure_topic(topic)
+    arrived: dict[str, float] = {}
+
+    def on_delivery(delivery: Any) -> ConsumeStatus:
+        arrived[delivery.properties["ckit_id"]] = time.perf_counter()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = transport.consumer(f"bench-lat-{tag()}", [Subscription(topic)], on_delivery,
+                                  threads=2)
+    consumer.start()
+    dispatcher = Dispatcher(engine, transport, table=names.outbox).start()
+    outbox = Outbox(engine, producer="bench", table=names.outbox, dispatcher=dispatcher)
+    committed: dict[str, float] = {}
+    try:
+        time.sleep(3.0)  # the consumer's first rebalance
+        for i in range(n):
+            with Session(engine) as session:
+                with session.begin():
+                    mid = outbox.publish(session, topic, {"i": i}, biz_type="lat",
+                                         biz_key=f"{tag()}-{i}")
+                committed[mid] = time.perf_counter()
+            time.sleep(0.005)
+        deadline = time.monotonic() + 60
+        while len(arrived) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        dispatcher.close()
+        consumer.shutdown()
+    return [arrived[m] - t for m, t in committed.items() if m in arrived]
+
+
+def consumer_rss(transport: RocketMQTransport, n: int, threads: int) -> list[list[object]]:
+    """RSS before and after a transport consumer takes `n` messages (fields copied out of each
+    handle, as every consumer does)."""
+    topic = f"BENCH_CRSS_{tag()}"
+    fill_topic(transport, topic, n)
+    before = rss_mb()
+    elapsed = transport_consume(transport, topic, n, threads)
+    after = rss_mb()
+    return [[f"RocketMQTransport consumer ({n / elapsed:,.0f} msg/s)", f"{n:,}",
+             f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--addr", default=os.environ.get("CKIT_TEST_ROCKETMQ", "127.0.0.1:9876"))
-    parser.add_argument("--url", default=None, help="database for the relay and the app "
-                        "(default: a SQLite file in a temporary folder)")
+    parser.add_argument("--url", default=os.environ.get(
+        "CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"),
+        help="database for the outbox, the relay and the app (default: the MariaDB test db)")
+    parser.add_argument("--redis", default=os.environ.get("CKIT_TEST_REDIS_URL",
+                                                          "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--latency-messages", type=int, default=500)
+    parser.add_argument("--rss-messages", type=int, default=100_000,
+                        help="messages consumed for the consumer RSS figure")
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rss-body-bytes", type=int, default=2048,
@@ -224,7 +280,7 @@ def main() -> None:
     n, threads = args.messages, args.threads
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("HOME", tmp)
-        engine = make_engine(args.url or f"sqlite:///{tmp}/bench.db")
+        engine = make_engine(args.url)
         names = TableNames(outbox=f"bench_{tag()}_outbox", outbox_ack=f"bench_{tag()}_ack",
                            processed=f"bench_{tag()}_processed")
         metadata = build_metadata(names, include_transport=False)
@@ -257,8 +313,8 @@ def main() -> None:
                  lambda t: raw_consume(args.addr, t, n, threads)),
                 ("RocketMQTransport consumer, no-op",
                  lambda t: transport_consume(transport, t, n, threads)),
-                ("ConsumerApp listener (dedupe + processed row, SQLite/fakeredis)",
-                 lambda t: app_consume(transport, engine, names, t, n, threads)),
+                (f"ConsumerApp listener (Redis + {engine.dialect.name} dedupe, no-op handler)",
+                 lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)),
             ]
             base = 0.0
             for label, run in runs:
@@ -270,6 +326,14 @@ def main() -> None:
                 consume_rows.append([label, f"{rate:,.0f}", f"{rate / base:.2f}x"])
             print(f"\nconsume {n:,} messages already on the broker")
             print(table(["path", "msgs/s", "vs raw"], consume_rows))
+
+            lat = commit_to_handler(transport, engine, names, args.latency_messages)
+            print(f"\ncommit-to-handler latency through the after-commit dispatcher "
+                  f"({len(lat)} messages, one commit at a time): {summary_us(lat)}")
+
+            print(f"\nconsumer RSS over {args.rss_messages:,} messages (MiB)")
+            print(table(["consumer", "messages", "RSS before", "RSS after", "growth"],
+                        consumer_rss(transport, args.rss_messages, threads)))
 
             topic = f"BENCH_RSS_{tag()}"
             transport.ensure_topic(topic)
