@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import abc
 import logging
-import queue
 import threading
-import time
 from collections import defaultdict
 
 from consumer_kit import metrics
+from consumer_kit.batching import BatchWorker
 from consumer_kit.transports.base import OutgoingMessage, Transport
 
 log = logging.getLogger("consumer_kit.acks")
@@ -80,17 +79,13 @@ class AckSender:
                  interval: float = DEFAULT_INTERVAL, attempts: int = DEFAULT_ATTEMPTS) -> None:
         self.route = route
         self.group = group
-        self.batch = batch
-        self.interval = interval
         self.attempts = attempts
-        self.queue: queue.Queue[tuple[str, object]] = queue.Queue(DEFAULT_QUEUE_SIZE)
         self.delivered = 0
         self.lost = 0
-        self._pending = 0
-        self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"ckit-acks-{group}", daemon=True)
-        self._thread.start()
+        self.worker: BatchWorker[tuple[str, object]] = BatchWorker(
+            self._deliver_batch, name=f"ckit-acks-{group}", max_batch=batch, linger=interval,
+            queue_size=DEFAULT_QUEUE_SIZE).start()
 
     def put(self, producer: str, message_id: str, outcome: str, reason: str | None = None
             ) -> None:
@@ -98,57 +93,33 @@ class AckSender:
         from outbox_producer.acks import Ack, AckOutcome
 
         ack = Ack(message_id, self.group, AckOutcome(outcome), reason)
-        with self._cond:
-            self._pending += 1
-        try:
-            self.queue.put_nowait((producer, ack))
-        except queue.Full:
-            self._done(1, lost=True)
+        if not self.worker.submit((producer, ack)):
+            self._count(1, lost=True)
             log.warning("message %s: ack queue full, left for the reconciler", message_id)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued ack was delivered or given up."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+        return self.worker.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued (up to `timeout`), then stop."""
-        self.flush(timeout)
+        self.worker.close(timeout)
         self._stop.set()
-        self._thread.join(timeout)
         self.route.close()
 
-    def _done(self, n: int, *, lost: bool = False) -> None:
-        with self._cond:
-            self._pending -= n
-            if lost:
-                self.lost += n
-            else:
-                self.delivered += n
-            self._cond.notify_all()
+    def _count(self, n: int, *, lost: bool) -> None:
+        if lost:
+            self.lost += n
+            metrics.ACKS_LOST.labels(self.group).inc(n)
+        else:
+            self.delivered += n
 
-    def _collect(self) -> dict[str, list[object]]:
+    def _deliver_batch(self, batch: list[tuple[str, object]]) -> None:
         by_producer: dict[str, list[object]] = defaultdict(list)
-        try:
-            producer, ack = self.queue.get(timeout=self.interval)
-        except queue.Empty:
-            return by_producer
-        by_producer[producer].append(ack)
-        deadline = time.monotonic() + self.interval
-        total = 1
-        while total < self.batch and time.monotonic() < deadline:
-            try:
-                producer, ack = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
+        for producer, ack in batch:
             by_producer[producer].append(ack)
-            total += 1
-        return by_producer
-
-    def _run(self) -> None:
-        while not (self._stop.is_set() and self.queue.empty()):
-            for producer, acks in self._collect().items():
-                self._deliver(producer, acks)
+        for producer, acks in by_producer.items():
+            self._deliver(producer, acks)
 
     def _deliver(self, producer: str, acks: list[object]) -> None:
         for attempt in range(1, self.attempts + 1):
@@ -161,9 +132,8 @@ class AckSender:
                 self._stop.wait(min(2.0, 0.1 * 2 ** attempt))
                 continue
             metrics.ACK_BATCHES.labels(self.group, self.route.name).inc()
-            self._done(len(acks))
+            self._count(len(acks), lost=False)
             return
-        metrics.ACKS_LOST.labels(self.group).inc(len(acks))
         log.error("ack batch of %d for %s given up (first message %s): the reconciler repairs it",
                   len(acks), producer, getattr(acks[0], "message_id", "?"))
-        self._done(len(acks), lost=True)
+        self._count(len(acks), lost=True)

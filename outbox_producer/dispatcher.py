@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import queue
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from consumer_kit.batching import BatchWorker
 from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
@@ -53,64 +52,30 @@ class Dispatcher:
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
         self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
-        self.max_batch = max_batch
-        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
         self.stats = SendStats()
-        self._thread: threading.Thread | None = None
-        self._idle = threading.Condition()
-        self._outstanding = 0
+        self.worker: BatchWorker[dict[str, Any]] = BatchWorker(
+            self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
     def start(self) -> Dispatcher:
         """Start the worker thread; returns self."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="ckit-dispatcher", daemon=True)
-            self._thread.start()
+        self.worker.start()
         return self
 
     def submit(self, rows: Sequence[dict[str, Any]]) -> None:
         """Queue committed rows for sending. Never blocks: when the queue is full the rows are
         left PENDING for the relay (logged)."""
         for row in rows:
-            try:
-                with self._idle:
-                    self._outstanding += 1
-                self.queue.put_nowait(row)
-            except queue.Full:
-                with self._idle:
-                    self._outstanding -= 1
+            if not self.worker.submit(row):
                 log.warning("message %s: dispatcher queue full, left for the relay",
                             row["message_id"])
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every submitted row was handled; True when the queue drained in time."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._outstanding == 0, timeout)
+        return self.worker.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (up to `timeout`), then stop the worker."""
-        if self._thread is None:
-            return
-        self.flush(timeout)
-        self.queue.put(None)
-        self._thread.join(timeout)
-        self._thread = None
-
-    def _run(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._handle(batch)
-                    return
-                batch.append(item)
-            self._handle(batch)
+        self.worker.close(timeout)
 
     def _handle(self, batch: list[dict[str, Any]]) -> None:
         try:
@@ -120,7 +85,3 @@ class Dispatcher:
         except Exception:  # the rows stay PENDING or SENDING under a lease: the relay has them
             log.exception("dispatcher: batch of %d left for the relay (first message %s)",
                           len(batch), batch[0]["message_id"])
-        finally:
-            with self._idle:
-                self._outstanding -= len(batch)
-                self._idle.notify_all()

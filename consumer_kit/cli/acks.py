@@ -9,8 +9,7 @@ import typer
 from consumer_kit.cli.common import (
     db_url_option,
     friendly_errors,
-    print_json,
-    print_table,
+    print_totals,
     require,
     transport_option,
 )
@@ -64,10 +63,7 @@ def acks(
     totals = {"acks": worker.totals.received, "recorded": worker.totals.recorded,
               "consumed": worker.totals.consumed, "rejected": worker.totals.rejected,
               "unknown": worker.totals.unknown, "malformed": worker.malformed}
-    if as_json:
-        print_json(totals)
-    else:
-        print_table(list(totals), [list(totals.values())])
+    print_totals(totals, as_json)
 
 
 def register(app: typer.Typer) -> None:

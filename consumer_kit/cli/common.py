@@ -101,6 +101,14 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
+def print_totals(totals: dict[str, Any], as_json: bool) -> None:
+    """Print a one-row summary of counters, as a table or (with `--json`) as JSON."""
+    if as_json:
+        print_json(totals)
+    else:
+        print_table(list(totals), [list(totals.values())])
+
+
 def print_json(data: Any) -> None:
     """Print `data` as JSON (datetimes and other objects as strings)."""
     typer.echo(json.dumps(data, default=str, indent=2, sort_keys=True))

@@ -7,8 +7,7 @@ import typer
 from consumer_kit.cli.common import (
     db_url_option,
     friendly_errors,
-    print_json,
-    print_table,
+    print_totals,
     require,
     transport_option,
 )
@@ -55,10 +54,7 @@ def relay(
     totals = {"batches": result.batches, "sent": result.stats.sent,
               "retried": result.stats.retried, "failed": result.stats.failed,
               "conflicts": result.stats.conflicts, "errors": result.errors}
-    if as_json:
-        print_json(totals)
-    else:
-        print_table(list(totals), [list(totals.values())])
+    print_totals(totals, as_json)
 
 
 def register(app: typer.Typer) -> None:
