@@ -22,8 +22,9 @@ readonly CACHE=${CKIT_CACHE:-$HOME/.cache/consumer-kit}
 readonly WHEEL_DIR=${CACHE}/librocketmq-${WHEEL_VERSION}
 readonly PYTHON=${PYTHON:-python3}
 
-log() { printf '[librocketmq] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_TAG=librocketmq
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 import_ok() {
   "$PYTHON" -c 'from rocketmq.client import Producer, PushConsumer' 2>/dev/null

@@ -26,46 +26,9 @@ readonly CONF=/etc/mysql/mariadb.conf.d/99-ckit.cnf
 readonly TIMEOUT=${CKIT_MARIADB_TIMEOUT:-60}
 readonly DATABASES=(ckit_test ckit_test2 ckit_bench)
 
-log() { printf '[mariadb] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; }
-
-need_root() {
-  [[ $(id -u) -eq 0 ]] || die "must run as root (apt-get and the server's files need it)"
-}
-
-pkg_installed() {
-  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
-}
-
-# True when the package lists know a candidate version for every given package.
-apt_knows() {
-  local out
-  out=$(apt-cache policy "$@" 2>/dev/null) || return 1
-  (($(grep -c '^ *Candidate: [^(]' <<<"$out") == $#))
-}
-
-# apt-get install the given packages when any is missing; `apt-get update` only when the
-# package lists do not know them (fresh machine) or an install fails on stale lists.
-apt_install() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    pkg_installed "$pkg" || missing+=("$pkg")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  local apt=(apt-get -o DPkg::Lock::Timeout=600 -y -q)
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt_knows "${missing[@]}"; then
-    log "apt-get update"
-    "${apt[@]}" update >&2
-  fi
-  log "apt-get install ${missing[*]}"
-  if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2; then
-    log "install failed; refreshing package lists and retrying once"
-    "${apt[@]}" update >&2
-    "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2
-  fi
-}
+LOG_TAG=mariadb
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 write_conf() {
   local tmp

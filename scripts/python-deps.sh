@@ -15,9 +15,9 @@ readonly PYTHON=${PYTHON:-python3}
 readonly EXTRAS=${CKIT_PY_EXTRAS:-dev,spark,rocketmq}
 readonly LOCK=${TMPDIR:-/tmp}/ckit-python-deps.lock
 
-log() { printf '[python-deps] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; }
+LOG_TAG=python-deps
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Prints why the install is not up to date and exits 1, or exits 0 when it is.
 up_to_date() {

@@ -52,30 +52,9 @@ readonly JAVA_COMMON=(
   -Drocketmq.client.logUseSlf4j=true
 )
 
-log() { printf '[rocketmq] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; }
-
-pkg_installed() {
-  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
-}
-
-apt_install() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    pkg_installed "$pkg" || missing+=("$pkg")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  [[ $(id -u) -eq 0 ]] || die "need ${missing[*]}: run as root or install them"
-  local apt=(apt-get -o DPkg::Lock::Timeout=600 -y -q)
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-cache policy "${missing[@]}" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    log "apt-get update"
-    "${apt[@]}" update >&2
-  fi
-  log "apt-get install ${missing[*]}"
-  "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2
-}
+LOG_TAG=rocketmq
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------------------------------- fetch
 
