@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -237,20 +236,11 @@ def processed_table(metadata: sa.MetaData, name: str = DEFAULT_PROCESSED_TABLE) 
     )
 
 
-TableBuilder = Callable[[sa.MetaData, TableNames], None]
-_EXTRA_BUILDERS: list[TableBuilder] = []
-
-
-def register_tables(builder: TableBuilder) -> TableBuilder:
-    """Register more tables (e.g. the SQL transport's) for `build_metadata` and the DDL files."""
-    _EXTRA_BUILDERS.append(builder)
-    return builder
-
-
 def build_metadata(
     names: TableNames | None = None, *, include_transport: bool = True
 ) -> sa.MetaData:
-    """Return a MetaData holding every consumer-kit table under the given names."""
+    """Return a MetaData holding every consumer-kit table under the given names (with the SQL
+    transport's tables unless `include_transport` is false)."""
     names = names or TableNames()
     metadata = sa.MetaData()
     outbox_table(metadata, names.outbox)
@@ -258,18 +248,8 @@ def build_metadata(
     ack_table(metadata, names.outbox_ack)
     processed_table(metadata, names.processed)
     if include_transport:
-        _load_transport_tables()
-        for builder in _EXTRA_BUILDERS:
-            builder(metadata, names)
+        # imported here: the transport's table module builds on the helpers above
+        from consumer_kit.transports.sql_schema import mq_tables
+
+        mq_tables(names.mq_prefix, metadata)
     return metadata
-
-
-def _load_transport_tables() -> None:
-    """Import modules that register transport tables (kept optional to avoid import cycles)."""
-    import importlib
-
-    try:
-        importlib.import_module("consumer_kit.transports.sql_schema")
-    except ModuleNotFoundError as exc:  # the SQL transport is not built yet
-        if exc.name != "consumer_kit.transports.sql_schema":
-            raise

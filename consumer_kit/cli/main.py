@@ -26,18 +26,8 @@ def _root(
     configure_logging(verbose)
 
 
-def _register_all() -> None:
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"consumer_kit.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"consumer_kit.cli.{name}":  # subcommand not built yet
-                continue
-            raise
-        module.register(app)
-
-
-_register_all()
+for _name in SUBCOMMAND_MODULES:
+    importlib.import_module(f"consumer_kit.cli.{_name}").register(app)
 
 
 def main() -> None:

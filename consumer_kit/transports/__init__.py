@@ -1,4 +1,5 @@
-"""Transports: `memory://NAME`, `sql+<sqlalchemy-url>` and `rocketmq://host:port`.
+"""Transports: `memory://` (in-process, for tests), `sql+<sqlalchemy-url>` and
+`rocketmq://host:port`.
 
 >>> t = open_transport("memory://doc")
 >>> t.scheme
@@ -48,7 +49,7 @@ def open_transport(url: str, **options: Any) -> Transport:
     if url.startswith("memory://"):
         from consumer_kit.transports.memory import MemoryTransport
 
-        return MemoryTransport.named(url[len("memory://"):] or "default", **options)
+        return MemoryTransport(**options)
     if url.startswith("sql+"):
         from consumer_kit.transports.sql import SqlTransport
 

@@ -3,7 +3,8 @@
 Topics are logs; each consumer group has an offset per topic (clustering: a message goes to one
 consumer of a group, and to every group); delayed sends wait in a schedule; RECONSUME_LATER
 re-queues with back-off and moves the message to the group's dead-letter list after
-`max_reconsume_times`. `memory://NAME` URLs share one broker per name within the process.
+`max_reconsume_times`. Each transport has its own broker unless given one: to connect a producer
+and a consumer, pass them the same `MemoryTransport` (or `MemoryBroker`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import ClassVar
 
 from consumer_kit.errors import MessageTooLarge
 from consumer_kit.transports.base import (
@@ -71,11 +71,9 @@ class MemoryBroker:
 
 
 class MemoryTransport(Transport):
-    """The `memory://` transport. Construct directly, or share a broker by name with `named`."""
+    """The `memory://` transport (unit tests): a broker in this process's memory."""
 
     scheme = "memory"
-    _brokers: ClassVar[dict[str, MemoryBroker]] = {}
-    _brokers_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
         self,
@@ -89,13 +87,6 @@ class MemoryTransport(Transport):
         self.retry_delays = tuple(retry_delays)
         self.max_reconsume_times = max_reconsume_times
         self.max_body_bytes = max_body_bytes
-
-    @classmethod
-    def named(cls, name: str, **options: object) -> MemoryTransport:
-        """A transport on the process-wide broker called `name` (made on first use)."""
-        with cls._brokers_lock:
-            broker = cls._brokers.setdefault(name, MemoryBroker())
-        return cls(broker=broker, **options)  # type: ignore[arg-type]
 
     def send(self, message: OutgoingMessage) -> SendResult:
         if len(message.body) > self.max_body_bytes:

@@ -26,10 +26,8 @@ from consumer_kit.schema import (
     REASON_LEN,
     TAGS_LEN,
     TOPIC_LEN,
-    TableNames,
     big_id,
     blob,
-    register_tables,
     timestamp,
 )
 
@@ -213,7 +211,3 @@ def mq_tables(prefix: str, metadata: sa.MetaData | None = None) -> MqTables:
         dlq=_dlq(metadata, f"{prefix}_dlq"),
     )
 
-
-@register_tables
-def _register(metadata: sa.MetaData, names: TableNames) -> None:
-    mq_tables(names.mq_prefix, metadata)
