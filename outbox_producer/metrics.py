@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from prometheus_client import Counter, Gauge
+from sqlalchemy.engine import Engine
+
+from consumer_kit.clock import utcnow
+from consumer_kit.schema import OutboxState
 
 SENT = Counter("ckit_outbox_sent", "Outbox messages the broker accepted")
 RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retry")
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
 ACKS = Counter("ckit_outbox_acks", "Acks applied to the outbox", ["outcome"])
-BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows by state", ["state"])
-LAG = Gauge("ckit_outbox_sent_to_consumed_lag_seconds",
-            "Sent-to-consumed lag of the last applied ack batch (max)")
+BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])
+OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
+                       "Age of the oldest SENT row still waiting for its ack")
+
+#: states counted for the backlog: an index range on (state, ...) that stays small, unlike
+#: CONSUMED, which holds the whole history
+OPEN_STATES = (OutboxState.PENDING, OutboxState.SENDING, OutboxState.SENT, OutboxState.FAILED,
+               OutboxState.SUSPENDED)
+
+
+def refresh_backlog(engine: Engine, table: sa.Table) -> None:
+    """Set the backlog gauges from the outbox (two index-served queries)."""
+    with engine.connect() as conn:
+        counts: dict[int, int] = {int(state): int(n) for state, n in conn.execute(
+            sa.select(table.c.state, sa.func.count())
+            .where(table.c.state.in_([int(s) for s in OPEN_STATES])).group_by(table.c.state))}
+        oldest = conn.execute(
+            sa.select(sa.func.min(table.c.sent_at)).where(table.c.state == int(OutboxState.SENT))
+        ).scalar()
+    for state in OPEN_STATES:
+        BACKLOG.labels(state.name).set(counts.get(int(state), 0))
+    OLDEST_UNACKED.set((utcnow() - oldest).total_seconds() if oldest else 0)

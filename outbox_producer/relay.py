@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
+from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import Claimer, Shard, default_owner
 from outbox_producer.sender import Sender, SendStats
@@ -24,6 +25,8 @@ log = logging.getLogger("consumer_kit.outbox.relay")
 DEFAULT_BATCH = 200
 DEFAULT_IDLE_SLEEP = 0.5
 DEFAULT_LEASE = dt.timedelta(seconds=30)
+#: how often a running relay refreshes the backlog gauges
+METRICS_INTERVAL = 30.0
 #: wait after a database or broker outage: doubles up to the cap
 OUTAGE_BACKOFF = (0.5, 30.0)
 
@@ -147,7 +150,11 @@ class Relay:
     def _loop(self, once: bool, max_batches: int | None) -> RelayResult:
         result = RelayResult()
         outage_wait = OUTAGE_BACKOFF[0]
+        next_metrics = 0.0
         while not self.stopping.is_set():
+            if time.monotonic() >= next_metrics:
+                next_metrics = time.monotonic() + METRICS_INTERVAL
+                self._refresh_metrics()
             if max_batches is not None and result.batches >= max_batches:
                 break
             try:
@@ -168,6 +175,12 @@ class Relay:
             result.batches += 1
             result.stats.add(stats)
         return result
+
+    def _refresh_metrics(self) -> None:
+        try:
+            metrics.refresh_backlog(self.engine, self.table)
+        except DBAPIError as exc:  # a metric must never stop the relay
+            log.debug("relay %s: backlog metrics skipped: %s", self.owner, exc)
 
     def run_once(self) -> RelayResult:
         """Drain what is due now, then return."""

@@ -33,6 +33,8 @@ def relay(
         None, "--retry-failed-after", help="slow retry of FAILED rows after this long (e.g. 1h)"),
     table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--table", help="outbox table"),
     as_json: bool = typer.Option(False, "--json", help="print the totals as JSON"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                            help="serve Prometheus metrics on this port"),
 ) -> None:
     """Claim due outbox rows, send them, mark SENT (or retry with back-off, or FAILED)."""
     from outbox_producer.claim import Shard
@@ -46,6 +48,10 @@ def relay(
         failed_retry_after=parse_duration(retry_failed_after) if retry_failed_after else None,
     )
     check_tables(db, worker.table)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")
     on_shutdown(worker.stop)
     try:
         result = worker.run(once=once)

@@ -170,3 +170,14 @@ def test_stop_finishes_the_current_batch_and_returns(db: Db) -> None:
     with db.engine.connect() as conn:
         assert conn.execute(sa.text(
             f"SELECT COUNT(*) FROM {db.names.outbox} WHERE state = 2")).scalar() == 5
+
+
+def test_the_relay_publishes_the_backlog_and_the_oldest_unacked_age(db: Db) -> None:
+    from outbox_producer import metrics
+
+    publish_many(db, 3, max_retries=10)
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox, batch=2).run(max_batches=1)
+    metrics.refresh_backlog(db.engine, outbox_table(sa.MetaData(), db.names.outbox))
+    assert metrics.BACKLOG.labels("SENT")._value.get() == 2
+    assert metrics.BACKLOG.labels("PENDING")._value.get() == 1
+    assert metrics.OLDEST_UNACKED._value.get() >= 0
