@@ -16,7 +16,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-SUBCOMMAND_MODULES = ("db", "outbox", "relay", "acks", "consume", "processed", "reconcile", "demo")
+SUBCOMMAND_MODULES = (
+    "db", "outbox", "relay", "acks", "consume", "processed", "mq", "reconcile", "demo",
+)
 
 
 @app.callback()
