@@ -109,9 +109,14 @@ class RedisDedupe:
                                [token, self.done_ms])
 
     def release(self, message_id: str, token: str) -> None:
-        """Drop our lease so a redelivery can be processed at once (off the hot path)."""
-        if not self.degraded:
-            self.writer.submit(self._release, [lease_key(self.group, message_id)], [token])
+        """Drop our lease now, so a redelivery can be processed at once. Synchronous: it runs
+        only after a failure, and a redelivery must not find the lease still held."""
+        if self.degraded:
+            return
+        try:
+            self._release(keys=[lease_key(self.group, message_id)], args=[token])
+        except redis.RedisError as exc:
+            self._failed("release", message_id, exc)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until queued done markers and releases reached Redis."""

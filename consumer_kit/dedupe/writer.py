@@ -1,8 +1,9 @@
-"""Redis writes that need not delay a message: done markers and lease releases.
+"""Redis writes that need not delay a message: the done markers of successful messages.
 
 They are queued and sent in pipelined batches by one daemon thread. Losing some (a crash, Redis
 down, a full queue) is harmless: a missing done marker means the next duplicate is caught by the
-processed table, and a lease left behind expires on its own.
+processed table, and the lease left behind expires on its own. Until a marker lands, a duplicate
+finds our lease and is answered busy (redelivered later), never applied twice.
 """
 
 from __future__ import annotations
