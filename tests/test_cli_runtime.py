@@ -1,0 +1,111 @@
+"""The long-running commands from the outside: relay, consume, acks, processed purge."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from consumer_kit.cli.main import app
+from consumer_kit.clock import utcnow
+from consumer_kit.db import make_engine
+from consumer_kit.errors import ConfigError
+from consumer_kit.schema import OutboxState, build_metadata, outbox_table, processed_table
+from consumer_kit.transports import open_transport
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ckit(*args: str, env: dict[str, str] | None = None, timeout: float = 120
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "consumer_kit.cli.main", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_an_unknown_transport_scheme_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match="unknown transport URL 'kafka://x'"):
+        open_transport("kafka://x")
+    result = CliRunner().invoke(app, ["relay", "--url", "sqlite://", "--transport", "kafka://x"])
+    assert result.exit_code == 2
+    assert "unknown transport URL" in result.output
+
+
+def test_relay_finishes_its_batch_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'orders.db'}"
+    build_metadata().create_all(make_engine(db))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "consumer_kit.cli.main", "relay", "--url", db, "--transport",
+         f"sql+sqlite:///{tmp_path / 'mq.db'}", "--json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # running, idle
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert '"sent": 0' in out
+
+
+def test_the_example_services_run_end_to_end_from_the_command_line(tmp_path: Path) -> None:
+    # Given: the two example services on SQLite files and the SQL transport
+    env = {"ORDERS_DB_URL": f"sqlite:///{tmp_path / 'orders.db'}",
+           "INVENTORY_DB_URL": f"sqlite:///{tmp_path / 'inventory.db'}",
+           "CKIT_TRANSPORT": f"sql+sqlite:///{tmp_path / 'mq.db'}",
+           "PYTHONPATH": str(ROOT)}
+    assert ckit("db", "init", "--url", f"sqlite:///{tmp_path / 'mq.db'}").returncode == 0
+    subprocess.run([sys.executable, "-m", "examples.inventory"], check=True, cwd=ROOT,
+                   env={**os.environ, **env}, timeout=60, capture_output=True)
+    subprocess.run([sys.executable, "-m", "examples.orders", "4"], check=True, cwd=ROOT,
+                   env={**os.environ, **env}, timeout=60, capture_output=True)
+    # When
+    consumed = ckit("consume", "examples.inventory:app", "--burst", env=env)
+    acked = ckit("acks", "--url", env["ORDERS_DB_URL"], "--producer", "order-service",
+                 "--burst", "--json", env=env)
+    # Then
+    assert consumed.returncode == 0, consumed.stderr
+    assert "succeeded=4" in consumed.stdout
+    assert acked.returncode == 0, acked.stderr
+    assert '"consumed": 4' in acked.stdout
+    engine = make_engine(env["ORDERS_DB_URL"])
+    table = outbox_table(sa.MetaData())
+    with engine.connect() as conn:
+        states = set(conn.execute(sa.select(table.c.state)).scalars())
+    assert states == {int(OutboxState.CONSUMED)}
+
+
+def test_processed_purge_deletes_only_old_rows_of_the_group(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    engine = make_engine(url)
+    table = processed_table(sa.MetaData())
+    table.create(engine)
+    old, new = utcnow() - dt.timedelta(days=10), utcnow()
+    with engine.begin() as conn:
+        for mid, group, when in (("a", "inventory", old), ("b", "inventory", new),
+                                 ("c", "billing", old)):
+            conn.execute(sa.insert(table).values(
+                consumer_group=group, message_id=mid, topic="T", status="SUCCEEDED",
+                attempts=1, first_seen_at=when, processed_at=when))
+    result = CliRunner().invoke(app, ["processed", "purge", "--url", url, "--group",
+                                      "inventory", "--older-than", "7d"])
+    assert result.exit_code == 0, result.output
+    assert "deleted 1 processed rows" in result.output
+    with engine.connect() as conn:
+        left = sorted(conn.execute(sa.select(table.c.message_id)).scalars())
+    assert left == ["b", "c"]
+
+
+def test_publish_then_consume_with_a_missing_processed_table_names_db_init(tmp_path: Path
+                                                                            ) -> None:
+    env = {"INVENTORY_DB_URL": f"sqlite:///{tmp_path / 'empty.db'}",
+           "CKIT_TRANSPORT": f"sql+sqlite:///{tmp_path / 'mq.db'}", "PYTHONPATH": str(ROOT)}
+    result = ckit("consume", "examples.inventory:app", "--burst", env=env)
+    assert result.returncode == 2
+    assert "ckit db init" in result.stderr
+    assert "Traceback" not in result.stderr
