@@ -64,6 +64,31 @@ def duplicate_rate(pipeline: Any, batch: list[Delivery], threads: int, rounds: i
     return rounds * len(batch) / (time.perf_counter() - t0)
 
 
+def redis_round_trips(url: str, n: int = 3000) -> tuple[float, float]:
+    """p50 seconds of a PING over a raw socket and through redis-py: the floor under one
+    Redis round trip per duplicate."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    sock = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    raw: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        sock.recv(64)
+        raw.append(time.perf_counter() - t0)
+    sock.close()
+    client = redis.Redis.from_url(url)
+    via_client: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        client.ping()
+        via_client.append(time.perf_counter() - t0)
+    return percentile(raw, 50), percentile(via_client, 50)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000)
@@ -102,7 +127,9 @@ def main() -> None:
 
     try:
         print(machine_facts(engine))
-        print(f"redis   : {client.info('server')['redis_version']}")
+        raw_rtt, client_rtt = redis_round_trips(REDIS)
+        print(f"redis   : {client.info('server')['redis_version']}; PING round trip p50 "
+              f"{raw_rtt * 1e6:.0f} us raw socket, {client_rtt * 1e6:.0f} us through redis-py")
         app = make_app(local_cache=0)
         pipeline = app.pipeline()
         batch = deliveries(n, tag)

@@ -100,3 +100,14 @@ def test_message_json_and_envelope_fields() -> None:
     assert (msg.id, msg.producer, msg.biz, msg.sent_at_ms) == ("M", "orders", "order:1",
                                                                1700000000000)
     assert msg.json() == {"a": 1} and msg.keys == ("k1", "k2") and msg.reconsume_times == 2
+
+
+def test_start_up_check_names_an_unreachable_database_without_its_password() -> None:
+    from consumer_kit.errors import DatabaseUnavailable
+
+    app = ConsumerApp(group="inventory", db="mysql+pymysql://app:SECRET@127.0.0.1:1/orders",
+                      transport="memory://")
+    app.listener("ORDERS")(lambda msg: None)
+    with pytest.raises(DatabaseUnavailable, match="unreachable") as caught:
+        app.check()
+    assert "SECRET" not in str(caught.value)

@@ -1,0 +1,66 @@
+"""RocketMQ transport pieces that need no broker: delay levels, body encoding, addresses, and
+the one-line error when librocketmq is missing."""
+
+from __future__ import annotations
+
+import base64
+import sys
+
+import pytest
+
+from consumer_kit.errors import ConfigError
+from consumer_kit.transports import rocketmq_native
+from consumer_kit.transports.rocketmq_wire import delay_level, encode_body, parse_addr
+
+LEVELS = (1, 5, 10, 30, 60)
+
+
+@pytest.mark.parametrize(("seconds", "level"), [
+    (0, 0), (-3, 0), (0.5, 1), (1, 1), (2, 2), (10, 3), (11, 4), (60, 5), (3600, 5),
+])
+def test_a_delay_maps_to_the_first_level_at_or_above_it(seconds: float, level: int) -> None:
+    assert delay_level(seconds, LEVELS) == level
+
+
+@pytest.mark.parametrize("body", [b"", b"plain", "caf\u00e9".encode(), b"a\x00b", b"\xff\xfe",
+                                  bytes(range(256))])
+def test_bodies_the_cpp_client_would_truncate_are_base64_and_the_rest_untouched(
+    body: bytes,
+) -> None:
+    wire, encoded = encode_body(body)
+    unsafe = b"\x00" in body or not _is_utf8(body)
+    assert encoded is unsafe
+    assert (base64.b64decode(wire) if encoded else wire) == body
+    assert b"\x00" not in wire
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_name_server_addresses_are_validated() -> None:
+    assert parse_addr("127.0.0.1:9876/") == "127.0.0.1:9876"
+    assert parse_addr("a:1; b:2") == "a:1;b:2"
+    with pytest.raises(ConfigError, match="bad RocketMQ name-server address"):
+        parse_addr("localhost")
+
+
+def test_a_missing_librocketmq_is_one_line_that_says_what_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given: the package import fails the way 2.0.0 does without its native library
+    monkeypatch.setitem(sys.modules, "rocketmq", None)  # makes `from rocketmq import ...` fail
+    rocketmq_native.client.cache_clear()
+    try:
+        # When / Then
+        with pytest.raises(ConfigError) as caught:
+            rocketmq_native.client()
+    finally:
+        rocketmq_native.client.cache_clear()
+    message = str(caught.value)
+    assert "scripts/librocketmq.sh" in message
+    assert "\n" not in message
