@@ -170,6 +170,29 @@ pid_alive() {
     && tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q 'org.apache.rocketmq'
 }
 
+# True while a process we just launched runs. Right after `nohup java ... &` the child may not
+# have exec'd java yet (its cmdline is still this script's bash), so pid_alive's cmdline check
+# would report a false exit; an exited child stays a zombie until reaped, so `kill -0` alone
+# would never report the exit. Read the state from /proc instead.
+launched_alive() {
+  local file=$1 pid state
+  [[ -f $file ]] || return 1
+  pid=$(<"$file")
+  [[ -r /proc/${pid}/stat ]] || return 1
+  state=$(sed 's/.*) //' "/proc/${pid}/stat" 2>/dev/null | cut -d' ' -f1)
+  [[ -n $state && $state != Z && $state != X ]]
+}
+
+# The last lines of a JVM's console output, or a note that it printed nothing.
+console_tail() {
+  local out=$1
+  if [[ -s $out ]]; then
+    tail -5 "$out"
+  else
+    echo "(no output in ${out}; see ${RUN}/logs)"
+  fi
+}
+
 port_open() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
@@ -221,12 +244,13 @@ start_broker() {
 }
 
 namesrv_up() {
-  pid_alive "${RUN}/namesrv.pid" || die "name server exited: $(tail -5 "${RUN}/namesrv.out")"
+  launched_alive "${RUN}/namesrv.pid" \
+    || die "name server exited: $(console_tail "${RUN}/namesrv.out")"
   grep -q 'The Name Server boot success' "${RUN}/namesrv.out" 2>/dev/null && port_open "${NAMESRV_PORT}"
 }
 
 broker_up() {
-  pid_alive "${RUN}/broker.pid" || die "broker exited: $(tail -5 "${RUN}/broker.out")"
+  launched_alive "${RUN}/broker.pid" || die "broker exited: $(console_tail "${RUN}/broker.out")"
   grep -q 'boot success' "${RUN}/broker.out" 2>/dev/null && port_open "${BROKER_PORT}"
 }
 
