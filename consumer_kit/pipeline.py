@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import json
 import logging
 import threading
 import time
 import traceback
 import uuid
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
@@ -61,6 +63,10 @@ class Pipeline:
         #: outcomes so far (for `ckit consume` and the demo's summary)
         self.counts: collections.Counter[Outcome] = collections.Counter()
         self._counts_lock = threading.Lock()
+        # lease tokens: unique per claim across processes, without a uuid4 per message
+        self._token_prefix = uuid.uuid4().hex[:16]
+        self._token_seq = itertools.count()
+        self._counters: dict[tuple[Outcome, str], Any] = {}
 
     def __call__(self, delivery: Delivery) -> ConsumeStatus:
         """The transport callback: every exception is caught (one escaping a ctypes callback
@@ -91,7 +97,7 @@ class Pipeline:
                 msg, "message has no id (no ckit_id, KEYS or broker id)"))
         if msg.id in self.recent:
             return self._count(msg, Result(Outcome.DUPLICATE, "seen by this process"))
-        token = uuid.uuid4().hex
+        token = f"{self._token_prefix}{next(self._token_seq):x}"
         claim = self.redis.claim(msg.id, token) if self.redis else Claim.UNAVAILABLE
         if claim is Claim.DUPLICATE:
             self.recent.add(msg.id)
@@ -188,21 +194,35 @@ class Pipeline:
         outcome = result.outcome
         with self._counts_lock:
             self.counts[outcome] += 1
+        self._counter(outcome, msg.topic).inc()
         if outcome is Outcome.SUCCEEDED:
-            metrics.CONSUMED.labels(self.group, msg.topic).inc()
             log.debug("message %s consumed", msg.id)
         elif outcome is Outcome.DUPLICATE:
-            metrics.DUPLICATES.labels(self.group, msg.topic).inc()
             log.debug("message %s duplicate: %s", msg.id, result.reason)
         elif outcome is Outcome.BUSY:
-            metrics.BUSY.labels(self.group).inc()
             log.info("message %s busy: %s", msg.id, result.reason)
         elif outcome is Outcome.REJECTED:
-            metrics.REJECTED.labels(self.group, msg.topic).inc()
             log.warning("message %s rejected: %s", msg.id, result.reason)
         else:
-            metrics.RETRIED.labels(self.group, msg.topic).inc()
             log.info("message %s reconsume later: %s", msg.id, result.reason)
         return result
 
+    def _counter(self, outcome: Outcome, topic: str) -> Any:
+        """The labelled Prometheus counter of an outcome, looked up once per (outcome, topic):
+        `labels()` takes a lock and builds a tuple on every call."""
+        child = self._counters.get((outcome, topic))
+        if child is None:
+            if outcome is Outcome.BUSY:
+                child = metrics.BUSY.labels(self.group)
+            else:
+                child = _OUTCOME_COUNTERS[outcome].labels(self.group, topic)
+            self._counters[(outcome, topic)] = child
+        return child
 
+
+_OUTCOME_COUNTERS = {
+    Outcome.SUCCEEDED: metrics.CONSUMED,
+    Outcome.DUPLICATE: metrics.DUPLICATES,
+    Outcome.REJECTED: metrics.REJECTED,
+    Outcome.RETRY: metrics.RETRIED,
+}

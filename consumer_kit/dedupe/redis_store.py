@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import hashlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 import redis
 
 from consumer_kit import metrics
+from consumer_kit.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.writer import RedisWriter
 
@@ -57,7 +61,10 @@ class RedisDedupe:
         self.lease_ms = int(lease.total_seconds() * 1000)
         self.done_ms = int(done_ttl.total_seconds() * 1000)
         self.retry_after = retry_after
-        self._claim = client.register_script(_script("claim.lua"))
+        self._claim_script = _script("claim.lua")
+        self._claim_sha = hashlib.sha1(self._claim_script.encode()).hexdigest()
+        # Concurrent claims from the consume threads share one pipelined round trip.
+        self._claims: Combiner[tuple[str, str], int] = Combiner(self._send_claims)
         self._finish = client.register_script(_script("finish.lua"))
         self._release = client.register_script(_script("release.lua"))
         self._down_until = 0.0
@@ -91,14 +98,33 @@ class RedisDedupe:
         if self.degraded:
             return Claim.UNAVAILABLE
         try:
-            answer = self._claim(keys=[done_key(self.group, message_id),
-                                       lease_key(self.group, message_id)],
-                                 args=[token, self.lease_ms])
+            answer = self._claims.call((message_id, token))
         except redis.RedisError as exc:
             self._failed("claim", message_id, exc)
             return Claim.UNAVAILABLE
         self._ok()
         return Claim(int(answer))
+
+    def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int]:
+        """Run the claim script for each (message id, token) in one pipelined round trip,
+        loading the script again when Redis lost it (a restart or SCRIPT FLUSH). A claim
+        repeated with its own token answers the same, so the second round is safe."""
+        answers = self._pipeline_claims(claims)
+        if any(isinstance(answer, redis.exceptions.NoScriptError) for answer in answers):
+            self.client.script_load(self._claim_script)
+            answers = self._pipeline_claims(claims)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [int(answer) for answer in answers]
+
+    def _pipeline_claims(self, claims: Sequence[tuple[str, str]]) -> list[Any]:
+        # EVALSHA directly: a pipeline given `Script` objects asks SCRIPT EXISTS every time.
+        pipe = self.client.pipeline(transaction=False)
+        for message_id, token in claims:
+            pipe.evalsha(self._claim_sha, 2, done_key(self.group, message_id),
+                         lease_key(self.group, message_id), token, self.lease_ms)
+        return list(pipe.execute(raise_on_error=False))
 
     def finish(self, message_id: str, token: str) -> None:
         """Mark done (TTL) and drop our lease, off the hot path (see `RedisWriter`). Lost, it

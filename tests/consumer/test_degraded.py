@@ -75,3 +75,30 @@ def test_done_markers_expire_after_the_ttl(env: Env) -> None:
     assert store.claim("M1", "x") is Claim.DUPLICATE
     time.sleep(0.3)
     assert store.claim("M1", "x") is Claim.CLAIMED
+
+
+def test_claims_reload_the_script_after_a_script_flush(env: Env) -> None:
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    env.redis.script_flush()  # a Redis restart or failover loses loaded scripts
+    assert store.claim("M1", "other") is Claim.BUSY
+    assert not store.degraded
+
+
+def test_concurrent_claims_of_one_id_give_one_claim_and_the_rest_busy(env: Env) -> None:
+    import threading
+
+    store = RedisDedupe(env.redis, env.group("g"))
+    answers: list[Claim] = []
+    start = threading.Barrier(12)
+
+    def claim(token: str) -> None:
+        start.wait()
+        answers.append(store.claim("M1", token))
+
+    threads = [threading.Thread(target=claim, args=(f"t{i}",)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(a.name for a in answers) == ["BUSY"] * 11 + ["CLAIMED"]
