@@ -203,8 +203,8 @@ def main() -> None:
             rate = duplicate_rate(dup, big, threads, rounds=1)
             per_trip = ""
             if combiner and combiner.batches > before[0]:
-                per_trip = (f"  ({(combiner.items - before[1]) / (combiner.batches - before[0]):.1f}"
-                            " claims per round trip)")
+                claims = (combiner.items - before[1]) / (combiner.batches - before[0])
+                per_trip = f"  ({claims:.1f} claims per round trip)"
             print(f"duplicates rejected {label}: {rate:,.0f}/s{per_trip}")
         print("  (target >= 20,000/s; concurrent claims share one pipelined round trip)")
     finally:

@@ -7,7 +7,9 @@
 #   fetch                  apt-get install a JRE and Maven when missing; copy the name server,
 #                          broker and tools jars (and their dependencies) into the cache (once)
 #   start                  fetch, write configs, start name server + broker in the background and
-#                          wait (bounded) until `clusterList` shows the broker; a no-op when up
+#                          wait (bounded) until `clusterList` shows the broker; a no-op when up.
+#                          Both JVMs run with scripts/loopback_bind.c preloaded (built with gcc
+#                          into the cache): 4.9.x cannot bind loopback only by itself
 #   stop                   stop the broker and the name server started from this cache
 #   status                 say what runs; exit 0 when both answer
 #   topic NAME [QUEUES]    create or update a topic (default 4 queues) on the broker
@@ -20,7 +22,8 @@
 #   CKIT_ROCKETMQ_TIMEOUT    seconds to wait for start/stop (default 120)
 #   CKIT_ROCKETMQ_DELAYS     messageDelayLevel (default eighteen `1s` levels: fast retries)
 #
-# Layout: $CKIT_CACHE/rocketmq-VERSION/{lib,conf} (ROCKETMQ_HOME) and
+# Layout: $CKIT_CACHE/rocketmq-VERSION/{lib,conf} (ROCKETMQ_HOME),
+#         $CKIT_CACHE/loopback-bind/SHA.so (the shim, keyed by its source's hash) and
 #         $CKIT_CACHE/rocketmq-run/{store,logs,*.pid,*.out} (the JVMs' user.home).
 set -euo pipefail
 
@@ -35,6 +38,8 @@ readonly BROKER_PORT=10911
 readonly NAMESRV_ADDR=127.0.0.1:${NAMESRV_PORT}
 readonly CLUSTER=DefaultCluster
 readonly TIMEOUT=${CKIT_ROCKETMQ_TIMEOUT:-120}
+SHIM_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/loopback_bind.c
+readonly SHIM_SRC
 readonly DELAYS=${CKIT_ROCKETMQ_DELAYS:-1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s}
 
 # JDK 17 closes the internals 4.9.x pokes at (direct buffers, mmap cleaners).
@@ -105,6 +110,21 @@ fetch() {
   mv "${LIB}.tmp" "${LIB}"
   touch "${LIB}/.complete"
   log "fetched $(find "${LIB}" -name '*.jar' | wc -l) jars"
+}
+
+# Build the loopback-only bind shim (once per source version) and print its path.
+build_shim() {
+  local sha so
+  sha=$(sha256sum "${SHIM_SRC}" | cut -c1-16)
+  so=${CACHE}/loopback-bind/${sha}.so
+  if [[ ! -f $so ]]; then
+    command -v gcc >/dev/null || apt_install gcc libc6-dev
+    mkdir -p "${CACHE}/loopback-bind"
+    gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o "${so}.tmp" "${SHIM_SRC}" -ldl >&2 \
+      || die "could not build ${SHIM_SRC} with gcc"
+    mv "${so}.tmp" "${so}"
+  fi
+  echo "${so}"
 }
 
 # -------------------------------------------------------------------------------------- configs
@@ -223,7 +243,7 @@ start_namesrv() {
   fi
   port_open "${NAMESRV_PORT}" && die "port ${NAMESRV_PORT} is taken by another process"
   log "starting name server on ${NAMESRV_ADDR}"
-  nohup java "${JAVA_COMMON[@]}" -server -Xms128m -Xmx256m -Xmn64m \
+  LD_PRELOAD=${SHIM} nohup java "${JAVA_COMMON[@]}" -server -Xms128m -Xmx256m -Xmn64m \
     -cp "${CONF}:${LIB}/*" org.apache.rocketmq.namesrv.NamesrvStartup \
     >"${RUN}/namesrv.out" 2>&1 </dev/null &
   echo $! >"${RUN}/namesrv.pid"
@@ -235,7 +255,7 @@ start_broker() {
   fi
   port_open "${BROKER_PORT}" && die "port ${BROKER_PORT} is taken by another process"
   log "starting broker on 127.0.0.1:${BROKER_PORT}"
-  nohup java "${JAVA_COMMON[@]}" -server -Xms512m -Xmx512m -Xmn256m \
+  LD_PRELOAD=${SHIM} nohup java "${JAVA_COMMON[@]}" -server -Xms512m -Xmx512m -Xmn256m \
     -XX:MaxDirectMemorySize=256m \
     -cp "${CONF}:${LIB}/*" org.apache.rocketmq.broker.BrokerStartup \
     -c "${CONF}/broker.conf" -n "${NAMESRV_ADDR}" \
@@ -262,6 +282,7 @@ start() {
   fi
   fetch
   write_configs
+  SHIM=$(build_shim)
   local began=${SECONDS} deadline=$((SECONDS + TIMEOUT))
   start_namesrv
   wait_until "the name server" "${deadline}" namesrv_up

@@ -1,0 +1,69 @@
+"""Every server the project's scripts start listens on loopback only: MariaDB, Redis, and the
+RocketMQ name server and broker (which 4.9.x cannot restrict itself: scripts/loopback_bind.c)."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import services
+
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+
+
+def listening() -> dict[int, set[str]]:
+    """port -> local addresses of the TCP sockets listening on it (IPv4 and IPv6)."""
+    found: dict[int, set[str]] = {}
+    for name in ("tcp", "tcp6"):
+        path = Path("/proc/net") / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            if state != LISTEN:
+                continue
+            hex_addr, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_addr)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.setdefault(int(hex_port, 16), set()).add(str(ipaddress.ip_address(words)))
+    return found
+
+
+def test_proc_net_parsing_reads_loopback_and_wildcard_addresses() -> None:
+    import socket
+
+    with socket.socket() as wild, socket.socket() as loop:
+        wild.bind(("0.0.0.0", 0))
+        wild.listen()
+        loop.bind(("127.0.0.1", 0))
+        loop.listen()
+        seen = listening()
+        assert seen[wild.getsockname()[1]] == {"0.0.0.0"}
+        assert seen[loop.getsockname()[1]] == {"127.0.0.1"}
+
+
+@pytest.mark.mariadb
+@pytest.mark.redis
+@pytest.mark.rocketmq
+def test_every_service_port_listens_on_loopback_only() -> None:
+    services.require("mariadb", services.ping_mysql)
+    services.require("redis", services.ping_redis)
+    services.require("rocketmq", services.ping_rocketmq)
+    namesrv = int(services.rocketmq_addr().rsplit(":", 1)[1])
+    broker = 10911  # listenPort in scripts/rocketmq.sh; the broker also opens -2 (VIP) and +1 (HA)
+    ports = {"mariadb": 3306, "redis": 6379, "name server": namesrv,
+             "broker": broker, "broker VIP channel": broker - 2, "broker HA": broker + 1}
+    deadline = time.monotonic() + 15  # the broker opens its side ports just after it boots
+    while not set(ports.values()) <= listening().keys() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen = listening()
+    for name, number in ports.items():
+        addresses = seen.get(number)
+        assert addresses, f"{name}: nothing listens on port {number}"
+        assert all(ipaddress.ip_address(a).is_loopback for a in addresses), (
+            f"{name} (port {number}) listens on {sorted(addresses)}, not on loopback only")
