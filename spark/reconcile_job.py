@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from consumer_kit.errors import ConfigError
 from consumer_kit.reconcile.classify import classify
 from consumer_kit.reconcile.errors import ReconcileError
+from consumer_kit.reconcile.known import KnownIds
 from consumer_kit.reconcile.model import Evidence, Orphan, ReconcileConfig, WindowRow, chunks
 from consumer_kit.reconcile.repair import RepairApplier, RepairResult
 from consumer_kit.reconcile.report import ReconcileSummary, SummaryBuilder
@@ -276,7 +277,7 @@ def _find_orphans(spark: Any, config: ReconcileConfig, builder: SummaryBuilder, 
         return
     since = cutoff - config.orphan_window
     outbox_ids = None
-    t = outbox_table(sa.MetaData(), config.outbox_table)
+    known_ids = KnownIds(engine, config.outbox_table)
     for group in config.groups:
         p = processed_table(sa.MetaData(), group.table).c
         conds = [p.consumer_group == group.name, p.processed_at >= since, p.processed_at < cutoff]
@@ -293,15 +294,14 @@ def _find_orphans(spark: Any, config: ReconcileConfig, builder: SummaryBuilder, 
                                        group.name, group.topics, since, cutoff, count)
         if outbox_ids is None:
             # Outbox rows are created before they are processed; the exact check below catches
-            # the rare message created before this range (a long delay, many retries).
+            # the rare message created before this range (a long delay, many retries) and the
+            # messages already moved to the archive.
             outbox_ids = read_outbox_ids_since(spark, engine, producer, config,
                                                since - config.orphan_window).persist()
             cached.append(outbox_ids)
         candidates = window.join(outbox_ids, "message_id", "left_anti").collect()
         for chunk in chunks(candidates, IN_CHUNK):
-            with engine.connect() as conn:
-                known = set(conn.execute(sa.select(t.c.message_id).where(
-                    t.c.message_id.in_([c["message_id"] for c in chunk]))).scalars())
+            known = known_ids.among([c["message_id"] for c in chunk])
             for c in chunk:
                 if c["message_id"] not in known:
                     builder.orphan(Orphan(group=group.name, message_id=c["message_id"],

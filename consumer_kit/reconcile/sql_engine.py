@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from consumer_kit.db import make_engine
 from consumer_kit.reconcile.classify import classify
+from consumer_kit.reconcile.known import KnownIds
 from consumer_kit.reconcile.model import (
     Evidence,
     Orphan,
@@ -125,7 +126,7 @@ def find_orphans(dbs: Databases, config: ReconcileConfig, cutoff: dt.datetime,
     message id has no outbox row. Report only."""
     if config.orphan_window <= dt.timedelta(0):
         return
-    outbox = outbox_table(sa.MetaData(), config.outbox_table)
+    known_ids = KnownIds(dbs.get(config.producer_url), config.outbox_table)
     for group in config.groups:
         p = processed_table(sa.MetaData(), group.table).c
         conds = [p.consumer_group == group.name, p.processed_at >= cutoff - config.orphan_window,
@@ -139,10 +140,7 @@ def find_orphans(dbs: Databases, config: ReconcileConfig, cutoff: dt.datetime,
                 sa.select(p.message_id, p.topic, p.status, p.processed_at).where(*conds)).all()
         builder.read(f"orphan_scan:{group.name}", len(rows))
         for chunk in chunks(rows, IN_CHUNK):
-            ids = [r.message_id for r in chunk]
-            with dbs.get(config.producer_url).connect() as conn:
-                known = set(conn.execute(sa.select(outbox.c.message_id).where(
-                    outbox.c.message_id.in_(ids))).scalars())
+            known = known_ids.among([r.message_id for r in chunk])
             for r in chunk:
                 if r.message_id not in known:
                     yield Orphan(group=group.name, message_id=r.message_id, topic=r.topic,

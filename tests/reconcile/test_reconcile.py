@@ -220,3 +220,28 @@ def test_max_retries_override_and_thresholds_decide_the_exit_code(
     assert summary.exit_code == EXIT_OK
     crossed = run_reconcile(world.config(engine_name, thresholds=Thresholds(stuck=-1)))
     assert crossed.exit_code == EXIT_ALERT and "threshold -1" in crossed.alerts[0]
+
+
+def test_a_processed_row_of_an_archived_message_is_not_an_orphan(world: World,
+                                                                  engine_name: str) -> None:
+    from consumer_kit.schema import TableNames
+    from outbox_producer.archive import archive
+    from outbox_producer.ops import OutboxTables
+
+    # Given a consumed message moved to the archive, and a processed row without any outbox row
+    archived = world.add_outbox(OutboxState.CONSUMED)
+    world.add_processed("inventory", archived, "SUCCEEDED", age=dt.timedelta(minutes=30))
+    world.add_processed("inventory", "m-true-orphan", "SUCCEEDED", age=dt.timedelta(minutes=30))
+    tables = OutboxTables.from_names(TableNames(outbox=world.outbox.name,
+                                                outbox_ack=world.ack.name))
+    try:
+        moved = archive(world.producer, tables, dt.timedelta(minutes=10), now=world.now)
+        assert moved.moved == 1
+        # When
+        summary = run_reconcile(world.config(engine_name))
+        # Then only the message the producer never had is an orphan
+        assert summary.classes[RepairClass.ORPHAN].found == 1
+        assert [s["message_id"] for s in summary.samples[RepairClass.ORPHAN]] == [
+            "m-true-orphan"]
+    finally:
+        tables.archive.drop(world.producer, checkfirst=True)
