@@ -146,6 +146,7 @@ def run_ckit(url: str, outbox: str, engine_name: str,
 
 def explain(engine: sa.Engine, outbox: str, now: dt.datetime) -> str:
     cutoff = (now - dt.timedelta(minutes=10)).strftime("'%Y-%m-%d %H:%M:%S.%f'")
+    since = (now - dt.timedelta(days=2)).strftime("'%Y-%m-%d %H:%M:%S.%f'")
     cols = ("id, message_id, topic, state, retry_count, max_retries, lock_version, sent_at, "
             "lease_until")
     queries = {
@@ -159,6 +160,9 @@ def explain(engine: sa.Engine, outbox: str, now: dt.datetime) -> str:
             f"SELECT {cols} FROM {outbox} WHERE state = 1 AND lease_until < {cutoff}",
         "the SQL engine's window id scan":
             f"SELECT id FROM {outbox} WHERE state = 2 AND sent_at < {cutoff}",
+        "acks of the large-window path (read with the processed slices)":
+            f"SELECT message_id, consumer_group, outcome, reason, acked_at FROM {ACK} "
+            f"WHERE consumer_group IN ('{GROUP}') AND acked_at >= {since}",
         "processed rows by a chunked IN predicate":
             f"SELECT message_id, status, error FROM {PROCESSED} WHERE consumer_group = '{GROUP}' "
             "AND message_id IN ('m000000000100', 'm000000000200')",
@@ -226,6 +230,8 @@ def main() -> None:
         fill_processed(engine, args.rows, args.step, now)
         print(f"populated {count(engine, PROCESSED)} processed rows in "
               f"{time.monotonic() - began:.1f}s")
+    for index in ack_table(sa.MetaData(), ACK).indexes:  # tables reused from older versions
+        index.create(engine, checkfirst=True)
     for size in sizes:
         name = outbox_name(size)
         if not args.reuse or count(engine, name) != size:

@@ -205,6 +205,8 @@ def ack_table(metadata: sa.MetaData, name: str = DEFAULT_ACK_TABLE) -> sa.Table:
         sa.Column("outcome", sa.String(16), nullable=False, comment="consumed | rejected"),
         sa.Column("reason", sa.String(REASON_LEN), nullable=True, comment="rejection reason"),
         sa.Column("acked_at", timestamp(), nullable=False, comment="UTC when applied"),
+        # the reconciler's large-window read: consumer_group IN (...) AND acked_at >= since
+        sa.Index(f"ix_{name}_group_acked", "consumer_group", "acked_at"),
         comment="consumer-kit per-group acks of outbox messages",
     )
 

@@ -141,6 +141,8 @@ CREATE TABLE ckit_outbox_ack (
     PRIMARY KEY (message_id, consumer_group)
 )ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit per-group acks of outbox messages';
 
+CREATE INDEX ix_ckit_outbox_ack_group_acked ON ckit_outbox_ack (consumer_group, acked_at);
+
 CREATE TABLE ckit_outbox_archive (
     id BIGINT NOT NULL COMMENT 'surrogate key; relays shard on MOD(id, N)' AUTO_INCREMENT,
     message_id VARCHAR(128) NOT NULL COMMENT 'the dedupe id (ULID) carried as ckit_id and as the RocketMQ KEYS',

@@ -376,6 +376,8 @@ CREATE TABLE ckit_outbox_ack (
     PRIMARY KEY (message_id, consumer_group)
 );
 
+CREATE INDEX ix_ckit_outbox_ack_group_acked ON ckit_outbox_ack (consumer_group, acked_at);
+
 COMMENT ON TABLE ckit_outbox_ack IS 'consumer-kit per-group acks of outbox messages';
 
 COMMENT ON COLUMN ckit_outbox_ack.message_id IS 'outbox message_id';

@@ -226,6 +226,8 @@ CREATE TABLE ckit_outbox_ack (
     PRIMARY KEY (message_id, consumer_group)
 );
 
+CREATE INDEX ix_ckit_outbox_ack_group_acked ON ckit_outbox_ack (consumer_group, acked_at);
+
 -- consumer-kit outbox archive (terminal rows moved by ckit outbox archive)
 CREATE TABLE ckit_outbox_archive (
     -- surrogate key; relays shard on MOD(id, N)
