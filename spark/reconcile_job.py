@@ -62,7 +62,20 @@ DEFAULT_SPARK_CONF = {
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
 }
 
+#: In local mode the driver's RPC and block-manager servers stay on loopback (Spark otherwise
+#: binds the address its host name resolves to, an external interface). Not for a cluster,
+#: whose executors must reach the driver; `--conf` overrides either way.
+LOOPBACK_DRIVER_CONF = {
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+
 Progress = Callable[[str], None]
+
+
+def is_local_master(master: str | None) -> bool:
+    """True for `local`, `local[N]`, `local[*]` and `local[N,F]` (a driver-only Spark)."""
+    return master is not None and (master == "local" or master.startswith("local["))
 
 
 def build_session(config: ReconcileConfig, dialects: set[str]) -> Any:
@@ -77,7 +90,10 @@ def build_session(config: ReconcileConfig, dialects: set[str]) -> Any:
 
     user = dict(config.spark_conf)
     conf = dict(DEFAULT_SPARK_CONF)
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+    submitted = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    if is_local_master(config.master or (_submitted_master() if submitted else None)):
+        conf.update(LOOPBACK_DRIVER_CONF)
+    if submitted:
         _check_submitted_jars(user)
     elif "spark.jars.packages" not in user and "spark.jars" not in user:
         conf["spark.jars"] = ",".join(_all_jars(dialects))
@@ -90,6 +106,15 @@ def build_session(config: ReconcileConfig, dialects: set[str]) -> Any:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def _submitted_master() -> str | None:
+    """The master spark-submit was given (it runs us with its JVM already up)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # joins spark-submit's JVM: its conf is in system props
+    master = SparkConf().get("spark.master")
+    return str(master) if master else None
 
 
 def _all_jars(dialects: set[str]) -> list[str]:

@@ -3,35 +3,12 @@ RocketMQ name server and broker (which 4.9.x cannot restrict itself: scripts/loo
 
 from __future__ import annotations
 
-import ipaddress
 import time
-from pathlib import Path
 
 import pytest
 
 from tests import services
-
-LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
-
-
-def listening() -> dict[int, set[str]]:
-    """port -> local addresses of the TCP sockets listening on it (IPv4 and IPv6)."""
-    found: dict[int, set[str]] = {}
-    for name in ("tcp", "tcp6"):
-        path = Path("/proc/net") / name
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state = fields[1], fields[3]
-            if state != LISTEN:
-                continue
-            hex_addr, hex_port = local.split(":")
-            raw = bytes.fromhex(hex_addr)
-            # the kernel prints each 32-bit word in host (little-endian) order
-            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found.setdefault(int(hex_port, 16), set()).add(str(ipaddress.ip_address(words)))
-    return found
+from tests.net import listening, loopback_only
 
 
 def test_proc_net_parsing_reads_loopback_and_wildcard_addresses() -> None:
@@ -65,5 +42,5 @@ def test_every_service_port_listens_on_loopback_only() -> None:
     for name, number in ports.items():
         addresses = seen.get(number)
         assert addresses, f"{name}: nothing listens on port {number}"
-        assert all(ipaddress.ip_address(a).is_loopback for a in addresses), (
+        assert loopback_only(addresses), (
             f"{name} (port {number}) listens on {sorted(addresses)}, not on loopback only")

@@ -30,6 +30,7 @@ def spark() -> Iterator[Any]:
     pyspark_sql = pytest.importorskip("pyspark.sql")
     from consumer_kit.errors import ConfigError
     from spark.jdbc import find_jars
+    from spark.reconcile_job import LOOPBACK_DRIVER_CONF
 
     try:
         jars = find_jars({"sqlite", "mysql"})
@@ -40,8 +41,11 @@ def spark() -> Iterator[Any]:
             raise missing
 
         services.require("JDBC driver jars", ping)
+    builder = pyspark_sql.SparkSession.builder
+    for key, value in LOOPBACK_DRIVER_CONF.items():  # as the job does in local mode
+        builder = builder.config(key, value)
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2]").appName("ckit-reconcile-tests")
+        builder.master("local[2]").appName("ckit-reconcile-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
