@@ -116,7 +116,7 @@ def main() -> None:
                      sa.Column("qty", sa.Integer, nullable=False))
     processed.create(engine)
     stock.create(engine)
-    client = redis.Redis.from_url(REDIS)
+    client = redis.Redis.from_url(REDIS, socket_timeout=0.5)  # as ConsumerApp makes it
 
     def make_app(local_cache: int, use_redis: bool = True, group: str = "") -> ConsumerApp:
         app = ConsumerApp(group=group or f"bench-{tag}", db=engine,

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import json
 import logging
 import threading
 import time
 import traceback
-import uuid
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -22,6 +20,7 @@ from consumer_kit import metrics
 from consumer_kit.ack_sender import AckSender
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
+from consumer_kit.dedupe.tokens import new_token
 from consumer_kit.listeners import Listener, Router
 from consumer_kit.message import Message
 from consumer_kit.outcome import Outcome, Result, broker_status
@@ -63,9 +62,6 @@ class Pipeline:
         #: outcomes so far (for `ckit consume` and the demo's summary)
         self.counts: collections.Counter[Outcome] = collections.Counter()
         self._counts_lock = threading.Lock()
-        # lease tokens: unique per claim across processes, without a uuid4 per message
-        self._token_prefix = uuid.uuid4().hex[:16]
-        self._token_seq = itertools.count()
         self._counters: dict[tuple[Outcome, str], Any] = {}
 
     def __call__(self, delivery: Delivery) -> ConsumeStatus:
@@ -97,7 +93,7 @@ class Pipeline:
                 msg, "message has no id (no ckit_id, KEYS or broker id)"))
         if msg.id in self.recent:
             return self._count(msg, Result(Outcome.DUPLICATE, "seen by this process"))
-        token = f"{self._token_prefix}{next(self._token_seq):x}"
+        token = new_token()
         claim = self.redis.claim(msg.id, token) if self.redis else Claim.UNAVAILABLE
         if claim is Claim.DUPLICATE:
             self.recent.add(msg.id)

@@ -1,58 +1,121 @@
-"""Combiner: concurrent calls share batches, each caller gets its own result or the batch's
-error, and it never stalls."""
+"""Combiner: concurrent calls share batches, each caller gets its own result or an error for
+its batch, `send` never runs twice at once, and an interrupted or forked caller stalls nobody."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from consumer_kit.combining import Combiner
+from consumer_kit.combining import CombinedSendError, Combiner
+from consumer_kit.dedupe import tokens
+
+DEADLINE = 10.0
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def run_threads(targets: list[Callable[[], None]]) -> None:
+    """Start daemon threads (a deadlock must not hang pytest's exit) and join them, bounded."""
+    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    assert not any(t.is_alive() for t in threads), "a caller never returned"
+
+
+class SlowSend:
+    """A `send` that takes a while (a network round trip), records its batches and fails the
+    test if it ever runs twice at once."""
+
+    def __init__(self, delay: float = 0.005) -> None:
+        self.delay = delay
+        self.batches: list[list[int]] = []
+        self.running = 0
+        self.overlapped = False
+        self._lock = threading.Lock()
+
+    def __call__(self, items: Sequence[int]) -> list[int]:
+        with self._lock:
+            self.running += 1
+            self.overlapped |= self.running > 1
+        time.sleep(self.delay)
+        with self._lock:
+            self.running -= 1
+            self.batches.append(list(items))
+        return [i * 10 for i in items]
 
 
 def test_a_lone_call_is_sent_alone_and_gets_its_result() -> None:
-    sent: list[list[int]] = []
-
-    def send(items: Sequence[int]) -> list[int]:
-        sent.append(list(items))
-        return [i * 10 for i in items]
-
+    send = SlowSend(0)
     combiner: Combiner[int, int] = Combiner(send)
     assert combiner.call(1) == 10
     assert combiner.call(2) == 20
-    assert sent == [[1], [2]]
+    assert send.batches == [[1], [2]]
 
 
-def test_calls_arriving_during_a_send_ride_in_the_next_batch_with_their_own_results() -> None:
-    # Given: a send that takes a while (a network round trip)
-    def send(items: Sequence[int]) -> list[int]:
-        time.sleep(0.01)
-        return [i * 10 for i in items]
-
+def test_concurrent_callers_share_batches_get_their_own_results_and_send_never_overlaps(
+) -> None:
+    # Given a send that takes a while and 16 threads calling 5 times each
+    send = SlowSend()
     combiner: Combiner[int, int] = Combiner(send)
     results: dict[int, int] = {}
     start = threading.Barrier(16)
 
-    def caller(base: int) -> None:
-        start.wait()
-        for i in range(base, base + 5):
-            results[i] = combiner.call(i)
+    def caller(base: int) -> Callable[[], None]:
+        def run() -> None:
+            start.wait()
+            for i in range(base, base + 5):
+                results[i] = combiner.call(i)
+        return run
 
-    # When: 16 threads call 5 times each
-    threads = [threading.Thread(target=caller, args=(t * 100,)) for t in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    # Then: everyone got the answer to its own item, in far fewer sends than calls
+    # When
+    run_threads([caller(t * 100) for t in range(16)])
+
+    # Then everyone got the answer to its own item, in far fewer sends than calls, one at a time
     assert results == {i: i * 10 for t in range(16) for i in range(t * 100, t * 100 + 5)}
     assert combiner.items == 80
     assert combiner.batches < 40
+    assert not send.overlapped
 
 
-def test_a_failed_send_raises_in_every_caller_of_that_batch_and_the_next_batch_works() -> None:
+@pytest.mark.parametrize("max_batch", [1, 2, 3])
+def test_batches_never_exceed_max_batch_and_every_caller_gets_its_own_result(
+        max_batch: int) -> None:
+    send = SlowSend()
+    combiner: Combiner[int, int] = Combiner(send, max_batch=max_batch)
+    wrong: list[tuple[int, int]] = []
+
+    def caller(base: int) -> Callable[[], None]:
+        def run() -> None:
+            for i in range(base, base + 10):
+                got = combiner.call(i)
+                if got != i * 10:
+                    wrong.append((i, got))
+        return run
+
+    run_threads([caller(t * 100) for t in range(8)])
+    assert wrong == []
+    assert sum(len(b) for b in send.batches) == 80
+    assert max(len(b) for b in send.batches) <= max_batch
+    assert not send.overlapped
+
+
+def _hold_first_batch(fail_second: BaseException | None = None
+                      ) -> tuple[Combiner[str, str], threading.Event]:
+    """A combiner whose first send waits for the returned gate and whose second send raises
+    `fail_second` (when given); later sends answer "ok"."""
     gate = threading.Event()
     calls = 0
 
@@ -60,55 +123,54 @@ def test_a_failed_send_raises_in_every_caller_of_that_batch_and_the_next_batch_w
         nonlocal calls
         calls += 1
         if calls == 1:
-            gate.wait(5)  # hold the first batch so the others queue behind it
-            return ["first"]
-        if calls == 2:
-            raise ConnectionError("redis down")
+            gate.wait(DEADLINE)
+            return ["first"] * len(items)
+        if calls == 2 and fail_second is not None:
+            raise fail_second
         return ["ok"] * len(items)
 
-    combiner: Combiner[str, str] = Combiner(send)
-    errors: list[BaseException] = []
+    return Combiner(send), gate
+
+
+class Interrupt(BaseException):
+    """Not an Exception, like KeyboardInterrupt or SystemExit."""
+
+
+@pytest.mark.parametrize("failure", [ConnectionError("redis down"), Interrupt("stop")])
+def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_the_others(
+        failure: BaseException) -> None:
+    combiner, gate = _hold_first_batch(failure)
+    raised: list[BaseException] = []
 
     def caller() -> None:
         try:
             combiner.call("x")
-        except ConnectionError as exc:
-            errors.append(exc)
+        except BaseException as exc:
+            raised.append(exc)
 
-    first = threading.Thread(target=combiner.call, args=("leader",))
+    # Given a first batch held in send, and three callers queued behind it
+    first = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
     first.start()
-    while not combiner._leading:
-        time.sleep(0.001)
-    waiting = [threading.Thread(target=caller) for _ in range(3)]
+    wait_for(lambda: combiner._leading, "the first caller to lead")
+    waiting = [threading.Thread(target=caller, daemon=True) for _ in range(3)]
     for t in waiting:
         t.start()
-    while len(combiner._queue) < 3:
-        time.sleep(0.001)
+    wait_for(lambda: len(combiner._queue) == 3, "three queued callers")
+
+    # When the first batch returns, the second batch (the three queued) fails
     gate.set()
-    first.join(5)
+    first.join(DEADLINE)
     for t in waiting:
-        t.join(5)
-    assert len(errors) == 3  # the three queued calls formed the second batch, which failed
+        t.join(DEADLINE)
+
+    # Then its leader got the original, the two riders a CombinedSendError caused by it
+    assert len(raised) == 3
+    originals = [e for e in raised if e is failure]
+    chained = [e for e in raised if isinstance(e, CombinedSendError)]
+    assert len(originals) == 1 and len(chained) == 2
+    assert all(e.__cause__ is failure for e in chained)
+    # And the combiner still works
     assert combiner.call("after") == "ok"
-
-
-def test_batches_never_exceed_max_batch() -> None:
-    sizes: list[int] = []
-
-    def send(items: Sequence[int]) -> list[int]:
-        sizes.append(len(items))
-        time.sleep(0.005)
-        return list(items)
-
-    combiner: Combiner[int, int] = Combiner(send, max_batch=3)
-    threads = [threading.Thread(target=lambda: [combiner.call(i) for i in range(20)])
-               for _ in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert sum(sizes) == 200
-    assert max(sizes) <= 3
 
 
 def test_a_send_returning_the_wrong_number_of_results_is_an_error() -> None:
@@ -120,3 +182,76 @@ def test_a_send_returning_the_wrong_number_of_results_is_an_error() -> None:
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Combiner(lambda items: items, max_batch=0)
+
+
+class Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum: int, frame: object) -> None:
+    raise Alarm
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX timers")
+def test_a_waiter_interrupted_by_a_signal_leaves_and_stalls_nobody() -> None:
+    # Given a leader held in send, and the main thread queued behind it
+    combiner, gate = _hold_first_batch()
+    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
+    leader.start()
+    wait_for(lambda: combiner._leading, "the leader")
+    previous = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        # When a signal handler raises while the main thread waits
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Alarm):
+            combiner.call("interrupted")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert combiner._queue == []  # its item was dropped
+
+    # Then the leader finishes, stops leading, and later callers are served
+    gate.set()
+    leader.join(DEADLINE)
+    assert not combiner._leading
+    got: list[str] = []
+    run_threads([lambda: got.append(combiner.call("later"))])
+    assert got == ["ok"]
+    assert combiner.items == 2  # the leader's item and the later one: the dropped one never went
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_send_starts_with_a_fresh_combiner_and_new_tokens() -> None:
+    # Given a combiner leading a held send when the process forks
+    combiner, gate = _hold_first_batch()
+    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
+    leader.start()
+    wait_for(lambda: combiner._leading, "the leader")
+    parent_token = tokens.new_token()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no leader thread exists here
+        try:
+            os.close(read)
+            answer = combiner.call("child")  # hangs if the copied state were kept
+            os.write(write, f"{answer} {tokens.new_token()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+            time.sleep(0.01)
+        else:
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the child's call hung")
+        with os.fdopen(read) as pipe:
+            answer, child_token = pipe.read().split()
+    finally:
+        gate.set()
+        leader.join(DEADLINE)
+    # Then the child's call was sent by the child itself, and its tokens differ from ours
+    assert answer == "ok"
+    assert child_token[:16] != parent_token[:16]

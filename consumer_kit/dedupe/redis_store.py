@@ -63,8 +63,12 @@ class RedisDedupe:
         self.retry_after = retry_after
         self._claim_script = _script("claim.lua")
         self._claim_sha = hashlib.sha1(self._claim_script.encode()).hexdigest()
-        # Concurrent claims from the consume threads share one pipelined round trip.
-        self._claims: Combiner[tuple[str, str], int] = Combiner(self._send_claims)
+        # Concurrent claims from the consume threads share one pipelined round trip; a send
+        # that hangs would hold them all, so the client needs a socket timeout.
+        self._claims: Combiner[tuple[str, str], int | Exception] = Combiner(self._send_claims)
+        if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
+            log.warning("redis client for group %s has no socket_timeout: a hung Redis would "
+                        "block every consume thread (ConsumerApp sets 0.5 s for URLs)", group)
         self._finish = client.register_script(_script("finish.lua"))
         self._release = client.register_script(_script("release.lua"))
         self._down_until = 0.0
@@ -97,26 +101,33 @@ class RedisDedupe:
         """Take the in-flight lease unless the message is done or leased by someone else."""
         if self.degraded:
             return Claim.UNAVAILABLE
-        try:
-            answer = self._claims.call((message_id, token))
-        except redis.RedisError as exc:
-            self._failed("claim", message_id, exc)
+        answer = self._claims.call((message_id, token))
+        if isinstance(answer, redis.ResponseError):  # this key alone (e.g. WRONGTYPE)
+            log.warning("message %s: redis claim failed (%s); the processed table decides",
+                        message_id, answer)
+            return Claim.UNAVAILABLE
+        if isinstance(answer, Exception):  # Redis is away (connection, timeout): degrade
+            self._failed("claim", message_id, answer)
             return Claim.UNAVAILABLE
         self._ok()
-        return Claim(int(answer))
+        return Claim(answer)
 
-    def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Run the claim script for each (message id, token) in one pipelined round trip,
-        loading the script again when Redis lost it (a restart or SCRIPT FLUSH). A claim
-        repeated with its own token answers the same, so the second round is safe."""
-        answers = self._pipeline_claims(claims)
-        if any(isinstance(answer, redis.exceptions.NoScriptError) for answer in answers):
-            self.client.script_load(self._claim_script)
+    def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int | Exception]:
+        """Run the claim script for each (message id, token) in one pipelined round trip.
+        Errors come back as values, one per claim (a connection error: the same for all).
+        Claims that met NOSCRIPT (a Redis restart or SCRIPT FLUSH) run again once the script
+        is loaded."""
+        try:
             answers = self._pipeline_claims(claims)
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-        return [int(answer) for answer in answers]
+            lost = [i for i, a in enumerate(answers)
+                    if isinstance(a, redis.exceptions.NoScriptError)]
+            if lost:
+                self.client.script_load(self._claim_script)
+                for i, answer in zip(lost, self._pipeline_claims([claims[i] for i in lost])):
+                    answers[i] = answer
+        except redis.RedisError as exc:
+            return [exc] * len(claims)
+        return [a if isinstance(a, Exception) else int(a) for a in answers]
 
     def _pipeline_claims(self, claims: Sequence[tuple[str, str]]) -> list[Any]:
         # EVALSHA directly: a pipeline given `Script` objects asks SCRIPT EXISTS every time.

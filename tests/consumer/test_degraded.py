@@ -77,28 +77,77 @@ def test_done_markers_expire_after_the_ttl(env: Env) -> None:
     assert store.claim("M1", "x") is Claim.CLAIMED
 
 
+def slow_claims(store: RedisDedupe, delay: float = 0.05) -> None:
+    """Make each claim round trip slow, so concurrent claims queue and share the next one."""
+    send = store._claims.send
+
+    def slow(items: Any) -> Any:
+        time.sleep(delay)
+        return send(items)
+
+    store._claims.send = slow
+
+
+def claim_all(store: RedisDedupe, claims: dict[str, str]) -> dict[str, Claim]:
+    """Claim every (message id -> token) from its own thread, all at once."""
+    import threading
+
+    answers: dict[str, Claim] = {}
+    start = threading.Barrier(len(claims))
+
+    def claim(message_id: str, token: str) -> None:
+        start.wait()
+        answers[message_id] = store.claim(message_id, token)
+
+    threads = [threading.Thread(target=claim, args=item, daemon=True) for item in claims.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return answers
+
+
+def test_concurrent_claims_share_round_trips_and_each_caller_gets_its_own_answer(
+        env: Env) -> None:
+    # Given ids already done, ids leased by another consumer, and free ids
+    store = RedisDedupe(env.redis, env.group("g"))
+    other = RedisDedupe(env.redis, store.group)
+    for i in range(4):
+        other.claim(f"done{i}", "them")
+        other.finish(f"done{i}", "them")
+        other.claim(f"leased{i}", "them")
+    assert other.flush()
+    slow_claims(store)
+    claims = {f"{kind}{i}": f"me{i}" for kind in ("done", "leased", "free") for i in range(4)}
+
+    # When 12 threads claim at once
+    answers = claim_all(store, claims)
+
+    # Then each got the answer for its own id, in fewer round trips than claims
+    assert answers == {m: {"done": Claim.DUPLICATE, "leased": Claim.BUSY,
+                           "free": Claim.CLAIMED}[m.rstrip("0123456789")] for m in claims}
+    assert store._claims.batches < len(claims)
+
+
+def test_a_claim_failing_on_its_own_key_does_not_fail_its_batch_or_degrade(env: Env) -> None:
+    from consumer_kit.dedupe.keys import lease_key
+
+    store = RedisDedupe(env.redis, env.group("g"))
+    env.redis.rpush(lease_key(store.group, "broken"), "x")  # WRONGTYPE for the lease check
+    slow_claims(store)
+    answers = claim_all(store, {"broken": "me", "fine1": "me", "fine2": "me"})
+    assert answers == {"broken": Claim.UNAVAILABLE, "fine1": Claim.CLAIMED,
+                       "fine2": Claim.CLAIMED}
+    assert not store.degraded
+
+
 def test_claims_reload_the_script_after_a_script_flush(env: Env) -> None:
     store = RedisDedupe(env.redis, env.group("g"))
     assert store.claim("M1", "me") is Claim.CLAIMED
     env.redis.script_flush()  # a Redis restart or failover loses loaded scripts
     assert store.claim("M1", "other") is Claim.BUSY
+    env.redis.script_flush()
+    slow_claims(store)
+    answers = claim_all(store, {"M1": "other", "M2": "me", "M3": "me"})  # several in one batch
+    assert answers == {"M1": Claim.BUSY, "M2": Claim.CLAIMED, "M3": Claim.CLAIMED}
     assert not store.degraded
-
-
-def test_concurrent_claims_of_one_id_give_one_claim_and_the_rest_busy(env: Env) -> None:
-    import threading
-
-    store = RedisDedupe(env.redis, env.group("g"))
-    answers: list[Claim] = []
-    start = threading.Barrier(12)
-
-    def claim(token: str) -> None:
-        start.wait()
-        answers.append(store.claim("M1", token))
-
-    threads = [threading.Thread(target=claim, args=(f"t{i}",)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert sorted(a.name for a in answers) == ["BUSY"] * 11 + ["CLAIMED"]
