@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,22 @@ def duplicate_rate(pipeline: Any, batch: list[Delivery], threads: int, rounds: i
     for w in workers:
         w.join()
     return rounds * len(batch) / (time.perf_counter() - t0)
+
+
+def interleaved(first: Callable[[Delivery], Any], second: Callable[[Delivery], Any],
+                batch: list[Delivery]) -> tuple[list[float], list[float]]:
+    """Seconds of `first(d)` and `second(d)` for each delivery, run back to back so machine
+    noise hits both alike."""
+    first_t: list[float] = []
+    second_t: list[float] = []
+    for d in batch:
+        t0 = time.perf_counter()
+        first(d)
+        t1 = time.perf_counter()
+        second(d)
+        second_t.append(time.perf_counter() - t1)
+        first_t.append(t1 - t0)
+    return first_t, second_t
 
 
 def mark_done(client: redis.Redis, group: str, batch: list[Delivery]) -> None:
@@ -147,16 +164,7 @@ def main() -> None:
         for d in deliveries(50, "warm" + tag):  # warm pools and scripts
             bare(d)
             pipeline(d)
-        bare_t: list[float] = []
-        deco_t: list[float] = []
-        for d in batch:
-            t0 = time.perf_counter()
-            bare(d)
-            t1 = time.perf_counter()
-            pipeline(d)
-            t2 = time.perf_counter()
-            bare_t.append(t1 - t0)
-            deco_t.append(t2 - t1)
+        bare_t, deco_t = interleaved(bare, pipeline, batch)
         diffs = [d - b for b, d in zip(bare_t, deco_t)]
         ratio = statistics.fmean(deco_t) / statistics.fmean(bare_t)
         print(f"\nhandler with one INSERT, {n} messages, interleaved:")
@@ -169,16 +177,7 @@ def main() -> None:
         print(f"  added overhead per message  : p50 {percentile(diffs, 50) * 1e6:.0f} us  "
               f"p99 {percentile(diffs, 99) * 1e6:.0f} us")
         db_only = make_app(local_cache=0, use_redis=False, group=f"bench-db-{tag}").pipeline()
-        bare_t2: list[float] = []
-        db_t: list[float] = []
-        for d in deliveries(n, "db" + tag):
-            t0 = time.perf_counter()
-            bare(d)
-            t1 = time.perf_counter()
-            db_only(d)
-            t2 = time.perf_counter()
-            bare_t2.append(t1 - t0)
-            db_t.append(t2 - t1)
+        bare_t2, db_t = interleaved(bare, db_only, deliveries(n, "db" + tag))
         print(f"  database-only dedupe (redis=None): ratio "
               f"{statistics.fmean(db_t) / statistics.fmean(bare_t2):.2f}x, added p50 "
               f"{(percentile(db_t, 50) - percentile(bare_t2, 50)) * 1e6:.0f} us")

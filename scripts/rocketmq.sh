@@ -237,30 +237,29 @@ wait_until() {
   done
 }
 
-start_namesrv() {
-  if pid_alive "${RUN}/namesrv.pid"; then
+# launch NAME PORT JVM_OPTIONS... MAIN_CLASS ARGS...: start one JVM in the background (a no-op when ours runs),
+# with the loopback shim preloaded, its console in $RUN/NAME.out and its pid in $RUN/NAME.pid.
+launch() {
+  local name=$1 port=$2
+  shift 2
+  if pid_alive "${RUN}/${name}.pid"; then
     return 0
   fi
-  port_open "${NAMESRV_PORT}" && die "port ${NAMESRV_PORT} is taken by another process"
-  log "starting name server on ${NAMESRV_ADDR}"
-  LD_PRELOAD=${SHIM} nohup java "${JAVA_COMMON[@]}" -server -Xms128m -Xmx256m -Xmn64m \
-    -cp "${CONF}:${LIB}/*" org.apache.rocketmq.namesrv.NamesrvStartup \
-    >"${RUN}/namesrv.out" 2>&1 </dev/null &
-  echo $! >"${RUN}/namesrv.pid"
+  port_open "${port}" && die "port ${port} is taken by another process"
+  log "starting ${name} on 127.0.0.1:${port}"
+  LD_PRELOAD=${SHIM} nohup java "${JAVA_COMMON[@]}" -server -cp "${CONF}:${LIB}/*" "$@" \
+    >"${RUN}/${name}.out" 2>&1 </dev/null &
+  echo $! >"${RUN}/${name}.pid"
+}
+
+start_namesrv() {
+  launch namesrv "${NAMESRV_PORT}" -Xms128m -Xmx256m -Xmn64m \
+    org.apache.rocketmq.namesrv.NamesrvStartup
 }
 
 start_broker() {
-  if pid_alive "${RUN}/broker.pid"; then
-    return 0
-  fi
-  port_open "${BROKER_PORT}" && die "port ${BROKER_PORT} is taken by another process"
-  log "starting broker on 127.0.0.1:${BROKER_PORT}"
-  LD_PRELOAD=${SHIM} nohup java "${JAVA_COMMON[@]}" -server -Xms512m -Xmx512m -Xmn256m \
-    -XX:MaxDirectMemorySize=256m \
-    -cp "${CONF}:${LIB}/*" org.apache.rocketmq.broker.BrokerStartup \
-    -c "${CONF}/broker.conf" -n "${NAMESRV_ADDR}" \
-    >"${RUN}/broker.out" 2>&1 </dev/null &
-  echo $! >"${RUN}/broker.pid"
+  launch broker "${BROKER_PORT}" -Xms512m -Xmx512m -Xmn256m -XX:MaxDirectMemorySize=256m \
+    org.apache.rocketmq.broker.BrokerStartup -c "${CONF}/broker.conf" -n "${NAMESRV_ADDR}"
 }
 
 namesrv_up() {

@@ -112,10 +112,10 @@ def test_batches_never_exceed_max_batch_and_every_caller_gets_its_own_result(
     assert not send.overlapped
 
 
-def _hold_first_batch(fail_second: BaseException | None = None
-                      ) -> tuple[Combiner[str, str], threading.Event]:
-    """A combiner whose first send waits for the returned gate and whose second send raises
-    `fail_second` (when given); later sends answer "ok"."""
+def held_leader(fail_second: BaseException | None = None
+                ) -> tuple[Combiner[str, str], threading.Event, threading.Thread]:
+    """A combiner whose leader thread is inside its first send, held until the returned gate
+    is set; the second send raises `fail_second` (when given), later sends answer "ok"."""
     gate = threading.Event()
     calls = 0
 
@@ -129,7 +129,11 @@ def _hold_first_batch(fail_second: BaseException | None = None
             raise fail_second
         return ["ok"] * len(items)
 
-    return Combiner(send), gate
+    combiner: Combiner[str, str] = Combiner(send)
+    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
+    leader.start()
+    wait_for(lambda: combiner._leading, "the leader")
+    return combiner, gate, leader
 
 
 class Interrupt(BaseException):
@@ -139,7 +143,8 @@ class Interrupt(BaseException):
 @pytest.mark.parametrize("failure", [ConnectionError("redis down"), Interrupt("stop")])
 def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_the_others(
         failure: BaseException) -> None:
-    combiner, gate = _hold_first_batch(failure)
+    # Given a first batch held in send, and three callers queued behind it
+    combiner, gate, first = held_leader(failure)
     raised: list[BaseException] = []
 
     def caller() -> None:
@@ -148,10 +153,6 @@ def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_
         except BaseException as exc:
             raised.append(exc)
 
-    # Given a first batch held in send, and three callers queued behind it
-    first = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
-    first.start()
-    wait_for(lambda: combiner._leading, "the first caller to lead")
     waiting = [threading.Thread(target=caller, daemon=True) for _ in range(3)]
     for t in waiting:
         t.start()
@@ -195,10 +196,7 @@ def _raise_alarm(signum: int, frame: object) -> None:
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX timers")
 def test_a_waiter_interrupted_by_a_signal_leaves_and_stalls_nobody() -> None:
     # Given a leader held in send, and the main thread queued behind it
-    combiner, gate = _hold_first_batch()
-    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
-    leader.start()
-    wait_for(lambda: combiner._leading, "the leader")
+    combiner, gate, leader = held_leader()
     previous = signal.signal(signal.SIGALRM, _raise_alarm)
     try:
         # When a signal handler raises while the main thread waits
@@ -223,10 +221,7 @@ def test_a_waiter_interrupted_by_a_signal_leaves_and_stalls_nobody() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_during_a_send_starts_with_a_fresh_combiner_and_new_tokens() -> None:
     # Given a combiner leading a held send when the process forks
-    combiner, gate = _hold_first_batch()
-    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
-    leader.start()
-    wait_for(lambda: combiner._leading, "the leader")
+    combiner, gate, leader = held_leader()
     parent_token = tokens.new_token()
     read, write = os.pipe()
     pid = os.fork()
@@ -239,14 +234,12 @@ def test_a_child_forked_during_a_send_starts_with_a_fresh_combiner_and_new_token
             os._exit(0)
     os.close(write)
     try:
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
-            time.sleep(0.01)
-        else:
-            if time.monotonic() >= deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise AssertionError("the child's call hung")
+        try:
+            wait_for(lambda: os.waitpid(pid, os.WNOHANG) != (0, 0), "the child to exit")
+        except AssertionError:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child's call hung") from None
         with os.fdopen(read) as pipe:
             answer, child_token = pipe.read().split()
     finally:
