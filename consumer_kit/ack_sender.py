@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
-import threading
+import time
 from collections import defaultdict
 
 from consumer_kit import metrics
@@ -23,7 +23,6 @@ log = logging.getLogger("consumer_kit.acks")
 DEFAULT_BATCH = 200
 DEFAULT_INTERVAL = 0.2
 DEFAULT_ATTEMPTS = 3
-DEFAULT_QUEUE_SIZE = 100_000
 
 
 class AckRoute(abc.ABC):
@@ -80,12 +79,11 @@ class AckSender:
         self.route = route
         self.group = group
         self.attempts = attempts
-        self.delivered = 0
+        #: acks given up (queue full or retries exhausted): left for the reconciler
         self.lost = 0
-        self._stop = threading.Event()
         self.worker: BatchWorker[tuple[str, object]] = BatchWorker(
-            self._deliver_batch, name=f"ckit-acks-{group}", max_batch=batch, linger=interval,
-            queue_size=DEFAULT_QUEUE_SIZE).start()
+            self._deliver_batch, name=f"ckit-acks-{group}", max_batch=batch,
+            linger=interval).start()
 
     def put(self, producer: str, message_id: str, outcome: str, reason: str | None = None
             ) -> None:
@@ -94,7 +92,7 @@ class AckSender:
 
         ack = Ack(message_id, self.group, AckOutcome(outcome), reason)
         if not self.worker.submit((producer, ack)):
-            self._count(1, lost=True)
+            self._lost(1)
             log.warning("message %s: ack queue full, left for the reconciler", message_id)
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -104,15 +102,11 @@ class AckSender:
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued (up to `timeout`), then stop."""
         self.worker.close(timeout)
-        self._stop.set()
         self.route.close()
 
-    def _count(self, n: int, *, lost: bool) -> None:
-        if lost:
-            self.lost += n
-            metrics.ACKS_LOST.labels(self.group).inc(n)
-        else:
-            self.delivered += n
+    def _lost(self, n: int) -> None:
+        self.lost += n
+        metrics.ACKS_LOST.labels(self.group).inc(n)
 
     def _deliver_batch(self, batch: list[tuple[str, object]]) -> None:
         by_producer: dict[str, list[object]] = defaultdict(list)
@@ -129,11 +123,10 @@ class AckSender:
                 log.warning("ack batch of %d for %s failed (attempt %d/%d, first message %s): %s",
                             len(acks), producer, attempt, self.attempts,
                             getattr(acks[0], "message_id", "?"), exc)
-                self._stop.wait(min(2.0, 0.1 * 2 ** attempt))
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
             metrics.ACK_BATCHES.labels(self.group, self.route.name).inc()
-            self._count(len(acks), lost=False)
             return
         log.error("ack batch of %d for %s given up (first message %s): the reconciler repairs it",
                   len(acks), producer, getattr(acks[0], "message_id", "?"))
-        self._count(len(acks), lost=True)
+        self._lost(len(acks))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -31,7 +30,7 @@ from consumer_kit.listeners import (
 from consumer_kit.pipeline import Pipeline
 from consumer_kit.processed import ProcessedStore
 from consumer_kit.runner import Activity, run_consumer
-from consumer_kit.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN
+from consumer_kit.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
 from consumer_kit.transports import open_transport
 from consumer_kit.transports.base import ConsumeStatus, Delivery, Transport
 from consumer_kit.urls import mask_url
@@ -42,13 +41,6 @@ F = TypeVar("F", bound=Handler)
 
 DEFAULT_THREADS = 4
 DEFAULT_LOCAL_CACHE = 100_000
-
-
-@dataclasses.dataclass
-class RunStats:
-    """Counts of one `ConsumerApp.run`."""
-
-    deliveries: int = 0
 
 
 class ConsumerApp:
@@ -108,6 +100,7 @@ class ConsumerApp:
         self._transport: Transport | None = None
         self._acks: AckSender | None = None
         self._lock = threading.RLock()
+        self._redis_from_url: tuple[str, redis_lib.Redis] | None = None
         self.activity = Activity()
 
     # -- declaring listeners ---------------------------------------------------------------
@@ -169,13 +162,22 @@ class ConsumerApp:
                 self._transport = open_transport(config) if isinstance(config, str) else config
             return self._transport
 
-    def _redis(self) -> RedisDedupe | None:
+    def _redis_client(self) -> redis_lib.Redis | None:
+        """The Redis client (one per app: the start-up check and the pipeline share it)."""
         config = self.redis_config
-        if config is None:
+        if config is None or not isinstance(config, str):
+            return config
+        with self._lock:
+            if self._redis_from_url is None or self._redis_from_url[0] != config:
+                client = redis_lib.Redis.from_url(config, socket_timeout=0.5,
+                                                  socket_connect_timeout=0.5)
+                self._redis_from_url = (config, client)
+            return self._redis_from_url[1]
+
+    def _redis(self) -> RedisDedupe | None:
+        client = self._redis_client()
+        if client is None:
             return None
-        client = (redis_lib.Redis.from_url(config, socket_timeout=0.5,
-                                           socket_connect_timeout=0.5)
-                  if isinstance(config, str) else config)
         return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
 
     def _ack_route(self) -> AckRoute | None:
@@ -220,15 +222,13 @@ class ConsumerApp:
             raise DatabaseUnavailable(
                 f"consumer database {mask_url(str(self.engine.url))} unreachable: "
                 f"{str(exc.orig).splitlines()[0] if exc.orig else exc}") from None
-        check_tables(self.engine, ProcessedStore(self.engine, self.group,
-                                                 table=self.processed_table).table)
-        config = self.redis_config
-        if config is not None:
-            client = (redis_lib.Redis.from_url(config, socket_connect_timeout=1)
-                      if isinstance(config, str) else config)
+        check_tables(self.engine, processed_table(sa.MetaData(), self.processed_table))
+        client = self._redis_client()
+        if client is not None:
             try:
                 client.ping()
             except redis_lib.RedisError as exc:
+                config = self.redis_config
                 where = mask_url(config) if isinstance(config, str) else "the given client"
                 raise ConfigError(f"redis at {where} unreachable: {exc}") from None
 

@@ -20,8 +20,8 @@ class Reject(Exception):
 class Retry(Exception):
     """Ask for a redelivery later (RECONSUME_LATER); the broker's back-off decides when.
 
-    `delay` is a hint kept for logs and transports that can honour it; RocketMQ's push consumer
-    uses its own delay levels.
+    `delay` is the handler's wish, recorded in the logged reason; the broker's own back-off
+    decides the actual delay (RocketMQ's push consumer cannot set one per message).
     """
 
     def __init__(self, reason: str = "retry requested", *, delay: dt.timedelta | None = None

@@ -57,7 +57,7 @@ class Message:
 
     @property
     def sent_at_ms(self) -> int | None:
-        """Epoch ms when the producer committed the message (for lag metrics)."""
+        """Epoch ms when the producer committed the message (a handler may measure its lag)."""
         raw = self.properties.get(PROP_SENT)
         return int(raw) if raw and raw.isdigit() else None
 

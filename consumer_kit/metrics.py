@@ -6,7 +6,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 CONSUMED = Counter("ckit_consumed", "Messages whose handler succeeded", ["group", "topic"])
 DUPLICATES = Counter("ckit_duplicates", "Deliveries skipped as duplicates", ["group", "topic"])
-BUSY = Counter("ckit_busy", "Deliveries deferred: another consumer holds the lease", ["group"])
+BUSY = Counter("ckit_busy", "Deliveries deferred: another consumer holds the lease",
+               ["group", "topic"])
 REJECTED = Counter("ckit_rejected", "Messages refused permanently", ["group", "topic"])
 RETRIED = Counter("ckit_retried", "Deliveries answered RECONSUME_LATER", ["group", "topic"])
 HANDLER_SECONDS = Histogram("ckit_handler_seconds", "Handler time (incl. its transaction)",

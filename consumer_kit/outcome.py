@@ -18,6 +18,10 @@ class Outcome(enum.Enum):
     RETRY = "retry"           # transient failure, nothing recorded
 
 
+#: outcomes backed by a durable record: the broker is acked, the message is done
+DURABLE = frozenset({Outcome.SUCCEEDED, Outcome.DUPLICATE, Outcome.REJECTED})
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """An outcome with its reason (for logs and tests)."""
@@ -29,6 +33,6 @@ class Result:
 def broker_status(outcome: Outcome) -> ConsumeStatus:
     """Ack the broker only when a durable record exists (succeeded, rejected, or a duplicate of
     one); everything else is redelivered later."""
-    if outcome in (Outcome.SUCCEEDED, Outcome.DUPLICATE, Outcome.REJECTED):
+    if outcome in DURABLE:
         return ConsumeStatus.CONSUME_SUCCESS
     return ConsumeStatus.RECONSUME_LATER

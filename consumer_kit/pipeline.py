@@ -23,7 +23,7 @@ from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.tokens import new_token
 from consumer_kit.listeners import Listener, Router
 from consumer_kit.message import Message
-from consumer_kit.outcome import Outcome, Result, broker_status
+from consumer_kit.outcome import DURABLE, Outcome, Result, broker_status
 from consumer_kit.processed import ProcessedStore
 from consumer_kit.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.transports.base import ConsumeStatus, Delivery
@@ -62,7 +62,7 @@ class Pipeline:
         #: outcomes so far (for `ckit consume` and the demo's summary)
         self.counts: collections.Counter[Outcome] = collections.Counter()
         self._counts_lock = threading.Lock()
-        self._counters: dict[tuple[Outcome, str], Any] = {}
+        self._metrics: dict[tuple[Any, str], Any] = {}
 
     def __call__(self, delivery: Delivery) -> ConsumeStatus:
         """The transport callback: every exception is caught (one escaping a ctypes callback
@@ -79,17 +79,17 @@ class Pipeline:
         msg = Message.from_delivery(delivery)
         listener = self.router.find(msg.topic, msg.tags)
         if listener is None:
-            return self._finish(msg, None, "", self._reject(
+            return self._finish(msg, "", self._reject(
                 msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}"))
         if listener.dedupe_key is not None:
             try:
                 msg = msg.with_id(str(listener.dedupe_key(msg)))
             except Exception as exc:
-                return self._finish(msg, listener, "", self._reject(
+                return self._finish(msg, "", self._reject(
                     msg, f"dedupe_key failed: {type(exc).__name__}: {exc}"))
         if not msg.id:
             msg = msg.with_id("noid-" + hashlib.sha1(msg.topic.encode() + msg.body).hexdigest())
-            return self._finish(msg, listener, "", self._reject(
+            return self._finish(msg, "", self._reject(
                 msg, "message has no id (no ckit_id, KEYS or broker id)"))
         if msg.id in self.recent:
             return self._count(msg, Result(Outcome.DUPLICATE, "seen by this process"))
@@ -100,7 +100,13 @@ class Pipeline:
             return self._count(msg, Result(Outcome.DUPLICATE, "done in redis"))
         if claim is Claim.BUSY:
             return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
-        return self._finish(msg, listener, token, self._run(listener, msg))
+        try:
+            result = self._run(listener, msg)
+        except BaseException:  # SystemExit from a handler: free the lease for the redelivery
+            if self.redis is not None:
+                self.redis.release(msg.id, token)
+            raise
+        return self._finish(msg, token, result)
 
     def _run(self, listener: Listener, msg: Message) -> Result:
         started = time.perf_counter()
@@ -109,7 +115,7 @@ class Pipeline:
                 return self._run_in_transaction(listener, msg)
             return self._run_then_record(listener, msg)
         finally:
-            metrics.HANDLER_SECONDS.labels(self.group, msg.topic).observe(
+            self._metric(metrics.HANDLER_SECONDS, msg.topic).observe(
                 time.perf_counter() - started)
 
     def _run_in_transaction(self, listener: Listener, msg: Message) -> Result:
@@ -153,7 +159,8 @@ class Pipeline:
         if isinstance(exc, self.permanent + listener.permanent):
             return self._reject(msg, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, Retry):
-            return Result(Outcome.RETRY, exc.reason)
+            wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
+            return Result(Outcome.RETRY, exc.reason + wish)
         if isinstance(exc, DBAPIError):
             return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
         log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, listener.name,
@@ -169,9 +176,8 @@ class Pipeline:
             return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
         return Result(Outcome.REJECTED, reason)
 
-    def _finish(self, msg: Message, listener: Listener | None, token: str, result: Result
-                ) -> Result:
-        durable = result.outcome in (Outcome.SUCCEEDED, Outcome.DUPLICATE, Outcome.REJECTED)
+    def _finish(self, msg: Message, token: str, result: Result) -> Result:
+        durable = result.outcome in DURABLE
         if self.redis is not None and token:
             if durable:
                 self.redis.finish(msg.id, token)
@@ -190,7 +196,7 @@ class Pipeline:
         outcome = result.outcome
         with self._counts_lock:
             self.counts[outcome] += 1
-        self._counter(outcome, msg.topic).inc()
+        self._metric(_OUTCOME_COUNTERS[outcome], msg.topic).inc()
         if outcome is Outcome.SUCCEEDED:
             log.debug("message %s consumed", msg.id)
         elif outcome is Outcome.DUPLICATE:
@@ -203,22 +209,19 @@ class Pipeline:
             log.info("message %s reconsume later: %s", msg.id, result.reason)
         return result
 
-    def _counter(self, outcome: Outcome, topic: str) -> Any:
-        """The labelled Prometheus counter of an outcome, looked up once per (outcome, topic):
-        `labels()` takes a lock and builds a tuple on every call."""
-        child = self._counters.get((outcome, topic))
+    def _metric(self, metric: Any, topic: str) -> Any:
+        """`metric.labels(group, topic)`, looked up once per (metric, topic): `labels()` takes
+        a lock and builds a tuple on every call."""
+        child = self._metrics.get((metric, topic))
         if child is None:
-            if outcome is Outcome.BUSY:
-                child = metrics.BUSY.labels(self.group)
-            else:
-                child = _OUTCOME_COUNTERS[outcome].labels(self.group, topic)
-            self._counters[(outcome, topic)] = child
+            child = self._metrics[(metric, topic)] = metric.labels(self.group, topic)
         return child
 
 
 _OUTCOME_COUNTERS = {
     Outcome.SUCCEEDED: metrics.CONSUMED,
     Outcome.DUPLICATE: metrics.DUPLICATES,
+    Outcome.BUSY: metrics.BUSY,
     Outcome.REJECTED: metrics.REJECTED,
     Outcome.RETRY: metrics.RETRIED,
 }

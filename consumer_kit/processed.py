@@ -51,12 +51,13 @@ class ProcessedStore:
                error: str | None = None) -> bool:
         """Insert the row in `conn`'s transaction; False when it exists (a duplicate).
 
-        On a clash the caller must roll its transaction back (PostgreSQL aborts it anyway).
+        On a clash the caller must roll its transaction back. The clash is confirmed on a
+        connection of its own: PostgreSQL has aborted `conn`'s transaction by then.
         """
         try:
             conn.execute(self._insert, self._row(msg, status, error))
         except IntegrityError:
-            if self.status(msg.id, conn) is None:
+            if self.status(msg.id) is None:
                 raise
             return False
         return True
@@ -69,16 +70,13 @@ class ProcessedStore:
             tx.rollback()
         return False
 
-    def status(self, message_id: str, conn: Connection | None = None) -> ProcessedStatus | None:
-        """The recorded status of `message_id` for this group, or None."""
+    def status(self, message_id: str) -> ProcessedStatus | None:
+        """The recorded (committed) status of `message_id` for this group, or None."""
         t = self.table
         query = sa.select(t.c.status).where(t.c.consumer_group == self.group,
                                             t.c.message_id == message_id[:MESSAGE_ID_LEN])
-        if conn is not None:
+        with self.engine.connect() as conn:
             found = conn.execute(query).scalar()
-        else:
-            with self.engine.connect() as own:
-                found = own.execute(query).scalar()
         return ProcessedStatus(found) if found else None
 
     def purge(self, older_than: dt.timedelta, *, batch: int = 1000,

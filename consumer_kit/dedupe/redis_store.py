@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Sequence
-from importlib import resources
-from typing import Any
 
 import redis
 
 from consumer_kit import metrics
 from consumer_kit.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
+from consumer_kit.dedupe.scripts import LuaScript, run_pipelined
 from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger("consumer_kit.dedupe.redis")
@@ -38,10 +36,6 @@ class Claim(enum.Enum):
     DUPLICATE = 1
     BUSY = 2
     UNAVAILABLE = 3
-
-
-def _script(name: str) -> str:
-    return resources.files("consumer_kit.dedupe").joinpath(name).read_text()
 
 
 class RedisDedupe:
@@ -61,16 +55,15 @@ class RedisDedupe:
         self.lease_ms = int(lease.total_seconds() * 1000)
         self.done_ms = int(done_ttl.total_seconds() * 1000)
         self.retry_after = retry_after
-        self._claim_script = _script("claim.lua")
-        self._claim_sha = hashlib.sha1(self._claim_script.encode()).hexdigest()
+        self._claim = LuaScript(client, "claim.lua")
         # Concurrent claims from the consume threads share one pipelined round trip; a send
         # that hangs would hold them all, so the client needs a socket timeout.
         self._claims: Combiner[tuple[str, str], int | Exception] = Combiner(self._send_claims)
         if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
             log.warning("redis client for group %s has no socket_timeout: a hung Redis would "
                         "block every consume thread (ConsumerApp sets 0.5 s for URLs)", group)
-        self._finish = client.register_script(_script("finish.lua"))
-        self._release = client.register_script(_script("release.lua"))
+        self._finish = LuaScript(client, "finish.lua")
+        self._release = LuaScript(client, "release.lua")
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc))
@@ -114,28 +107,15 @@ class RedisDedupe:
 
     def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int | Exception]:
         """Run the claim script for each (message id, token) in one pipelined round trip.
-        Errors come back as values, one per claim (a connection error: the same for all).
-        Claims that met NOSCRIPT (a Redis restart or SCRIPT FLUSH) run again once the script
-        is loaded."""
+        Errors come back as values, one per claim (a connection error: the same for all)."""
+        calls = [(self._claim, [done_key(self.group, message_id),
+                                lease_key(self.group, message_id)], [token, self.lease_ms])
+                 for message_id, token in claims]
         try:
-            answers = self._pipeline_claims(claims)
-            lost = [i for i, a in enumerate(answers)
-                    if isinstance(a, redis.exceptions.NoScriptError)]
-            if lost:
-                self.client.script_load(self._claim_script)
-                for i, answer in zip(lost, self._pipeline_claims([claims[i] for i in lost])):
-                    answers[i] = answer
+            answers = run_pipelined(self.client, calls)
         except redis.RedisError as exc:
             return [exc] * len(claims)
         return [a if isinstance(a, Exception) else int(a) for a in answers]
-
-    def _pipeline_claims(self, claims: Sequence[tuple[str, str]]) -> list[Any]:
-        # EVALSHA directly: a pipeline given `Script` objects asks SCRIPT EXISTS every time.
-        pipe = self.client.pipeline(transaction=False)
-        for message_id, token in claims:
-            pipe.evalsha(self._claim_sha, 2, done_key(self.group, message_id),
-                         lease_key(self.group, message_id), token, self.lease_ms)
-        return list(pipe.execute(raise_on_error=False))
 
     def finish(self, message_id: str, token: str) -> None:
         """Mark done (TTL) and drop our lease, off the hot path (see `RedisWriter`). Lost, it
@@ -151,7 +131,7 @@ class RedisDedupe:
         if self.degraded:
             return
         try:
-            self._release(keys=[lease_key(self.group, message_id)], args=[token])
+            self._release([lease_key(self.group, message_id)], [token])
         except redis.RedisError as exc:
             self._failed("release", message_id, exc)
 

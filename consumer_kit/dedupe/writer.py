@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import redis
-from redis.commands.core import Script
 
 from consumer_kit.batching import BatchWorker
+from consumer_kit.dedupe.scripts import Call, LuaScript, run_pipelined
 
 DEFAULT_MAX_BATCH = 256
 
-Write = tuple[Script, Sequence[str], Sequence[object]]
 
 
 class RedisWriter:
@@ -27,10 +26,10 @@ class RedisWriter:
                  max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self.client = client
         self.on_error = on_error
-        self.worker: BatchWorker[Write] = BatchWorker(
+        self.worker: BatchWorker[Call] = BatchWorker(
             self._send, name="ckit-redis-writer", max_batch=max_batch).start()
 
-    def submit(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> None:
+    def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[object]) -> None:
         """Queue a script call; dropped (harmlessly) when the queue is full."""
         self.worker.submit((script, keys, args))
 
@@ -42,11 +41,10 @@ class RedisWriter:
         """Send what is queued, then stop the thread."""
         self.worker.close(timeout)
 
-    def _send(self, batch: list[Write]) -> None:
+    def _send(self, batch: list[Call]) -> None:
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for script, keys, args in batch:
-                script(keys=keys, args=args, client=pipe)
-            pipe.execute()
+            errors = [a for a in run_pipelined(self.client, batch) if isinstance(a, Exception)]
         except redis.RedisError as exc:
-            self.on_error(exc)
+            errors = [exc]
+        if errors:
+            self.on_error(errors[0])

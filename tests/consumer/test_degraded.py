@@ -12,10 +12,6 @@ from consumer_kit.dedupe import Claim, RedisDedupe
 from tests.consumer.conftest import Env, add_reservation, delivery
 
 
-class Switchable(redis.Redis):
-    """A real client whose server can be 'down' on demand."""
-
-
 def test_redis_down_degrades_to_the_database_and_stays_exactly_once(env: Env) -> None:
     # Given: Redis that refuses connections
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
@@ -150,4 +146,17 @@ def test_claims_reload_the_script_after_a_script_flush(env: Env) -> None:
     slow_claims(store)
     answers = claim_all(store, {"M1": "other", "M2": "me", "M3": "me"})  # several in one batch
     assert answers == {"M1": Claim.BUSY, "M2": Claim.CLAIMED, "M3": Claim.CLAIMED}
+    assert not store.degraded
+
+
+def test_done_markers_and_releases_survive_a_script_flush(env: Env) -> None:
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    assert store.claim("M2", "me") is Claim.CLAIMED
+    env.redis.script_flush()
+    store.finish("M1", "me")  # pipelined by the writer thread
+    assert store.flush()
+    store.release("M2", "me")  # synchronous
+    assert store.claim("M1", "other") is Claim.DUPLICATE
+    assert store.claim("M2", "other") is Claim.CLAIMED
     assert not store.degraded

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from consumer_kit import Message, Outcome, Reject, Retry
-from consumer_kit.transports import ConsumeStatus
+from consumer_kit.dedupe.keys import lease_key
+from consumer_kit.transports import ConsumeStatus, Delivery
 from tests.consumer.conftest import Env, add_reservation, delivery
 
 
@@ -39,6 +40,19 @@ def test_retry_asks_for_redelivery_and_records_nothing(env: Env) -> None:
     result = app.pipeline().process(delivery("M1"))
     assert (result.outcome, result.reason) == (Outcome.RETRY, "stock service busy")
     assert env.processed() == []
+
+
+def test_a_retry_delay_is_kept_in_the_logged_reason(env: Env) -> None:
+    import datetime as dt
+
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message) -> None:
+        raise Retry("stock service busy", delay=dt.timedelta(seconds=30))
+
+    result = app.pipeline().process(delivery("M1"))
+    assert result.reason == "stock service busy (asked for a delay of 0:00:30)"
 
 
 def test_reject_stores_the_reason_and_acks_the_broker(env: Env) -> None:
@@ -104,6 +118,8 @@ def test_nothing_escapes_the_callback_not_even_base_exceptions(env: Env) -> None
 
     assert app.process(delivery("M1")) is ConsumeStatus.RECONSUME_LATER
     assert env.processed() == []
+    # and the Redis lease was released: a redelivery is processed at once, not answered busy
+    assert not env.redis.exists(lease_key(app.group, "M1"))
 
 
 def test_the_consumer_database_down_means_redelivery_never_an_ack(env: Env) -> None:
@@ -167,3 +183,64 @@ def test_a_listener_may_bring_its_own_dedupe_key(env: Env) -> None:
     app.process(delivery(None, b'{"order": 5}', broker_id="X2", src=None))  # a producer retry
     assert [m for m, _, _ in env.processed()] == ["order:5"]
     assert env.effects() == {"A": 1}
+
+
+def test_a_handler_without_session_is_not_run_again_for_a_recorded_message(env: Env) -> None:
+    # Given no Redis and no in-process memory: only the processed table can tell
+    app = env.app(use_redis=False, local_cache=0)
+    seen: list[str] = []
+
+    @app.listener("ORDER_CREATED")
+    def notify(msg: Message) -> None:
+        seen.append(msg.id)
+
+    app.process(delivery("M1"))
+    app.process(delivery("M1"))
+    assert seen == ["M1"]
+
+
+def test_a_listeners_own_permanent_errors_reject_only_for_that_listener(env: Env) -> None:
+    class OutOfStock(Exception):
+        pass
+
+    app = env.app()
+
+    @app.listener("ORDER_CREATED", permanent=(OutOfStock,))
+    def reserve(msg: Message) -> None:
+        raise OutOfStock("SKU-1")
+
+    @app.listener("ORDER_CANCELLED")
+    def release(msg: Message) -> None:
+        raise OutOfStock("SKU-2")
+
+    assert app.pipeline().process(delivery("M1")).outcome is Outcome.REJECTED
+    assert app.pipeline().process(delivery("M2", topic="ORDER_CANCELLED")).outcome is (
+        Outcome.RETRY)
+    assert env.processed() == [("M1", "FAILED", "OutOfStock: SKU-1")]
+
+
+def test_a_failing_dedupe_key_function_rejects_with_the_reason(env: Env) -> None:
+    app = env.app()
+
+    @app.listener("ORDER_CREATED", dedupe_key=lambda m: m.json()["order"])
+    def reserve(msg: Message) -> None:
+        pass
+
+    assert app.pipeline().process(delivery("M1", b'{"sku": "A"}')).outcome is Outcome.REJECTED
+    assert env.processed() == [("M1", "FAILED", "dedupe_key failed: KeyError: 'order'")]
+
+
+def test_a_message_without_any_id_is_rejected_and_recorded_under_a_body_hash(env: Env) -> None:
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message) -> None:
+        raise AssertionError("must not run")
+
+    no_id = Delivery(topic="ORDER_CREATED", body=b'{"sku": "A"}', broker_message_id="",
+                     properties={})
+    result = app.pipeline().process(no_id)
+    assert result.outcome is Outcome.REJECTED
+    [(message_id, status, reason)] = env.processed()
+    assert message_id.startswith("noid-") and status == "FAILED"
+    assert reason == "message has no id (no ckit_id, KEYS or broker id)"
