@@ -55,6 +55,16 @@ class OutboxState(enum.IntEnum):
             raise ValueError(f"unknown outbox state {value!r} (valid: {valid})") from None
 
 
+#: The states that are not terminal (CONSUMED and REJECTED are, until an operator acts): an ack
+#: may move a row out of them, and they make up the backlog (a small index range on `state`).
+OPEN_STATES: tuple[OutboxState, ...] = (
+    OutboxState.PENDING,
+    OutboxState.SENDING,
+    OutboxState.SENT,
+    OutboxState.FAILED,
+    OutboxState.SUSPENDED,
+)
+
 STATE_COMMENT = "0 PENDING, 1 SENDING, 2 SENT, 3 CONSUMED, 4 FAILED, 5 REJECTED, 6 SUSPENDED"
 
 

@@ -10,7 +10,7 @@ from outbox_producer.acks import Ack, AckApplier, AckResult, ack_topic, decode_a
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import Shard
 from outbox_producer.dispatcher import Dispatcher
-from outbox_producer.errors import AckError, OutboxError, PayloadError
+from outbox_producer.errors import AckError, BrokerUnavailable, OutboxError, PayloadError
 from outbox_producer.outbox import Outbox
 from outbox_producer.relay import Relay, RelayResult
 
@@ -21,6 +21,7 @@ __all__ = [
     "AckOutcome",
     "AckResult",
     "Backoff",
+    "BrokerUnavailable",
     "Dispatcher",
     "Outbox",
     "OutboxError",

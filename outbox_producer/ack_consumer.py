@@ -42,8 +42,7 @@ class AckConsumer:
             log.warning("ack message %s: database error, redeliver later: %s",
                         delivery.broker_message_id, exc.orig or exc)
             return ConsumeStatus.RECONSUME_LATER
-        for field in ("received", "recorded", "consumed", "rejected", "unknown"):
-            setattr(self.totals, field, getattr(self.totals, field) + getattr(result, field))
+        self.totals.add(result)
         log.debug("ack message %s applied: %s", delivery.broker_message_id, result)
         return ConsumeStatus.CONSUME_SUCCESS
 

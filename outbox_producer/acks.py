@@ -26,6 +26,7 @@ from consumer_kit.schema import (
     DEFAULT_OUTBOX_TABLE,
     GROUP_LEN,
     MESSAGE_ID_LEN,
+    OPEN_STATES,
     REASON_LEN,
     AckOutcome,
     OutboxState,
@@ -37,9 +38,6 @@ from outbox_producer.errors import AckError
 
 log = logging.getLogger("consumer_kit.outbox.acks")
 
-#: states an ack may move out of; CONSUMED and REJECTED are terminal (operators only)
-OPEN_STATES = (OutboxState.PENDING, OutboxState.SENDING, OutboxState.SENT, OutboxState.FAILED,
-               OutboxState.SUSPENDED)
 ACK_TOPIC_PREFIX = "ckit-ack-"
 
 
@@ -99,6 +97,11 @@ class AckResult:
     consumed: int = 0
     rejected: int = 0
     unknown: int = 0
+
+    def add(self, other: AckResult) -> None:
+        """Accumulate another call's counts."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
 
 class AckApplier:

@@ -20,10 +20,12 @@ from consumer_kit.schema import OutboxState
 
 _CLAIM_SEQ = itertools.count(1)
 
+#: How long a claim holds a row in SENDING; an expired lease is reclaimed by any relay.
+DEFAULT_LEASE = dt.timedelta(seconds=30)
+
 #: Columns a sender needs; the body is the big one, and it is read once, at claim time.
 SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",
-                "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version",
-                "state")
+                "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
 
 
 def default_owner(kind: str) -> str:
@@ -57,7 +59,7 @@ class Claimer:
     engine: Engine
     table: sa.Table
     owner: str
-    lease: dt.timedelta = dt.timedelta(seconds=30)
+    lease: dt.timedelta = DEFAULT_LEASE
     shard: Shard | None = None
     retry_failed: bool = False
 
@@ -144,24 +146,27 @@ class Claimer:
         return [dict(r) for r in rows]
 
     def claim_ids(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Claim freshly committed PENDING rows (the dispatcher's path): CAS on state and
-        `lock_version`; rows the relay took first are skipped."""
+        """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on
+        state and each row's `(id, lock_version)`; rows the relay took first are skipped.
+        Returns the rows claimed, with their new `lock_version`."""
         if not rows:
             return []
         t = self.table
         now = utcnow()
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
-        ids = [r["id"] for r in rows]
         with self.engine.begin() as conn:
-            result = conn.execute(
-                sa.update(t).where(t.c.id.in_(ids), t.c.state == int(OutboxState.PENDING),
-                                   t.c.lock_version == 0)
+            claimed = conn.execute(
+                sa.update(t).where(
+                    sa.tuple_(t.c.id, t.c.lock_version).in_(
+                        [(r["id"], r["lock_version"]) for r in rows]),
+                    t.c.state == int(OutboxState.PENDING))
                 .values(**self._claim_values(now, token))
-            )
-        if result.rowcount == len(rows):
-            return [{**r, "lock_version": 1, "state": int(OutboxState.SENDING)} for r in rows]
-        with self.engine.connect() as conn:
-            mine = set(conn.execute(
-                sa.select(t.c.id).where(t.c.id.in_(ids), t.c.lease_owner == token)
-            ).scalars())
-        return [{**r, "lock_version": 1} for r in rows if r["id"] in mine]
+            ).rowcount
+            if claimed == len(rows):
+                mine = {r["id"] for r in rows}
+            else:
+                mine = set(conn.execute(
+                    sa.select(t.c.id).where(t.c.id.in_([r["id"] for r in rows]),
+                                            t.c.lease_owner == token)
+                ).scalars())
+        return [{**r, "lock_version": r["lock_version"] + 1} for r in rows if r["id"] in mine]

@@ -20,8 +20,9 @@ from consumer_kit.db import make_engine, read_committed
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
-from outbox_producer.claim import Claimer, default_owner
-from outbox_producer.sender import Sender, SendStats
+from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
+from outbox_producer.errors import BrokerUnavailable
+from outbox_producer.sender import Sender
 
 log = logging.getLogger("consumer_kit.outbox.dispatcher")
 
@@ -44,7 +45,7 @@ class Dispatcher:
         table: str = DEFAULT_OUTBOX_TABLE,
         max_batch: int = DEFAULT_MAX_BATCH,
         queue_size: int = DEFAULT_QUEUE_SIZE,
-        lease: dt.timedelta = dt.timedelta(seconds=30),
+        lease: dt.timedelta = DEFAULT_LEASE,
         backoff: Backoff | None = None,
     ) -> None:
         self.engine = read_committed(make_engine(engine))
@@ -52,7 +53,6 @@ class Dispatcher:
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
         self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
-        self.stats = SendStats()
         self.worker: BatchWorker[dict[str, Any]] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
@@ -81,7 +81,9 @@ class Dispatcher:
         try:
             claimed = self.claimer.claim_ids(batch)
             if claimed:
-                self.stats.add(self.sender.send_rows(claimed))
+                self.sender.send_rows(claimed)
+        except BrokerUnavailable as exc:  # the unsent rows are PENDING again: the relay has them
+            log.warning("dispatcher: %s", exc)
         except Exception:  # the rows stay PENDING or SENDING under a lease: the relay has them
             log.exception("dispatcher: batch of %d left for the relay (first message %s)",
                           len(batch), batch[0]["message_id"])

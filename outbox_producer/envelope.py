@@ -17,11 +17,12 @@ from consumer_kit.transports.base import (
 )
 
 
-def envelope(row: Mapping[str, Any], producer: str | None = None) -> OutgoingMessage:
+def envelope(row: Mapping[str, Any]) -> OutgoingMessage:
     """Return the `OutgoingMessage` for an outbox row.
 
     `ckit_id` is the message id, also the first KEYS entry so operators can query the broker by
-    it; user headers go first so they can never overwrite the envelope properties.
+    it; `ckit_src` is the row's `created_by` (the producer that published it, where acks go);
+    user headers go first so they can never overwrite the envelope properties.
     """
     headers = dict(row.get("headers") or {})
     properties = {str(k): str(v) for k, v in headers.items() if k != PROP_ENC}
@@ -29,7 +30,7 @@ def envelope(row: Mapping[str, Any], producer: str | None = None) -> OutgoingMes
     properties.update({
         PROP_ID: row["message_id"],
         PROP_BIZ: f"{row['biz_type']}:{row['biz_key']}",
-        PROP_SRC: row.get("created_by") or producer or "",
+        PROP_SRC: row.get("created_by") or "",
         PROP_SENT: str(to_epoch_ms(created)),
     })
     extra_keys = tuple(k for k in (row.get("keys") or "").split() if k != row["message_id"])

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from consumer_kit.errors import CkitError
+from typing import TYPE_CHECKING
+
+from consumer_kit.errors import CkitError, TransportUnavailable
+
+if TYPE_CHECKING:
+    from outbox_producer.sender import SendStats
 
 
 class OutboxError(CkitError):
@@ -15,3 +20,16 @@ class PayloadError(OutboxError, ValueError):
 
 class AckError(OutboxError, ValueError):
     """An ack message is malformed (it is logged and skipped, never half-applied)."""
+
+
+class BrokerUnavailable(OutboxError, TransportUnavailable):
+    """The broker could not be reached in the middle of a batch, so the batch stopped.
+
+    The rows sent before were marked SENT; the unsent ones were put back to PENDING without
+    counting a retry (an outage is waited out, not charged to the messages). `stats` holds what
+    the batch did.
+    """
+
+    def __init__(self, message: str, stats: SendStats) -> None:
+        super().__init__(message)
+        self.stats = stats

@@ -7,7 +7,7 @@ from prometheus_client import Counter, Gauge
 from sqlalchemy.engine import Engine
 
 from consumer_kit.clock import utcnow
-from consumer_kit.schema import OutboxState
+from consumer_kit.schema import OPEN_STATES, OutboxState
 
 SENT = Counter("ckit_outbox_sent", "Outbox messages the broker accepted")
 RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retry")
@@ -17,14 +17,13 @@ BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state",
 OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
                        "Age of the oldest SENT row still waiting for its ack")
 
-#: states counted for the backlog: an index range on (state, ...) that stays small, unlike
-#: CONSUMED, which holds the whole history
-OPEN_STATES = (OutboxState.PENDING, OutboxState.SENDING, OutboxState.SENT, OutboxState.FAILED,
-               OutboxState.SUSPENDED)
-
 
 def refresh_backlog(engine: Engine, table: sa.Table) -> None:
-    """Set the backlog gauges from the outbox (two index-served queries)."""
+    """Set the backlog gauges from the outbox (two index-served queries).
+
+    Only the open states are counted: an index range on `state` that stays small, unlike
+    CONSUMED, which holds the whole history.
+    """
     with engine.connect() as conn:
         counts: dict[int, int] = {int(state): int(n) for state, n in conn.execute(
             sa.select(table.c.state, sa.func.count())

@@ -14,7 +14,11 @@ Decisions (documented for operators in `ckit outbox --help` and schema/README.md
 * `retry` re-queues FAILED, SUSPENDED and REJECTED rows (plus SENT and CONSUMED with `force`):
   state PENDING, `retry_count` 0, `next_retry_at` now, lease cleared. `fail_reason` is kept,
   prefixed with `operator retry (was STATE): ` so the last error stays visible until the next send
-  attempt overwrites it (the prefix is not stacked on repeated retries).
+  attempt overwrites it (the prefix is not stacked on repeated retries). The message's ack rows
+  are deleted in the same transaction: the re-send starts its delivery over, and the acks it
+  gets decide (an old REJECTED ack would otherwise shadow the group's new answer). A group that
+  already consumed the message dedupes the re-send without acking again; with expected groups
+  such a row waits in SENT for the reconciler, which finds the processed row and marks it.
 * `suspend` holds PENDING, FAILED and SENDING-with-an-expired-lease rows; a live lease is refused.
 * `resume` puts SUSPENDED rows back to PENDING, due now, keeping `retry_count`.
 * `archive` moves CONSUMED and REJECTED rows whose `gmt_modified` is older than the horizon (the
@@ -28,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,7 +49,8 @@ RETRY_FROM: tuple[OutboxState, ...] = (
     OutboxState.SUSPENDED,
     OutboxState.REJECTED,
 )
-FORCE_RETRY_FROM: tuple[OutboxState, ...] = (*RETRY_FROM, OutboxState.SENT, OutboxState.CONSUMED)
+FORCE_ONLY: tuple[OutboxState, ...] = (OutboxState.SENT, OutboxState.CONSUMED)
+FORCE_RETRY_FROM: tuple[OutboxState, ...] = (*RETRY_FROM, *FORCE_ONLY)
 SUSPEND_FROM: tuple[OutboxState, ...] = (
     OutboxState.PENDING,
     OutboxState.FAILED,
@@ -302,6 +307,14 @@ def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield items[start : start + size]
 
 
+#: Why a row may not change (None: it may): `(row, state, now) -> reason`.
+Refuse = Callable[[Any, OutboxState, dt.datetime], str | None]
+#: The extra columns to set: `(row, state, now) -> values`.
+Values = Callable[[Any, OutboxState, dt.datetime], dict[str, Any]]
+#: Run after a row changed, in the same transaction: `(conn, row) -> None`.
+After = Callable[[Connection, Any], None]
+
+
 def _transition(
     engine: Engine,
     table: sa.Table,
@@ -310,12 +323,15 @@ def _transition(
     action: str,
     to: OutboxState,
     allowed: Sequence[OutboxState],
-    values: Any,
-    refuse: Any = None,
+    values: Values,
+    refuse: Refuse | None = None,
+    after: After | None = None,
+    also_needs: Sequence[sa.Table] = (),
     now: dt.datetime | None = None,
 ) -> TransitionResult:
-    """Read every target, then compare-and-set each one that is in an allowed state."""
-    check_tables(engine, table)
+    """Read every target, then compare-and-set each one that is in an allowed state; `after`
+    runs for each changed row in the same transaction (on `also_needs` tables)."""
+    check_tables(engine, table, *also_needs)
     now = now or utcnow()
     wanted = list(dict.fromkeys(targets))
     result = TransitionResult(action)
@@ -352,6 +368,8 @@ def _transition(
                 )
             )
             if conn.execute(update).rowcount == 1:
+                if after is not None:
+                    after(conn, row)
                 result.changed.append(int(row.id))
             else:
                 result.refused.append(
@@ -368,43 +386,65 @@ def _retry_reason(previous: str | None, state: OutboxState) -> str | None:
     return f"{RETRY_PREFIX} (was {state.name}): {previous}"[:REASON_LEN]
 
 
+def retry_states(
+    states: Sequence[OutboxState] | None = None, *, force: bool = False
+) -> tuple[OutboxState, ...]:
+    """The states `retry` accepts: `states` (default: all it may retry), checked against
+    FORCE_RETRY_FROM with `force`, else RETRY_FROM.
+
+    Raises:
+        ValueError: a state cannot be retried (PENDING, SENDING), or needs `force` (SENT,
+            CONSUMED); the message names the valid ones.
+    """
+    valid = FORCE_RETRY_FROM if force else RETRY_FROM
+    if states is None:
+        return valid
+    bad = ", ".join(s.name for s in states if s not in valid)
+    if bad:
+        hint = "" if force else f"; {', '.join(s.name for s in FORCE_ONLY)} with --force"
+        raise ValueError(f"cannot retry {bad} rows (valid: "
+                         f"{', '.join(s.name for s in valid)}{hint})")
+    return tuple(dict.fromkeys(states))
+
+
 def retry(
     engine: Engine,
-    table: sa.Table,
+    tables: OutboxTables,
     targets: Iterable[int | str],
     *,
-    states: Sequence[OutboxState] = RETRY_FROM,
+    states: Sequence[OutboxState] | None = None,
     force: bool = False,
     now: dt.datetime | None = None,
 ) -> TransitionResult:
-    """Put rows back to PENDING, due now, with `retry_count` 0 (see the module doc for fields).
+    """Put rows back to PENDING, due now, with `retry_count` 0, and delete their ack rows in the
+    same transaction (see the module doc for the fields).
 
-    `targets` are row ids (int) or message ids (str). Rows must be in `states`; CONSUMED (and SENT)
-    rows are re-queued only with `force=True`, whatever `states` says.
+    `targets` are row ids (int) or message ids (str). Rows must be in `states`: by default
+    FAILED, SUSPENDED and REJECTED, plus SENT and CONSUMED with `force=True`; SENT and CONSUMED
+    need `force` whatever `states` says.
 
     Raises:
-        ValueError: `states` names a state that cannot be retried (PENDING, SENDING).
-        SchemaError: the table is missing.
+        ValueError: `states` names a state that cannot be retried (PENDING, SENDING), or SENT or
+            CONSUMED without `force`.
+        SchemaError: a table is missing.
         sqlalchemy.exc.SQLAlchemyError: the database failed.
 
-    >>> retry(engine, tables.outbox, ["01HV..."])  # doctest: +SKIP
+    >>> retry(engine, tables, ["01HV..."])  # doctest: +SKIP
     """
-    bad = [s.name for s in states if s not in FORCE_RETRY_FROM]
-    if bad:
-        valid = ", ".join(s.name for s in FORCE_RETRY_FROM)
-        raise ValueError(f"cannot retry {', '.join(bad)} rows (valid: {valid})")
-    allowed = tuple(dict.fromkeys((*states, *FORCE_RETRY_FROM) if force else states))
-    if not force:
-        allowed = tuple(s for s in allowed if s is not OutboxState.CONSUMED)
+    allowed = retry_states(states, force=force)
+    acks = tables.ack
 
     def refuse(_row: Any, state: OutboxState, _now: dt.datetime) -> str | None:
-        if state is OutboxState.CONSUMED and not force:
-            return "CONSUMED is terminal: pass --force to re-send it"
+        if state in FORCE_ONLY and not force:
+            return f"{state.name} rows are re-sent only with --force"
         return None
 
+    def drop_acks(conn: Connection, row: Any) -> None:
+        conn.execute(sa.delete(acks).where(acks.c.message_id == row.message_id))
+
     return _transition(
-        engine, table, targets, action="retry", to=OutboxState.PENDING, allowed=allowed,
-        refuse=refuse, now=now,
+        engine, tables.outbox, targets, action="retry", to=OutboxState.PENDING, allowed=allowed,
+        refuse=refuse, after=drop_acks, also_needs=[acks], now=now,
         values=lambda row, state, now: {
             "retry_count": 0, "next_retry_at": now, "lease_owner": None, "lease_until": None,
             "fail_reason": _retry_reason(row.fail_reason, state),

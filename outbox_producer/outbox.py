@@ -40,6 +40,12 @@ _SESSION_KEY = "ckit_outbox_pending"
 class Outbox:
     """The producer's local message table.
 
+    `engine` (an Engine or a URL) names the database that holds the outbox table; a bad URL
+    fails here with `ConfigError`. `publish` never uses it: it writes through the caller's
+    connection or session, so the row commits with the business change. It stays in the public
+    signature `Outbox(engine, *, producer=...)`, and as `Outbox.engine`, so code holding an outbox
+    can reach its database (e.g. to build the `Dispatcher` or a `Relay` on the same engine).
+
     >>> outbox = Outbox(engine, producer="order-service")          # doctest: +SKIP
     >>> with Session(engine) as s, s.begin():                        # doctest: +SKIP
     ...     s.add(Order(id=42))
@@ -100,12 +106,12 @@ class Outbox:
             "gmt_create": now, "gmt_modified": now,
         }
         conn = _connection(conn_or_session)
-        existing = self._existing_id(conn, biz_type, biz_key)
-        if existing is not None:
-            log.info("message %s: %s:%s already published", existing, biz_type, biz_key)
-            return existing
+        # No look-up first: the unique (biz_type, biz_key) index decides, and a duplicate costs
+        # one failed INSERT. It leaves the caller's transaction usable: MySQL/MariaDB and SQLite
+        # undo just the statement; PostgreSQL would abort the transaction, so there the INSERT
+        # runs in a SAVEPOINT.
         try:
-            if conn.dialect.name == "postgresql":  # a failed statement aborts the whole PG tx
+            if conn.dialect.name == "postgresql":
                 with conn.begin_nested():
                     row_id = self._insert(conn, row)
             else:
@@ -114,6 +120,7 @@ class Outbox:
             existing = self._existing_id(conn, biz_type, biz_key)
             if existing is None:
                 raise
+            log.info("message %s: %s:%s already published", existing, biz_type, biz_key)
             return existing
         if isinstance(conn_or_session, Session) and self.dispatcher is not None and delay_s <= 0:
             self._after_commit(conn_or_session, {**row, "id": row_id})
@@ -126,9 +133,13 @@ class Outbox:
 
     def _existing_id(self, conn: Connection, biz_type: str, biz_key: str) -> str | None:
         t = self.table
-        found = conn.execute(
-            sa.select(t.c.message_id).where(t.c.biz_type == biz_type, t.c.biz_key == biz_key)
-        ).scalar()
+        query = sa.select(t.c.message_id).where(t.c.biz_type == biz_type, t.c.biz_key == biz_key)
+        if conn.dialect.name in ("mysql", "mariadb"):
+            # A locking read sees the latest committed row: under REPEATABLE READ a plain SELECT
+            # reads the caller's snapshot, which misses a row committed by a concurrent publish
+            # after it was taken (the failed INSERT already holds this shared lock).
+            query = query.with_for_update(read=True)
+        found = conn.execute(query).scalar()
         return str(found) if found is not None else None
 
     def _after_commit(self, session: Session, row: dict[str, Any]) -> None:

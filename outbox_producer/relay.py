@@ -17,14 +17,14 @@ from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
-from outbox_producer.claim import Claimer, Shard, default_owner
+from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, default_owner
+from outbox_producer.errors import BrokerUnavailable
 from outbox_producer.sender import Sender, SendStats
 
 log = logging.getLogger("consumer_kit.outbox.relay")
 
 DEFAULT_BATCH = 200
 DEFAULT_IDLE_SLEEP = 0.5
-DEFAULT_LEASE = dt.timedelta(seconds=30)
 #: how often a running relay refreshes the backlog gauges
 METRICS_INTERVAL = 30.0
 #: wait after a database or broker outage: doubles up to the cap
@@ -53,6 +53,12 @@ class RelayResult:
     batches: int = 0
     stats: SendStats = dataclasses.field(default_factory=SendStats)
     errors: int = 0
+
+    def add(self, other: RelayResult) -> None:
+        """Accumulate another loop's totals."""
+        self.batches += other.batches
+        self.stats.add(other.stats)
+        self.errors += other.errors
 
 
 class Relay:
@@ -98,6 +104,8 @@ class Relay:
                              backoff or Backoff(), failed_retry_after)
         self.limiter = RateLimiter(max_rate) if max_rate else None
         self.stopping = threading.Event()
+        self._metrics_lock = threading.Lock()
+        self._next_metrics = 0.0
 
     def stop(self) -> None:
         """Ask `run` to finish the current batch and return (safe from a signal handler)."""
@@ -111,22 +119,27 @@ class Relay:
         rows = self.claimer.claim(claim_size)
         if not rows:
             return None
-        if self.limiter is None:
+        limiter = self.limiter
+        if limiter is None:
             return self.sender.send_rows(rows)
-        stats = SendStats()
-        for row in rows:
-            self.limiter.acquire(self.stopping)
-            stats.add(self.sender.send_rows([row]))
-        return stats
+        return self.sender.send_rows(rows, pace=lambda: limiter.acquire(self.stopping))
 
     def run(self, *, once: bool = False, max_batches: int | None = None) -> RelayResult:
         """Loop until `stop()` (or, with `once`, until nothing is due). Outages of the database
-        or broker are logged and waited out with a doubling back-off; claimed rows keep their
-        lease and are reclaimed when it expires, so nothing is lost.
+        or broker are logged and waited out with a doubling back-off. A broker outage puts the
+        batch's unsent rows back to PENDING without counting a retry; after a database outage
+        claimed rows keep their lease and are reclaimed when it expires, so nothing is lost.
 
         With `workers > 1` that many loops run on threads of this process; their claims never
         overlap (row locks or claim tokens), so database round trips of one overlap the sends
-        and marks of another."""
+        and marks of another. The backlog gauges are refreshed when the loops start, every
+        METRICS_INTERVAL (by one loop), and once more when they have all returned."""
+        try:
+            return self._run(once, max_batches)
+        finally:
+            self._refresh_metrics()
+
+    def _run(self, once: bool, max_batches: int | None) -> RelayResult:
         if self.workers == 1:
             return self._loop(once, max_batches)
         parts = [RelayResult() for _ in range(self.workers)]
@@ -142,27 +155,27 @@ class Relay:
             thread.join()
         total = RelayResult()
         for part in parts:
-            total.batches += part.batches
-            total.errors += part.errors
-            total.stats.add(part.stats)
+            total.add(part)
         return total
 
     def _loop(self, once: bool, max_batches: int | None) -> RelayResult:
         result = RelayResult()
         outage_wait = OUTAGE_BACKOFF[0]
-        next_metrics = 0.0
         while not self.stopping.is_set():
-            if time.monotonic() >= next_metrics:
-                next_metrics = time.monotonic() + METRICS_INTERVAL
-                self._refresh_metrics()
+            self._refresh_metrics_when_due()
             if max_batches is not None and result.batches >= max_batches:
                 break
             try:
                 stats = self.step()
-            except DBAPIError as exc:
+            except (DBAPIError, BrokerUnavailable) as exc:
                 result.errors += 1
-                log.warning("relay %s: database error, retry in %.1fs: %s", self.owner,
-                            outage_wait, str(exc.orig).splitlines()[0] if exc.orig else exc)
+                if isinstance(exc, BrokerUnavailable):
+                    result.stats.add(exc.stats)
+                    what = str(exc)
+                else:
+                    what = "database error: " + (
+                        str(exc.orig).splitlines()[0] if exc.orig else str(exc))
+                log.warning("relay %s: %s; retry in %.1fs", self.owner, what, outage_wait)
                 self.stopping.wait(outage_wait)
                 outage_wait = min(outage_wait * 2, OUTAGE_BACKOFF[1])
                 continue
@@ -175,6 +188,15 @@ class Relay:
             result.batches += 1
             result.stats.add(stats)
         return result
+
+    def _refresh_metrics_when_due(self) -> None:
+        """Refresh the gauges if METRICS_INTERVAL has passed: once per relay, not per loop."""
+        with self._metrics_lock:
+            now = time.monotonic()
+            if now < self._next_metrics:
+                return
+            self._next_metrics = now + METRICS_INTERVAL
+        self._refresh_metrics()
 
     def _refresh_metrics(self) -> None:
         try:

@@ -66,6 +66,11 @@ def opts(db: Db) -> list[str]:
     return ["--url", db.url, "--table", db.names.outbox]
 
 
+def retry_opts(db: Db) -> list[str]:
+    """`retry` also deletes the re-queued rows' ack rows: it needs the ack table too."""
+    return [*opts(db), "--ack-table", db.names.outbox_ack]
+
+
 # -------------------------------------------------------------------------------------------- db
 
 
@@ -164,9 +169,9 @@ def test_show_prints_a_message_by_id_and_fails_for_an_unknown_one(sqlite_db: Db)
 def test_retry_by_id_requeues_and_a_refusal_exits_1(sqlite_db: Db) -> None:
     failed = insert(sqlite_db, OutboxState.FAILED)
     consumed = insert(sqlite_db, OutboxState.CONSUMED)
-    ok = ckit("outbox", "retry", str(failed["id"]), *opts(sqlite_db))
-    refused = ckit("outbox", "retry", consumed["message_id"], *opts(sqlite_db))
-    forced = ckit("outbox", "retry", consumed["message_id"], "--force", *opts(sqlite_db))
+    ok = ckit("outbox", "retry", str(failed["id"]), *retry_opts(sqlite_db))
+    refused = ckit("outbox", "retry", consumed["message_id"], *retry_opts(sqlite_db))
+    forced = ckit("outbox", "retry", consumed["message_id"], "--force", *retry_opts(sqlite_db))
     assert ok.exit_code == 0 and "retry: 1 changed, 0 refused" in ok.stdout
     assert refused.exit_code == 1 and "--force" in refused.stdout
     assert forced.exit_code == 0
@@ -177,7 +182,7 @@ def test_retry_by_id_requeues_and_a_refusal_exits_1(sqlite_db: Db) -> None:
 def test_bulk_retry_takes_state_topic_and_limit(sqlite_db: Db) -> None:
     rows = [insert(sqlite_db, OutboxState.FAILED, topic="A") for _ in range(3)]
     result = ckit("outbox", "retry", "--state", "failed", "--topic", "A", "--limit", "2",
-                  *opts(sqlite_db), "--json")
+                  *retry_opts(sqlite_db), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["changed"] == [r["id"] for r in rows[:2]]
 
@@ -185,6 +190,31 @@ def test_bulk_retry_takes_state_topic_and_limit(sqlite_db: Db) -> None:
 def test_bulk_retry_of_consumed_rows_needs_force(sqlite_db: Db) -> None:
     result = ckit("outbox", "retry", "--state", "CONSUMED", *opts(sqlite_db))
     assert_one_error_line(result, 2, "--force")
+
+
+def test_bulk_retry_of_sent_rows_needs_force(sqlite_db: Db) -> None:
+    row = insert(sqlite_db, OutboxState.SENT)
+    result = ckit("outbox", "retry", "--state", "SENT", *retry_opts(sqlite_db))
+    assert_one_error_line(result, 2, "--force")
+    assert state_of(sqlite_db, row["id"]) is OutboxState.SENT
+    forced = ckit("outbox", "retry", "--state", "SENT", "--force", *retry_opts(sqlite_db))
+    assert forced.exit_code == 0, forced.output
+    assert state_of(sqlite_db, row["id"]) is OutboxState.PENDING
+
+
+def test_retry_deletes_the_ack_rows_of_the_rows_it_requeues(sqlite_db: Db) -> None:
+    # Given a REJECTED row with the rejecting group's ack row, in a custom ack table
+    row = insert(sqlite_db, OutboxState.REJECTED)
+    tables = ops.OutboxTables.from_names(sqlite_db.names)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(sa.insert(tables.ack).values(
+            message_id=row["message_id"], consumer_group="stock", outcome="rejected",
+            acked_at=utcnow()))
+    # When
+    result = ckit("outbox", "retry", str(row["id"]), *retry_opts(sqlite_db))
+    # Then
+    assert result.exit_code == 0, result.output
+    assert sqlite_db.count(sqlite_db.names.outbox_ack) == 0
 
 
 def test_retry_with_an_unknown_state_lists_the_valid_ones(sqlite_db: Db) -> None:

@@ -136,7 +136,7 @@ def test_retry_puts_a_failed_row_back_to_pending_due_now_with_the_count_reset(db
     # Given a FAILED row after 10 attempts
     row = insert(db, OutboxState.FAILED, retry_count=10, fail_reason="broker down", lock_version=7)
     # When
-    result = ops.retry(db.engine, tables(db).outbox, [row["message_id"]], now=NOW)
+    result = ops.retry(db.engine, tables(db), [row["message_id"]], now=NOW)
     # Then the compare-and-set moved it and bumped the version
     assert result.changed == [row["id"]] and result.refused == []
     after = get(db, row["id"])
@@ -148,9 +148,9 @@ def test_retry_puts_a_failed_row_back_to_pending_due_now_with_the_count_reset(db
 
 def test_retry_twice_does_not_stack_the_reason_prefix(db: Db) -> None:
     row = insert(db, OutboxState.REJECTED, fail_reason="bad sku")
-    ops.retry(db.engine, tables(db).outbox, [row["id"]])
+    ops.retry(db.engine, tables(db), [row["id"]])
     ops.suspend(db.engine, tables(db).outbox, [row["id"]])
-    ops.retry(db.engine, tables(db).outbox, [row["id"]])
+    ops.retry(db.engine, tables(db), [row["id"]])
     assert get(db, row["id"])["fail_reason"] == "operator retry (was SUSPENDED): bad sku"
 
 
@@ -158,7 +158,7 @@ def test_retry_refuses_rows_in_a_state_it_does_not_handle(db: Db) -> None:
     # Given a PENDING row and an id that does not exist
     row = insert(db)
     # When
-    result = ops.retry(db.engine, tables(db).outbox, [row["id"], 999_999])
+    result = ops.retry(db.engine, tables(db), [row["id"], 999_999])
     # Then nothing changed and each refusal says why
     assert result.changed == []
     assert [(r.target, r.state) for r in result.refused] == [(row["id"], "PENDING"),
@@ -171,12 +171,57 @@ def test_retry_leaves_a_consumed_row_alone_unless_forced(db: Db) -> None:
     # Given a CONSUMED row
     row = insert(db, OutboxState.CONSUMED, consumed_at=NOW)
     # When retried without force, then with force
-    refused = ops.retry(db.engine, tables(db).outbox, [row["id"]])
-    forced = ops.retry(db.engine, tables(db).outbox, [row["id"]], force=True)
+    refused = ops.retry(db.engine, tables(db), [row["id"]])
+    forced = ops.retry(db.engine, tables(db), [row["id"]], force=True)
     # Then only the forced retry moved it
     assert refused.changed == [] and "--force" in refused.refused[0].reason
     assert forced.changed == [row["id"]]
     assert get(db, row["id"])["state"] == OutboxState.PENDING
+
+
+def test_retry_of_sent_rows_needs_force_even_when_asked_for_by_state(db: Db) -> None:
+    # Given a SENT row
+    row = insert(db, OutboxState.SENT)
+    # When retried by state without force, by id without force, then by state with force
+    with pytest.raises(ValueError, match="SENT, CONSUMED with --force"):
+        ops.retry(db.engine, tables(db), [row["id"]], states=[OutboxState.SENT])
+    by_id = ops.retry(db.engine, tables(db), [row["id"]])
+    assert get(db, row["id"])["state"] == OutboxState.SENT
+    forced = ops.retry(db.engine, tables(db), [row["id"]], states=[OutboxState.SENT], force=True)
+    # Then only the forced retry moved it
+    assert by_id.changed == [] and "--force" in by_id.refused[0].reason
+    assert forced.changed == [row["id"]]
+    assert get(db, row["id"])["state"] == OutboxState.PENDING
+
+
+def test_a_retried_rejected_row_becomes_consumed_on_the_new_ack(db: Db) -> None:
+    # Given a row that the inventory group rejected (its ack row stored)
+    from outbox_producer import Ack, AckApplier, AckOutcome
+
+    row = insert(db, OutboxState.SENT)
+    acks = AckApplier(db.engine, table=db.names.outbox, ack_table_name=db.names.outbox_ack)
+    acks.apply([Ack(row["message_id"], "inventory", AckOutcome.REJECTED, "sku unknown")])
+    assert get(db, row["id"])["state"] == OutboxState.REJECTED
+    # When an operator re-queues it, and the re-send is consumed by the same group
+    result = ops.retry(db.engine, tables(db), [row["id"]])
+    with db.engine.connect() as conn:
+        left = conn.scalar(sa.select(sa.func.count()).select_from(tables(db).ack))
+    applied = acks.apply([Ack(row["message_id"], "inventory")])
+    # Then the old reject no longer decides: the row is CONSUMED
+    assert result.changed == [row["id"]] and left == 0
+    assert (applied.recorded, applied.consumed) == (1, 1)
+    assert get(db, row["id"])["state"] == OutboxState.CONSUMED
+
+
+def test_a_refused_retry_keeps_the_ack_rows(db: Db) -> None:
+    # Given a CONSUMED row with its ack
+    row = insert(db, OutboxState.CONSUMED, consumed_at=NOW)
+    ack(db, row["message_id"], "stock")
+    # When a retry without force is refused
+    refused = ops.retry(db.engine, tables(db), [row["id"]])
+    # Then its ack row is still there
+    [view] = ops.show(db.engine, tables(db), row["message_id"])
+    assert refused.changed == [] and [a["consumer_group"] for a in view.acks] == ["stock"]
 
 
 def test_retry_counts_a_conflict_when_the_row_moved_after_it_was_read(
@@ -196,7 +241,7 @@ def test_retry_counts_a_conflict_when_the_row_moved_after_it_was_read(
 
     monkeypatch.setattr(ops, "_load", load_then_concurrent_write)
     # When
-    result = ops.retry(db.engine, outbox, [row["id"]])
+    result = ops.retry(db.engine, tables(db), [row["id"]])
     # Then the compare-and-set did not overwrite it
     assert result.changed == [] and result.conflicts == 1
     assert get(db, row["id"])["state"] == OutboxState.FAILED
@@ -245,7 +290,7 @@ def test_bulk_selection_picks_rows_by_state_and_topic_up_to_the_limit(db: Db) ->
     # When
     ids = ops.select_ids(db.engine, tables(db).outbox, states=[OutboxState.FAILED], topic="A",
                          limit=2)
-    result = ops.retry(db.engine, tables(db).outbox, ids, states=[OutboxState.FAILED])
+    result = ops.retry(db.engine, tables(db), ids, states=[OutboxState.FAILED])
     # Then the two oldest FAILED rows of topic A were re-queued
     assert ids == a_rows[:2] and result.changed == a_rows[:2]
 
@@ -254,7 +299,7 @@ def test_an_unknown_state_or_a_state_retry_cannot_handle_is_a_value_error(db: Db
     with pytest.raises(ValueError, match="valid: 0=PENDING"):
         OutboxState.parse("LOST")
     with pytest.raises(ValueError, match="cannot retry PENDING"):
-        ops.retry(db.engine, tables(db).outbox, [1], states=[OutboxState.PENDING])
+        ops.retry(db.engine, tables(db), [1], states=[OutboxState.PENDING])
 
 
 def test_a_bad_table_name_is_a_config_error() -> None:

@@ -7,9 +7,10 @@ nothing matched; 2 a usage or configuration error (one `error:` line, never a tr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 import typer
 from sqlalchemy.engine import Engine
 
@@ -40,8 +41,12 @@ ACK_TABLE_OPT = typer.Option(DEFAULT_ACK_TABLE, "--ack-table", envvar="CKIT_ACK_
 TARGETS_HELP = "row ids (digits) or message ids"
 
 
-def _tables(table: str, ack_table: str) -> ops.OutboxTables:
+def _tables(table: str, ack_table: str = DEFAULT_ACK_TABLE) -> ops.OutboxTables:
     return ops.OutboxTables.from_names(TableNames(outbox=table, outbox_ack=ack_table))
+
+
+def _outbox(table: str) -> sa.Table:
+    return _tables(table).outbox
 
 
 def _engine(url: str | None) -> Engine:
@@ -66,9 +71,7 @@ def stats_cmd(
     as_json: bool = json_option(),
 ) -> None:
     """Counts per state, oldest PENDING and SENT ages, sent-to-consumed lag p50/p95/max."""
-    engine = _engine(url)
-    tables = _tables(table, DEFAULT_ACK_TABLE)
-    result = ops.stats(engine, tables.outbox, lag_window=parse_duration(lag_window))
+    result = ops.stats(_engine(url), _outbox(table), lag_window=parse_duration(lag_window))
     if as_json:
         print_json(result.to_dict())
         return
@@ -158,12 +161,14 @@ def retry_cmd(
     force: bool = typer.Option(False, "--force", help="also re-send SENT and CONSUMED rows"),
     url: str | None = db_url_option(),
     table: str = TABLE_OPT,
+    ack_table: str = ACK_TABLE_OPT,
     as_json: bool = json_option(),
 ) -> None:
     """Re-queue FAILED/SUSPENDED/REJECTED rows as PENDING with retry_count 0, due now.
 
-    Give ids, or --state (with --topic/--limit) for a bulk retry. CONSUMED rows need --force.
-    fail_reason is kept, prefixed `operator retry (was STATE):`.
+    Give ids, or --state (with --topic/--limit) for a bulk retry. SENT and CONSUMED rows need
+    --force. The rows' ack rows are deleted: the acks of the re-send decide. fail_reason is kept,
+    prefixed `operator retry (was STATE):`.
     """
     if targets and state is not None:
         fail("give ids or --state, not both")
@@ -172,22 +177,27 @@ def retry_cmd(
     if topic is not None and state is None:
         fail("--topic needs --state")
     engine = _engine(url)
-    outbox = _tables(table, DEFAULT_ACK_TABLE).outbox
-    if state is not None:
-        wanted = OutboxState.parse(state)
-        if wanted is OutboxState.CONSUMED and not force:
-            fail("CONSUMED is terminal: pass --force to re-send consumed rows")
-        states = (wanted,)
-        ids: list[int | str] = list(
-            ops.select_ids(engine, outbox, states=states, topic=topic, limit=limit)
-        )
-        if not ids:
-            typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
-            return
-        result = ops.retry(engine, outbox, ids, states=states, force=force)
-    else:
-        result = ops.retry(engine, outbox, _targets(targets), force=force)
-    _report(result, as_json)
+    tables = _tables(table, ack_table)
+    if state is None:
+        _report(ops.retry(engine, tables, _targets(targets), force=force), as_json)
+        return
+    wanted = OutboxState.parse(state)
+    states = ops.retry_states([wanted], force=force)  # refuse SENT/CONSUMED before selecting
+    ids: list[int | str] = list(
+        ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit)
+    )
+    if not ids:
+        typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
+        return
+    _report(ops.retry(engine, tables, ids, states=states, force=force), as_json)
+
+
+def _move(
+    move: Callable[[Engine, sa.Table, list[int | str]], ops.TransitionResult],
+    targets: list[str], url: str | None, table: str, as_json: bool,
+) -> None:
+    """The body of `suspend` and `resume`: one operator move on the given rows, reported."""
+    _report(move(_engine(url), _outbox(table), _targets(targets)), as_json)
 
 
 @outbox_app.command("suspend")
@@ -199,9 +209,7 @@ def suspend_cmd(
     as_json: bool = json_option(),
 ) -> None:
     """Hold PENDING, FAILED (and SENDING rows whose lease expired) in SUSPENDED."""
-    engine = _engine(url)
-    _report(ops.suspend(engine, _tables(table, DEFAULT_ACK_TABLE).outbox, _targets(targets)),
-            as_json)
+    _move(ops.suspend, targets, url, table, as_json)
 
 
 @outbox_app.command("resume")
@@ -213,9 +221,7 @@ def resume_cmd(
     as_json: bool = json_option(),
 ) -> None:
     """Put SUSPENDED rows back to PENDING, due now."""
-    engine = _engine(url)
-    _report(ops.resume(engine, _tables(table, DEFAULT_ACK_TABLE).outbox, _targets(targets)),
-            as_json)
+    _move(ops.resume, targets, url, table, as_json)
 
 
 @outbox_app.command("archive")
@@ -236,7 +242,7 @@ def archive_cmd(
     """
     horizon = parse_duration(older_than)
     engine = _engine(url)
-    tables = _tables(table, DEFAULT_ACK_TABLE)
+    tables = _tables(table)
     result = archive_rows(engine, tables, horizon, batch=batch, max_batches=max_batches,
                          dry_run=dry_run)
     if as_json:

@@ -16,6 +16,10 @@ from consumer_kit.clock import parse_duration
 from consumer_kit.db import check_tables, make_engine
 from consumer_kit.schema import DEFAULT_OUTBOX_TABLE
 from consumer_kit.transports import open_transport
+from outbox_producer.claim import Shard
+from outbox_producer.relay import DEFAULT_BATCH, DEFAULT_LEASE, Relay
+
+LEASE_TEXT = f"{DEFAULT_LEASE.total_seconds():g}s"
 
 
 @friendly_errors
@@ -23,12 +27,13 @@ def relay(
     url: str | None = db_url_option(),
     transport: str | None = transport_option(),
     once: bool = typer.Option(False, "--once", help="drain what is due, then exit"),
-    batch: int = typer.Option(200, "--batch", min=1, help="rows claimed per batch"),
+    batch: int = typer.Option(DEFAULT_BATCH, "--batch", min=1, help="rows claimed per batch"),
     workers: int = typer.Option(1, "--workers", min=1,
                                 help="claim/send loops in this process (they never overlap)"),
     shard: str | None = typer.Option(None, "--shard", help="i/N: only rows with MOD(id, N) = i"),
     max_rate: float | None = typer.Option(None, "--max-rate", help="cap on sends per second"),
-    lease: str = typer.Option("30s", "--lease", help="SENDING lease; expired leases are reclaimed"),
+    lease: str = typer.Option(LEASE_TEXT, "--lease",
+                              help="SENDING lease; expired leases are reclaimed"),
     retry_failed_after: str | None = typer.Option(
         None, "--retry-failed-after", help="slow retry of FAILED rows after this long (e.g. 1h)"),
     table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--table", help="outbox table"),
@@ -37,9 +42,6 @@ def relay(
                                             help="serve Prometheus metrics on this port"),
 ) -> None:
     """Claim due outbox rows, send them, mark SENT (or retry with back-off, or FAILED)."""
-    from outbox_producer.claim import Shard
-    from outbox_producer.relay import Relay
-
     db = make_engine(require(url, "--url", "CKIT_DB_URL"))
     target = open_transport(require(transport, "--transport", "CKIT_TRANSPORT"))
     worker = Relay(

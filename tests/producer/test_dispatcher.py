@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from consumer_kit.schema import OutboxState
-from outbox_producer import Dispatcher, Outbox, Relay
+from outbox_producer import Dispatcher, Outbox, Relay, ops
+from outbox_producer.claim import Claimer
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 
@@ -98,3 +99,46 @@ def test_a_process_killed_right_after_commit_leaves_the_row_for_the_relay(sqlite
     # Then
     assert sum(transport.counts().values()) == 1
     assert states(sqlite_db) == [int(OutboxState.SENT)]
+
+
+def test_a_broker_outage_leaves_the_rows_pending_for_the_relay_without_a_retry(db: Db) -> None:
+    # Given a dispatcher whose broker is down
+    transport = RecordingTransport()
+    transport.fail_next = 1_000
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    try:
+        # When two rows are committed
+        with Session(db.engine) as session, session.begin():
+            outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+            outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="2")
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    # Then they are PENDING again at once (not SENDING until the lease expires), not charged
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            f"SELECT state, retry_count, lease_owner FROM {db.names.outbox}")).all()
+    assert [tuple(r) for r in rows] == [(int(OutboxState.PENDING), 0, None)] * 2
+
+
+def test_claim_ids_compares_each_rows_own_lock_version(db: Db) -> None:
+    # Given a PENDING row whose lock_version is no longer 0 (suspended, then resumed)
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        outbox.publish(conn, "T", {"n": 1}, biz_type="t", biz_key="1")
+    tables = ops.OutboxTables.from_names(db.names)
+    with db.engine.connect() as conn:
+        [row_id] = conn.execute(sa.select(tables.outbox.c.id)).scalars()
+    ops.suspend(db.engine, tables.outbox, [row_id])
+    ops.resume(db.engine, tables.outbox, [row_id])
+    with db.engine.connect() as conn:
+        row = dict(conn.execute(sa.select(tables.outbox)).mappings().one())
+    claimer = Claimer(db.engine, tables.outbox, "dispatcher")
+    # When it is claimed with a stale version, then with its own
+    stale = claimer.claim_ids([{**row, "lock_version": 0}])
+    [claimed] = claimer.claim_ids([row])
+    # Then only the claim with the row's own version took it, and says its new version
+    assert stale == []
+    assert (row["lock_version"], claimed["lock_version"]) == (2, 3)
+    assert states(db) == [int(OutboxState.SENDING)]

@@ -53,6 +53,63 @@ def test_publishing_the_same_business_key_twice_returns_the_first_id(db: Db) -> 
     assert len(outbox_rows(db)) == 1
 
 
+def test_publishing_a_new_message_is_one_insert_and_no_look_up(db: Db) -> None:
+    # Given
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    statements: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if db.names.outbox in statement:
+            statements.append(statement.split()[0].upper())
+
+    sa.event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        # When
+        with db.engine.begin() as conn:
+            outbox.publish(conn, "T", {"v": 1}, biz_type="order", biz_key="1")
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", record)
+    # Then the unique index, not a SELECT first, guards the business key
+    assert statements == ["INSERT"]
+
+
+def test_a_duplicate_in_the_same_transaction_keeps_the_transaction_usable(db: Db) -> None:
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        first = outbox.publish(conn, "T", {"v": 1}, biz_type="order", biz_key="42")
+        again = outbox.publish(conn, "T", {"v": 2}, biz_type="order", biz_key="42")
+        other = outbox.publish(conn, "T", {"v": 3}, biz_type="order", biz_key="43")
+    assert again == first and other != first
+    assert [r[0] for r in outbox_rows(db)] == [first, other]
+
+
+def test_a_duplicate_through_a_session_commits_the_business_change(db: Db) -> None:
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with Session(db.engine) as session, session.begin():
+        first = outbox.publish(session, "T", {"v": 1}, biz_type="order", biz_key="42")
+    with Session(db.engine) as session, session.begin():
+        again = outbox.publish(session, "T", {"v": 2}, biz_type="order", biz_key="42")
+        other = outbox.publish(session, "T", {"v": 3}, biz_type="order", biz_key="43")
+    assert again == first
+    assert [r[0] for r in outbox_rows(db)] == [first, other]
+
+
+def test_a_duplicate_committed_after_the_callers_snapshot_returns_its_id(mariadb: Db) -> None:
+    # Given a caller whose REPEATABLE READ snapshot predates a concurrent publish of the same key
+    outbox = Outbox(mariadb.engine, producer="orders", table=mariadb.names.outbox)
+    with mariadb.engine.connect() as caller:
+        caller.begin()
+        caller.execute(sa.text(f"SELECT COUNT(*) FROM {mariadb.names.outbox}")).scalar()
+        with mariadb.engine.begin() as other:
+            theirs = outbox.publish(other, "T", {"v": 1}, biz_type="order", biz_key="42")
+        # When the caller publishes the same business key
+        mine = outbox.publish(caller, "T", {"v": 2}, biz_type="order", biz_key="42")
+        caller.commit()
+    # Then it gets the committed message id, not an IntegrityError
+    assert mine == theirs
+    assert len(outbox_rows(mariadb)) == 1
+
+
 def test_same_biz_key_under_another_biz_type_is_another_message(db: Db) -> None:
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
     with db.engine.begin() as conn:

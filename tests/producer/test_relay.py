@@ -5,17 +5,53 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Callable
 
+import pytest
 import sqlalchemy as sa
 
 from consumer_kit.clock import utcnow
+from consumer_kit.errors import MessageTooLarge, TransportError, TransportUnavailable
 from consumer_kit.schema import OutboxState, outbox_table
+from consumer_kit.transports.base import OutgoingMessage, SendResult
 from outbox_producer import Backoff, Outbox, Relay, Shard
 from outbox_producer.claim import Claimer
+from outbox_producer.errors import BrokerUnavailable
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 
 FAST = Backoff(schedule=(0.0,), jitter=0.0)
+
+
+class FlakyTransport(RecordingTransport):
+    """Fails its next `fail_next` sends with `error`: by default a send error of the row (retried
+    with back-off), not the broker being unreachable. `attempts` counts every send."""
+
+    def __init__(self, error: Exception | None = None,
+                 fails: Callable[[OutgoingMessage], bool] | None = None) -> None:
+        super().__init__()
+        self.error = error or TransportError("broker down (simulated)")
+        self.fails = fails
+        self.attempts = 0
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        with self.lock:
+            self.attempts += 1
+            if self.fails is not None and self.fails(message):
+                raise self.error
+            if self.fail_next:
+                self.fail_next -= 1
+                raise self.error
+        return super().send(message)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
 
 
 def publish_many(db: Db, n: int, **kwargs: object) -> list[str]:
@@ -56,7 +92,7 @@ def test_the_envelope_carries_id_biz_source_and_commit_time(db: Db) -> None:
 
 def test_a_failed_send_is_retried_later_with_back_off_and_a_reason(db: Db) -> None:
     [mid] = publish_many(db, 1)
-    transport = RecordingTransport()
+    transport = FlakyTransport()
     transport.fail_next = 1
     relay = Relay(db.engine, transport, table=db.names.outbox,
                   backoff=Backoff(schedule=(60,), jitter=0.0))
@@ -71,7 +107,7 @@ def test_a_failed_send_is_retried_later_with_back_off_and_a_reason(db: Db) -> No
 
 def test_after_max_retries_the_row_is_failed(db: Db) -> None:
     [mid] = publish_many(db, 1, max_retries=2)
-    transport = RecordingTransport()
+    transport = FlakyTransport()
     transport.fail_next = 10
     relay = Relay(db.engine, transport, table=db.names.outbox, backoff=FAST)
     relay.run_once()
@@ -83,7 +119,7 @@ def test_after_max_retries_the_row_is_failed(db: Db) -> None:
 
 def test_failed_rows_get_a_slow_retry_when_configured(db: Db) -> None:
     [mid] = publish_many(db, 1, max_retries=0)
-    transport = RecordingTransport()
+    transport = FlakyTransport()
     transport.fail_next = 1
     Relay(db.engine, transport, table=db.names.outbox, backoff=FAST).run_once()
     assert row(db, mid)["state"] == int(OutboxState.FAILED)
@@ -177,7 +213,107 @@ def test_the_relay_publishes_the_backlog_and_the_oldest_unacked_age(db: Db) -> N
 
     publish_many(db, 3, max_retries=10)
     Relay(db.engine, RecordingTransport(), table=db.names.outbox, batch=2).run(max_batches=1)
-    metrics.refresh_backlog(db.engine, outbox_table(sa.MetaData(), db.names.outbox))
     assert metrics.BACKLOG.labels("SENT")._value.get() == 2
     assert metrics.BACKLOG.labels("PENDING")._value.get() == 1
     assert metrics.OLDEST_UNACKED._value.get() >= 0
+
+
+def test_the_backlog_gauges_are_refreshed_once_per_relay_not_per_worker(
+    sqlite_db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a relay with four worker loops
+    from outbox_producer import metrics
+
+    calls: list[str] = []
+    monkeypatch.setattr(metrics, "refresh_backlog", lambda engine, table: calls.append(table.name))
+    publish_many(sqlite_db, 5)
+    relay = Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox, batch=1,
+                  workers=4)
+    # When it drains the outbox
+    relay.run_once()
+    # Then the gauges were read when it started and when it returned, not once per loop
+    assert calls == [sqlite_db.names.outbox] * 2
+
+
+def test_a_message_too_large_fails_after_one_attempt(db: Db) -> None:
+    # Given a row the transport refuses as too large (max_retries is 10)
+    [mid] = publish_many(db, 1)
+    transport = FlakyTransport(MessageTooLarge("body of 5000000 bytes exceeds the limit"))
+    transport.fail_next = 1
+    # When
+    Relay(db.engine, transport, table=db.names.outbox, backoff=FAST).run_once()
+    # Then retrying cannot help: FAILED at once, with the reason
+    r = row(db, mid)
+    assert transport.attempts == 1
+    assert (r["state"], r["retry_count"]) == (int(OutboxState.FAILED), 1)
+    assert "MessageTooLarge: body of 5000000 bytes" in str(r["fail_reason"])
+
+
+def test_a_broker_outage_stops_the_batch_and_costs_no_retry(db: Db) -> None:
+    # Given three due rows and a broker that cannot be reached
+    ids = publish_many(db, 3)
+    transport = FlakyTransport(TransportUnavailable("broker down (simulated)"))
+    transport.fail_next = 1_000
+    relay = Relay(db.engine, transport, table=db.names.outbox)
+    # When the relay tries a batch
+    with pytest.raises(BrokerUnavailable, match="3 unsent rows back to PENDING") as caught:
+        relay.step()
+    # Then it stopped after the second failure in a row and put every row back as it was
+    assert transport.attempts == 2 and transport.sent == []
+    assert caught.value.stats.sent == caught.value.stats.retried == 0
+    for mid in ids:
+        r = row(db, mid)
+        assert (r["state"], r["retry_count"], r["lease_owner"]) == (int(OutboxState.PENDING), 0,
+                                                                    None)
+        assert r["fail_reason"] is None and r["next_retry_at"] <= utcnow()  # type: ignore[operator]
+
+
+def test_the_relay_waits_out_a_broker_outage_and_sends_when_it_is_back(db: Db) -> None:
+    # Given a running relay and a broker that is down
+    ids = publish_many(db, 3, max_retries=1)
+    transport = FlakyTransport(TransportUnavailable("broker down (simulated)"))
+    transport.fail_next = 1_000_000
+    relay = Relay(db.engine, transport, table=db.names.outbox, idle_sleep=0.05)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(relay.run()))
+    worker.start()
+    try:
+        # When the outage lasts a while
+        assert wait_for(lambda: transport.attempts >= 4)
+        started, attempts = time.monotonic(), transport.attempts
+        time.sleep(1.5)
+        # Then the relay backs off (a few tries, not a busy loop) and no row is charged a retry
+        tries = (transport.attempts - attempts) / 2
+        assert tries <= max(2, (time.monotonic() - started) / 0.5)
+        assert {row(db, m)["retry_count"] for m in ids} == {0}
+        # And once the broker is back, every row is sent
+        with transport.lock:
+            transport.fail_next = 0
+        assert wait_for(lambda: {row(db, m)["state"] for m in ids} == {int(OutboxState.SENT)},
+                        timeout=60)
+    finally:
+        relay.stop()
+        worker.join(30)
+    assert not worker.is_alive()
+    assert transport.counts() == {mid: 1 for mid in ids}
+    assert results[0].errors >= 2 and results[0].stats.sent == 3
+
+
+def test_a_row_whose_send_fails_while_later_sends_succeed_is_retried_not_an_outage(db: Db) -> None:
+    # Given three claimed rows; the transport reports the broker unavailable for the first only
+    # (RocketMQ reports a missing topic route that way)
+    ids = publish_many(db, 3)
+    poison = ids[0]
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic"),
+                               fails=lambda m: m.properties["ckit_id"] == poison)
+    relay = Relay(db.engine, transport, table=db.names.outbox,
+                  backoff=Backoff(schedule=(60,), jitter=0.0))
+    rows = sorted(relay.claimer.claim(10), key=lambda r: r["message_id"] != poison)
+    # When
+    stats = relay.sender.send_rows(rows)
+    # Then the others went through and the failing row is charged a retry, like any failed send
+    assert (stats.sent, stats.retried) == (2, 1)
+    r = row(db, poison)
+    assert (r["state"], r["retry_count"]) == (int(OutboxState.PENDING), 1)
+    assert "No route info" in str(r["fail_reason"])
+    assert {row(db, m)["state"] for m in ids[1:]} == {int(OutboxState.SENT)}
