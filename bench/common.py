@@ -12,9 +12,12 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from consumer_kit.urls import mask_text
+
 
 def machine_facts(engine: sa.engine.Engine | None = None) -> str:
-    """One paragraph: command, CPU, RAM, Python, SQLAlchemy, database server version."""
+    """One paragraph: command (passwords masked), CPU, RAM, Python, SQLAlchemy, database
+    server version."""
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     cpu = "?"
     try:
@@ -23,7 +26,7 @@ def machine_facts(engine: sa.engine.Engine | None = None) -> str:
     except (OSError, StopIteration):
         pass
     lines = [
-        f"command : {shlex.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}",
+        f"command : {mask_text(shlex.join([sys.executable.rsplit('/', 1)[-1], *sys.argv]))}",
         f"machine : {os.cpu_count()} cores ({cpu}), {mem_gb:.1f} GiB RAM, {platform.platform()}",
         f"python  : {platform.python_version()}, sqlalchemy {sa.__version__}",
     ]

@@ -4,19 +4,25 @@ usage: python bench/sql_transport_raw.py [DB_URL] [--messages N] [--senders K] [
        [--sqlite-synchronous FULL|NORMAL]
 
 DB_URL defaults to a SQLite file in a temporary directory. On MariaDB the tables get a fresh
-prefix and are dropped afterwards. Prints one line per phase.
+prefix and are dropped afterwards. Prints the command line and machine facts, then one line per
+phase.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine_facts
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
 from consumer_kit.transports.sql import SqlTransport
 
@@ -116,6 +122,7 @@ def main() -> None:
                              sqlite_synchronous=args.sqlite_synchronous)
     n = args.messages
     try:
+        print(machine_facts(transport.db.engine))
         topic = f"bench_{uuid.uuid4().hex[:6]}"
         transport.ensure_topic(topic)
         t = send(transport, topic, n, 1)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from consumer_kit.reconcile.model import ReconcileConfig
+from consumer_kit.reconcile.queries import window_conditions
 from consumer_kit.schema import OutboxState, outbox_table
 from spark.jdbc import JdbcSource, literal, require_literal, timestamp_literal
 
@@ -62,47 +63,52 @@ def jdbc_read(spark: Any, src: JdbcSource, table: str, *, schema: str | None = N
     return reader.load()
 
 
+class WindowPart(NamedTuple):
+    """One part of the window (`sent` or `sending`) as the bounds query found it."""
+
+    min_id: int
+    max_id: int
+    rows: int
+    oldest_sent_at: dt.datetime | None
+
+
 def window_bounds(engine: sa.Engine, config: ReconcileConfig,
-                  cutoff: dt.datetime) -> dict[str, tuple[int, int, int]]:
-    """`{"sent": (min id, max id, count), "sending": ...}` of the window: index-only scans."""
+                  cutoff: dt.datetime) -> dict[str, WindowPart]:
+    """`{"sent": WindowPart, "sending": WindowPart}`: min/max id, row count and oldest `sent_at`
+    of each part of the window (`window_conditions`); for SENT an index-only range scan."""
     t = outbox_table(sa.MetaData(), config.outbox_table)
-    parts = {
-        "sent": sa.and_(t.c.state == int(OutboxState.SENT), t.c.sent_at < cutoff),
-        "sending": sa.and_(t.c.state == int(OutboxState.SENDING), t.c.lease_until < cutoff),
-    }
-    bounds: dict[str, tuple[int, int, int]] = {}
+    bounds: dict[str, WindowPart] = {}
     with engine.connect() as conn:
-        for name, cond in parts.items():
-            lo, hi, count = conn.execute(
-                sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count())
-                .where(cond)).one()
-            bounds[name] = (int(lo or 0), int(hi or 0), int(count or 0))
+        for name, cond in window_conditions(t, cutoff).items():
+            lo, hi, count, oldest = conn.execute(
+                sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count(),
+                          sa.func.min(t.c.sent_at)).where(cond)).one()
+            bounds[name] = WindowPart(int(lo or 0), int(hi or 0), int(count or 0), oldest)
     return bounds
 
 
 def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt.datetime,
-                bounds: dict[str, tuple[int, int, int]]) -> Any:
+                bounds: dict[str, WindowPart]) -> Any:
     """The window as one DataFrame: SENT before the cutoff (partitioned by id over the bounds)
-    union SENDING with a lease expired before the cutoff (usually a handful of rows)."""
+    union SENDING with a lease expired before the cutoff (usually a handful of rows).
+
+    Called only when `bounds` holds at least one row."""
     cols = ", ".join(WINDOW_COLUMNS)
     cut = timestamp_literal(cutoff)
     cores = int(spark.sparkContext.defaultParallelism)
     frames = []
-    lo, hi, count = bounds["sent"]
-    if count:
+    sent = bounds["sent"]
+    if sent.rows:
         query = (f"(SELECT {cols} FROM {config.outbox_table} "
                  f"WHERE state = {int(OutboxState.SENT)} AND sent_at < {cut}) w")
-        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA,
-                                partition=("id", lo, hi + 1, partitions_for(count, cores))))
-    lo, hi, count = bounds["sending"]
-    if count:
+        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
+            "id", sent.min_id, sent.max_id + 1, partitions_for(sent.rows, cores))))
+    sending = bounds["sending"]
+    if sending.rows:
         query = (f"(SELECT {cols} FROM {config.outbox_table} "
                  f"WHERE state = {int(OutboxState.SENDING)} AND lease_until < {cut}) ws")
-        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA,
-                                partition=("id", lo, hi + 1, partitions_for(count))))
-    if not frames:
-        return spark.createDataFrame([], WINDOW_SCHEMA.replace("id BIGINT", "id BIGINT, "
-                                     "message_id STRING, topic STRING"))
+        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
+            "id", sending.min_id, sending.max_id + 1, partitions_for(sending.rows))))
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
@@ -122,19 +128,13 @@ def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:
 def read_evidence_by_ids(spark: Any, config: ReconcileConfig, producer: JdbcSource,
                          groups: dict[str, JdbcSource], ids: Sequence[str]) -> Any:
     """Ack rows and each group's processed rows for the window's (safe) message ids."""
-    from pyspark.sql import functions as F
-
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     frames = []
     if ids:
         preds = id_predicates("message_id", ids, f"consumer_group IN ({names})")
         acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
                          schema="acked_at STRING", predicates=preds)
-        frames.append(acks.select(
-            "message_id", F.col("consumer_group").alias("grp"),
-            F.lit(None).cast("string").alias("processed_status"),
-            F.lit(None).cast("string").alias("processed_error"),
-            F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason")))
+        frames.append(_ack_evidence(acks))
         for group in config.groups:
             prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
             processed = jdbc_read(spark, groups[group.name],
@@ -150,18 +150,12 @@ def read_evidence_by_range(spark: Any, config: ReconcileConfig, producer: JdbcSo
                            until: dt.datetime) -> Any:
     """Evidence for a large window: processed rows with `processed_at >= since` read in time
     slices (the `processed_at` index), acks with `acked_at >= since`; joined in Spark."""
-    from pyspark.sql import functions as F
-
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     slices = time_slices(since, until, MAX_PARTITIONS // 4 or 1)
     acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
                      schema="acked_at STRING", predicates=[
         f"consumer_group IN ({names}) AND acked_at >= {timestamp_literal(since)}"])
-    frames = [acks.select(
-        "message_id", F.col("consumer_group").alias("grp"),
-        F.lit(None).cast("string").alias("processed_status"),
-        F.lit(None).cast("string").alias("processed_error"),
-        F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason"))]
+    frames = [_ack_evidence(acks)]
     for group in config.groups:
         prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
         processed = jdbc_read(spark, groups[group.name],
@@ -225,7 +219,19 @@ def split_safe(ids: Sequence[str]) -> tuple[list[str], list[str]]:
     return safe, unsafe
 
 
+def _ack_evidence(frame: Any) -> Any:
+    """Ack rows in the evidence schema (`EVIDENCE_SCHEMA`)."""
+    from pyspark.sql import functions as F
+
+    return frame.select(
+        "message_id", F.col("consumer_group").alias("grp"),
+        F.lit(None).cast("string").alias("processed_status"),
+        F.lit(None).cast("string").alias("processed_error"),
+        F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason"))
+
+
 def _processed_evidence(frame: Any, group: str) -> Any:
+    """One group's processed rows in the evidence schema."""
     from pyspark.sql import functions as F
 
     return frame.select(

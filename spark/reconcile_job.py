@@ -29,15 +29,24 @@ from consumer_kit.errors import ConfigError
 from consumer_kit.reconcile.classify import classify
 from consumer_kit.reconcile.errors import ReconcileError
 from consumer_kit.reconcile.known import KnownIds
-from consumer_kit.reconcile.model import Evidence, Orphan, ReconcileConfig, WindowRow, chunks
+from consumer_kit.reconcile.model import (
+    IN_CHUNK,
+    Evidence,
+    Orphan,
+    ReconcileConfig,
+    WindowRow,
+    chunks,
+)
+from consumer_kit.reconcile.queries import processed_window_conditions
 from consumer_kit.reconcile.repair import RepairApplier, RepairResult
 from consumer_kit.reconcile.report import ReconcileSummary, SummaryBuilder
-from consumer_kit.reconcile.sql_engine import IN_CHUNK, Databases, fetch_evidence
-from consumer_kit.schema import outbox_table, processed_table
+from consumer_kit.reconcile.sql_engine import Databases, fetch_evidence
+from consumer_kit.schema import processed_table
 from consumer_kit.urls import mask_text
 from spark.jdbc import JAR_PATTERNS, find_jars, to_jdbc
 from spark.reads import (
     EVIDENCE_SCHEMA,
+    WindowPart,
     read_evidence_by_ids,
     read_evidence_by_range,
     read_outbox_ids_since,
@@ -194,11 +203,11 @@ def _run(session: Any, config: ReconcileConfig, builder: SummaryBuilder, dbs: Da
     phase = time.monotonic()
     bounds = window_bounds(engine, config, cutoff)
     durations["bounds"] = time.monotonic() - phase
-    total = bounds["sent"][2] + bounds["sending"][2]
-    builder.summary.details["bounds"] = bounds
+    sent, sending = bounds["sent"], bounds["sending"]
+    total = sent.rows + sending.rows
+    builder.summary.details["bounds"] = {name: part._asdict() for name, part in bounds.items()}
     progress(f"window: {total} outbox rows before cutoff {cutoff.isoformat(sep=' ')} "
-             f"(SENT ids {bounds['sent'][0]}..{bounds['sent'][1]}, "
-             f"SENDING {bounds['sending'][2]})")
+             f"(SENT ids {sent.min_id}..{sent.max_id}, SENDING {sending.rows})")
     if total:
         _reconcile_window(session, config, builder, applier, dbs, bounds, cutoff, now,
                           producer, groups, cached, progress)
@@ -220,7 +229,7 @@ def _java_message(exc: Exception) -> str:
 
 def _reconcile_window(spark: Any, config: ReconcileConfig, builder: SummaryBuilder,
                       applier: RepairApplier, dbs: Databases,
-                      bounds: dict[str, tuple[int, int, int]], cutoff: dt.datetime,
+                      bounds: dict[str, WindowPart], cutoff: dt.datetime,
                       now: dt.datetime, producer: Any, groups: dict[str, Any],
                       cached: list[Any], progress: Progress) -> None:
     from pyspark import StorageLevel
@@ -234,7 +243,9 @@ def _reconcile_window(spark: Any, config: ReconcileConfig, builder: SummaryBuild
     rows = window.count()
     builder.read("window", rows)
     durations["read_window"] = time.monotonic() - phase
-    progress(f"read {rows} window rows in {window.rdd.getNumPartitions()} partition(s) "
+    partitions = window.rdd.getNumPartitions()
+    builder.summary.details["window_partitions"] = partitions
+    progress(f"read {rows} window rows in {partitions} partition(s) "
              f"({durations['read_window']:.1f}s)")
 
     phase = time.monotonic()
@@ -246,10 +257,7 @@ def _reconcile_window(spark: Any, config: ReconcileConfig, builder: SummaryBuild
             evidence = evidence.unionByName(_driver_evidence(spark, dbs, config, unsafe, builder))
         builder.summary.details["evidence_read"] = "in_lists"
     else:
-        t = outbox_table(sa.MetaData(), config.outbox_table)
-        with dbs.get(config.producer_url).connect() as conn:
-            oldest = conn.execute(sa.select(sa.func.min(t.c.sent_at)).where(
-                t.c.state == 2, t.c.sent_at < cutoff)).scalar() or cutoff
+        oldest = bounds["sent"].oldest_sent_at or cutoff
         evidence = read_evidence_by_range(spark, config, producer, groups,
                                           since=oldest - RANGE_SKEW, until=now)
         evidence = evidence.join(window.select("message_id"), "message_id", "left_semi")
@@ -304,12 +312,8 @@ def _find_orphans(spark: Any, config: ReconcileConfig, builder: SummaryBuilder, 
     outbox_ids = None
     known_ids = KnownIds(engine, config.outbox_table)
     for group in config.groups:
-        p = processed_table(sa.MetaData(), group.table).c
-        conds = [p.consumer_group == group.name, p.processed_at >= since, p.processed_at < cutoff]
-        if config.src:
-            conds.append(p.src == config.src)
-        if group.topics:
-            conds.append(p.topic.in_(group.topics))
+        conds = processed_window_conditions(processed_table(sa.MetaData(), group.table), group,
+                                            since=since, until=cutoff, src=config.src)
         with dbs.get(group.url).connect() as conn:
             count = int(conn.execute(sa.select(sa.func.count()).where(*conds)).scalar() or 0)
         builder.read(f"orphan_scan:{group.name}", count)
@@ -325,13 +329,9 @@ def _find_orphans(spark: Any, config: ReconcileConfig, builder: SummaryBuilder, 
                                                since - config.orphan_window).persist()
             cached.append(outbox_ids)
         candidates = window.join(outbox_ids, "message_id", "left_anti").collect()
-        for chunk in chunks(candidates, IN_CHUNK):
-            known = known_ids.among([c["message_id"] for c in chunk])
-            for c in chunk:
-                if c["message_id"] not in known:
-                    builder.orphan(Orphan(group=group.name, message_id=c["message_id"],
-                                          topic=c["topic"], status=c["status"],
-                                          processed_at=c["processed_at"]))
+        for c in known_ids.unknown(candidates, lambda c: str(c["message_id"])):
+            builder.orphan(Orphan(group=group.name, message_id=c["message_id"], topic=c["topic"],
+                                  status=c["status"], processed_at=c["processed_at"]))
         progress(f"orphan scan {group.name}: {count} processed rows in the window, "
                  f"{len(candidates)} without a recent outbox row")
 

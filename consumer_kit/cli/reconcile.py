@@ -6,6 +6,7 @@ Exit codes: 0 clean, 3 when a threshold is crossed or a failure class is present
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,30 @@ from consumer_kit.reconcile import (
     Thresholds,
     run_reconcile,
 )
-from consumer_kit.reconcile.model import DEFAULT_MASTER, ENGINES
+from consumer_kit.reconcile.model import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_ENGINE,
+    DEFAULT_MASTER,
+    DEFAULT_ORPHAN_WINDOW,
+    DEFAULT_STUCK_AFTER,
+    ENGINES,
+)
 from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, DEFAULT_PROCESSED_TABLE
 
 DEFAULT_OUTPUT = "ckit-out/reconcile"
+
+
+def duration_text(value: dt.timedelta) -> str:
+    """A whole duration in its largest exact unit, as `parse_duration` reads it back.
+
+    >>> duration_text(dt.timedelta(minutes=10)), duration_text(dt.timedelta(0))
+    ('10m', '0')
+    """
+    seconds = value.total_seconds()
+    for suffix, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds and seconds % size == 0:
+            return f"{int(seconds // size)}{suffix}"
+    return f"{seconds:g}"
 
 
 def reconcile(
@@ -48,24 +69,25 @@ def reconcile(
         help="processed table of the groups that name none with @TABLE"),
     outbox_table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--outbox-table"),
     ack_table: str = typer.Option(DEFAULT_ACK_TABLE, "--ack-table"),
-    stuck_after: str = typer.Option("10m", "--stuck-after",
+    stuck_after: str = typer.Option(duration_text(DEFAULT_STUCK_AFTER), "--stuck-after",
                                     help="SENT (or leased) longer than this is stuck"),
     max_retries: int | None = typer.Option(
         None, "--max-retries", help="override every row's max_retries (re-sends allowed)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="classify and report, write nothing"),
     output: str = typer.Option(DEFAULT_OUTPUT, "--output", "-o",
                                help="folder for summary.json and samples ('' for none)"),
-    engine: str = typer.Option("spark", "--engine", help=f"one of {', '.join(ENGINES)}"),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"one of {', '.join(ENGINES)}"),
     master: str | None = typer.Option(
         None, "--master", help=f"Spark master (default {DEFAULT_MASTER}; spark-submit's own)"),
     conf: list[str] = typer.Option([], "--conf", metavar="KEY=VALUE",
                                    help="Spark configuration (repeatable)"),
     orphan_window: str = typer.Option(
-        "1h", "--orphan-window", help="processed rows this far before the cutoff are checked "
-                                      "for orphans (0 disables)"),
+        duration_text(DEFAULT_ORPHAN_WINDOW), "--orphan-window",
+        help="processed rows this far before the cutoff are checked for orphans (0 disables)"),
     src: str | None = typer.Option(None, "--src",
                                    help="only processed rows from this producer (ckit_src)"),
-    batch_size: int = typer.Option(500, "--batch-size", help="rows per repair statement"),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, "--batch-size",
+                                   help="rows per repair statement"),
     fail_on_stuck: int | None = typer.Option(
         None, "--fail-on-stuck", metavar="N", help="alert when more than N rows are stuck"),
     fail_on_orphans: int | None = typer.Option(
@@ -152,11 +174,16 @@ def register(app: typer.Typer) -> None:
 
 def standalone(argv: list[str]) -> int:
     """Run the reconcile command alone (the spark-submit entry): Spark's master comes from
-    spark-submit unless `--master` is given. Returns the exit code."""
+    spark-submit unless `--master` is given. Returns the exit code (2 for a bad option)."""
     from consumer_kit.cli.common import configure_logging
 
     configure_logging(0)
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(friendly_errors(reconcile))
-    code = app(args=argv, obj={"spark_submit": True}, standalone_mode=False)
-    return int(code or 0)
+    # Standalone mode lets click print a bad option as one `Error:` line and exit 2 (catching
+    # `click.ClickException` here would miss typer versions that vendor their own click).
+    try:
+        app(args=argv, obj={"spark_submit": True}, standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

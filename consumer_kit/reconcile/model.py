@@ -24,6 +24,8 @@ DEFAULT_STUCK_AFTER = dt.timedelta(minutes=10)
 DEFAULT_ORPHAN_WINDOW = dt.timedelta(hours=1)
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_SAMPLE_SIZE = 20
+#: Message ids per IN list read on the driver (well under SQLite's 32766 bound parameters).
+IN_CHUNK = 1000
 #: Above this many window rows the Spark engine reads processed rows by time range, not IN lists.
 DEFAULT_IN_LIST_MAX = 200_000
 DEFAULT_ENGINE = "spark"
@@ -58,8 +60,9 @@ class RepairClass(str, enum.Enum):
 
     @property
     def is_failure(self) -> bool:
-        """Classes that make the run exit non-zero by default (so cron alerts)."""
-        return self in (RepairClass.REJECTED, RepairClass.EXHAUSTED)
+        """Classes that make the run exit non-zero by default (so cron alerts): rows the
+        reconciler gave up on, and rows no configured group consumes (a configuration gap)."""
+        return self in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,8 @@ class GroupSource:
 class Thresholds:
     """Alerting thresholds: the run exits non-zero when one is crossed.
 
-    `None` disables a threshold. `fail_on_failures` makes REJECTED/EXHAUSTED findings alert.
+    `None` disables a threshold. `fail_on_failures` makes the failure classes
+    (`RepairClass.is_failure`: REJECTED, EXHAUSTED, UNMATCHED) alert.
     """
 
     stuck: int | None = None
@@ -173,10 +177,6 @@ class ReconcileConfig:
             raise ConfigError("--max-retries must be >= 0")
         if self.batch_size < 1:
             raise ConfigError("batch size must be >= 1")
-
-    def expected_groups(self, topic: str) -> list[GroupSource]:
-        """The configured groups expected to consume `topic`."""
-        return [g for g in self.groups if g.expects(topic)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from consumer_kit.reconcile.model import RECONCILER, Decision, RepairClass
+from consumer_kit.reconcile.model import DEFAULT_BATCH_SIZE, RECONCILER, Decision, RepairClass
 from consumer_kit.schema import AckOutcome, OutboxState, ack_table, outbox_table
 
 log = logging.getLogger("consumer_kit.reconcile.repair")
@@ -79,7 +79,7 @@ class RepairApplier:
         ack: str,
         now: dt.datetime,
         dry_run: bool,
-        batch_size: int = 500,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         conflict_sample: int = 100,
     ) -> None:
         metadata = sa.MetaData()

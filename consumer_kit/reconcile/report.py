@@ -179,8 +179,8 @@ def evaluate(s: ReconcileSummary, t: Thresholds) -> list[str]:
     if t.conflicts is not None and s.conflicts > t.conflicts:
         alerts.append(f"{s.conflicts} repair conflicts (threshold {t.conflicts})")
     if t.fail_on_failures:
-        for klass in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED):
-            if s.classes[klass].found:
+        for klass in RepairClass:
+            if klass.is_failure and s.classes[klass].found:
                 alerts.append(f"{s.classes[klass].found} rows of failure class {klass.value}")
     return alerts
 

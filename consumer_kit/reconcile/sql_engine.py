@@ -19,20 +19,19 @@ from consumer_kit.db import make_engine
 from consumer_kit.reconcile.classify import classify
 from consumer_kit.reconcile.known import KnownIds
 from consumer_kit.reconcile.model import (
+    IN_CHUNK,
     Evidence,
     Orphan,
     ReconcileConfig,
     WindowRow,
     chunks,
 )
+from consumer_kit.reconcile.queries import processed_window_conditions, window_conditions
 from consumer_kit.reconcile.repair import RepairApplier
 from consumer_kit.reconcile.report import ReconcileSummary, SummaryBuilder
-from consumer_kit.schema import OutboxState, ack_table, outbox_table, processed_table
+from consumer_kit.schema import ack_table, outbox_table, processed_table
 
 log = logging.getLogger("consumer_kit.reconcile.sql_engine")
-
-#: Message ids per IN list (well under SQLite's 32766 bound parameters).
-IN_CHUNK = 1000
 
 PROGRESS_EVERY = 10_000
 
@@ -64,11 +63,9 @@ def window_ids(conn: sa.Connection, outbox: sa.Table, cutoff: dt.datetime) -> li
     Two index range scans (`(state, sent_at)` and `(state, next_retry_at)`, both carrying `id`),
     never an OR that could fall back to a table scan.
     """
-    sent = sa.select(outbox.c.id).where(outbox.c.state == int(OutboxState.SENT),
-                                        outbox.c.sent_at < cutoff)
-    sending = sa.select(outbox.c.id).where(outbox.c.state == int(OutboxState.SENDING),
-                                           outbox.c.lease_until < cutoff)
-    ids = list(conn.execute(sent).scalars()) + list(conn.execute(sending).scalars())
+    ids: list[int] = []
+    for cond in window_conditions(outbox, cutoff).values():
+        ids.extend(conn.execute(sa.select(outbox.c.id).where(cond)).scalars())
     ids.sort()
     return ids
 
@@ -79,9 +76,7 @@ def window_rows(conn: sa.Connection, outbox: sa.Table, ids: Sequence[int],
     c = outbox.c
     stmt = sa.select(c.id, c.message_id, c.topic, c.state, c.retry_count, c.max_retries,
                      c.lock_version, c.sent_at, c.lease_until).where(
-        c.id.in_(list(ids)),
-        sa.or_(sa.and_(c.state == int(OutboxState.SENT), c.sent_at < cutoff),
-               sa.and_(c.state == int(OutboxState.SENDING), c.lease_until < cutoff)),
+        c.id.in_(list(ids)), sa.or_(*window_conditions(outbox, cutoff).values()),
     ).order_by(c.id)
     return [
         WindowRow(id=r.id, message_id=r.message_id, topic=r.topic, state=r.state,
@@ -128,23 +123,17 @@ def find_orphans(dbs: Databases, config: ReconcileConfig, cutoff: dt.datetime,
         return
     known_ids = KnownIds(dbs.get(config.producer_url), config.outbox_table)
     for group in config.groups:
-        p = processed_table(sa.MetaData(), group.table).c
-        conds = [p.consumer_group == group.name, p.processed_at >= cutoff - config.orphan_window,
-                 p.processed_at < cutoff]
-        if config.src:
-            conds.append(p.src == config.src)
-        if group.topics:
-            conds.append(p.topic.in_(group.topics))
+        processed = processed_table(sa.MetaData(), group.table)
+        p = processed.c
+        conds = processed_window_conditions(processed, group, since=cutoff - config.orphan_window,
+                                            until=cutoff, src=config.src)
         with dbs.get(group.url).connect() as conn:
             rows = conn.execute(
                 sa.select(p.message_id, p.topic, p.status, p.processed_at).where(*conds)).all()
         builder.read(f"orphan_scan:{group.name}", len(rows))
-        for chunk in chunks(rows, IN_CHUNK):
-            known = known_ids.among([r.message_id for r in chunk])
-            for r in chunk:
-                if r.message_id not in known:
-                    yield Orphan(group=group.name, message_id=r.message_id, topic=r.topic,
-                                 status=r.status, processed_at=_text(r.processed_at))
+        for r in known_ids.unknown(rows, lambda r: str(r.message_id)):
+            yield Orphan(group=group.name, message_id=r.message_id, topic=r.topic,
+                         status=r.status, processed_at=_text(r.processed_at))
 
 
 def run_sql(config: ReconcileConfig, *, now: dt.datetime, progress: Progress) -> ReconcileSummary:

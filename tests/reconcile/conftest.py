@@ -95,12 +95,12 @@ class World:
 
     def add_processed(self, group: str, message_id: str, status: str = "SUCCEEDED", *,
                       error: str | None = None, age: dt.timedelta = OLD,
-                      topic: str = "ORDER") -> None:
-        """Insert a processed row for `group`."""
+                      topic: str = "ORDER", src: str = "orders") -> None:
+        """Insert a processed row for `group`; `src` is the producer it came from."""
         ts = self.now - age
         with self.group_engines[group].begin() as conn:
             conn.execute(self.processed[group].insert().values(
-                consumer_group=group, message_id=message_id, topic=topic, src="orders",
+                consumer_group=group, message_id=message_id, topic=topic, src=src,
                 status=status, attempts=1, error=error, first_seen_at=ts, processed_at=ts))
 
     def add_ack(self, message_id: str, group: str, outcome: str = "consumed") -> None:

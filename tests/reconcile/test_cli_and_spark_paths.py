@@ -164,3 +164,17 @@ def test_spark_job_failure_is_one_line_not_a_java_stack_trace(world: World, spar
     with pytest.raises(ReconcileError, match="no such table") as info:
         run_reconcile(broken)
     assert "\n" not in str(info.value) and "at org." not in str(info.value)
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--batch-size", "x"]])
+def test_spark_submit_entry_exits_2_on_a_bad_option_without_a_traceback(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from consumer_kit.cli.reconcile import standalone
+
+    # When the spark-submit entry gets an unknown option or a value of the wrong type
+    code = standalone(argv)
+
+    # Then it exits 2 (bad options, as documented) with click's one-line error
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Error" in err and "Traceback" not in err

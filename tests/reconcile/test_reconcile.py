@@ -245,3 +245,115 @@ def test_a_processed_row_of_an_archived_message_is_not_an_orphan(world: World,
             "m-true-orphan"]
     finally:
         tables.archive.drop(world.producer, checkfirst=True)
+
+
+ORPHAN_AGE = dt.timedelta(minutes=30)  # inside the default 1h orphan window before the cutoff
+
+
+def test_orphan_scan_keeps_only_the_src_producer_and_the_groups_topics(
+        world2: World, engine_name: str) -> None:
+    # Given orphans from two producers, and billing consuming only PAYMENT
+    w = world2
+    w.topics = {"billing": ("PAYMENT",)}
+    w.add_processed("inventory", "m-orphan-orders", age=ORPHAN_AGE, src="orders")
+    w.add_processed("inventory", "m-orphan-other-src", age=ORPHAN_AGE, src="shipping")
+    w.add_processed("billing", "m-orphan-payment", age=ORPHAN_AGE, topic="PAYMENT")
+    w.add_processed("billing", "m-orphan-other-topic", age=ORPHAN_AGE, topic="ORDER")
+
+    # When the reconciler scans for orphans of producer `orders`
+    summary = run_reconcile(w.config(engine_name, src="orders"))
+
+    # Then only rows from `orders` on a topic their group consumes are orphans
+    found = sorted(s["message_id"] for s in summary.samples[RepairClass.ORPHAN])
+    assert found == ["m-orphan-orders", "m-orphan-payment"]
+    assert summary.rows_read["orphan_scan:inventory"] == 1
+    assert summary.rows_read["orphan_scan:billing"] == 1
+
+    # And without --src every producer's orphans count
+    every = run_reconcile(w.config(engine_name))
+    assert every.classes[RepairClass.ORPHAN].found == 3
+
+
+@pytest.mark.parametrize(("threshold", "exit_code"), [(None, EXIT_OK), (0, EXIT_ALERT),
+                                                      (1, EXIT_OK)])
+def test_orphan_threshold_decides_the_exit_code(world: World, engine_name: str,
+                                                threshold: int | None, exit_code: int) -> None:
+    from consumer_kit.reconcile import Thresholds
+
+    # Given one orphan and nothing stuck
+    world.add_processed("inventory", "m-orphan", age=ORPHAN_AGE)
+
+    # When the reconciler runs with --fail-on-orphans THRESHOLD
+    summary = run_reconcile(world.config(engine_name, thresholds=Thresholds(orphans=threshold)))
+
+    # Then only a crossed threshold alerts
+    assert summary.classes[RepairClass.ORPHAN].found == 1
+    assert summary.exit_code == exit_code
+    if exit_code == EXIT_ALERT:
+        assert summary.alerts == ["1 orphan processed rows (threshold 0)"]
+    else:
+        assert summary.alerts == []
+
+
+@pytest.mark.parametrize(("threshold", "exit_code"), [(None, EXIT_OK), (0, EXIT_ALERT),
+                                                      (1, EXIT_OK)])
+def test_conflict_threshold_decides_the_exit_code(
+        world: World, engine_name: str, monkeypatch: pytest.MonkeyPatch,
+        threshold: int | None, exit_code: int) -> None:
+    from consumer_kit.reconcile import Thresholds
+
+    # Given an ack-lost row that another writer consumes between the read and the repair
+    moved = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", moved, "SUCCEEDED")
+    original = RepairApplier._apply
+
+    def concurrent_writer_first(self: RepairApplier, key: Any, batch: Any) -> None:
+        with world.producer.begin() as conn:
+            conn.execute(sa.update(world.outbox).where(world.outbox.c.message_id == moved)
+                         .values(state=int(OutboxState.CONSUMED),
+                                 lock_version=world.outbox.c.lock_version + 1))
+        original(self, key, batch)
+
+    monkeypatch.setattr(RepairApplier, "_apply", concurrent_writer_first)
+
+    # When the reconciler runs with --fail-on-conflicts THRESHOLD
+    summary = run_reconcile(world.config(engine_name, orphan_window=dt.timedelta(0),
+                                         thresholds=Thresholds(conflicts=threshold)))
+
+    # Then the conflict alerts only when it crosses the threshold
+    assert summary.conflicts == 1
+    assert summary.exit_code == exit_code
+    if exit_code == EXIT_ALERT:
+        assert summary.alerts == ["1 repair conflicts (threshold 0)"]
+    else:
+        assert summary.alerts == []
+
+
+@pytest.mark.parametrize(("batch_size", "statements"), [(1, 6), (2, 4), (500, 2)])
+def test_repairs_split_into_batches_and_each_row_keeps_its_own_reason(
+        world: World, engine_name: str, batch_size: int, statements: int) -> None:
+    # Given three ack-lost rows and three rejected rows, each rejected for its own reason
+    lost = [world.add_outbox(OutboxState.SENT) for _ in range(3)]
+    for m in lost:
+        world.add_processed("inventory", m, "SUCCEEDED")
+    rejected = {world.add_outbox(OutboxState.SENT): f"error {i}" for i in range(3)}
+    for m, error in rejected.items():
+        world.add_processed("inventory", m, "FAILED", error=error)
+
+    # When the reconciler repairs them BATCH_SIZE rows per statement
+    summary = run_reconcile(world.config(engine_name, batch_size=batch_size,
+                                         orphan_window=dt.timedelta(0)))
+
+    # Then one statement per batch of each class, every row repaired and acked once
+    assert summary.statements == statements
+    assert summary.classes[RepairClass.ACK_LOST].applied == 3
+    assert summary.classes[RepairClass.REJECTED].applied == 3
+    assert summary.conflicts == 0
+    assert summary.acks_inserted == 3
+    for m in lost:
+        assert world.row(m).state == OutboxState.CONSUMED
+        assert world.acks(m) == {"inventory": "consumed"}
+    # and rows sharing a statement got their own reasons (CASE id WHEN ... THEN ...)
+    for m, error in rejected.items():
+        row = world.row(m)
+        assert (row.state, row.fail_reason) == (OutboxState.REJECTED, f"inventory: {error}")

@@ -123,3 +123,28 @@ def test_time_slices_cover_the_range_without_gaps_and_stay_open_ended() -> None:
     assert slices[0] == ("processed_at >= '2026-01-01 00:00:00.000000' "
                          "AND processed_at < '2026-01-01 01:00:00.000000'")
     assert slices[-1] == "processed_at >= '2026-01-01 02:00:00.000000'"
+
+
+def test_failure_classes_are_the_ones_that_alert_by_default() -> None:
+    failures = {k for k in RepairClass if k.is_failure}
+    assert failures == {RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED}
+
+
+def test_cli_defaults_are_the_model_defaults() -> None:
+    import inspect
+
+    from consumer_kit.cli.reconcile import duration_text, reconcile
+    from consumer_kit.clock import parse_duration
+    from consumer_kit.reconcile import ReconcileConfig
+
+    # Given the `ckit reconcile` options and a config built from code with no overrides
+    params = inspect.signature(reconcile).parameters
+    options = {name: p.default.default for name, p in params.items()
+               if hasattr(p.default, "default")}
+    config = ReconcileConfig(producer_url="sqlite:///o.db", groups=(GROUPS[0],))
+    # Then both start from the same defaults
+    assert parse_duration(options["stuck_after"]) == config.stuck_after
+    assert parse_duration(options["orphan_window"]) == config.orphan_window
+    assert (options["engine"], options["batch_size"]) == (config.engine, config.batch_size)
+    assert duration_text(parse_duration("90s")) == "90s"
+    assert duration_text(config.stuck_after) == "10m"
