@@ -27,6 +27,11 @@ class TransportUnavailable(TransportError):
     """The broker (or the SQL broker's database) cannot be reached right now; retry later."""
 
 
+class DuplicateKey(TransportError):
+    """A write hit a primary key or unique index that another writer filled first (the SQL
+    transport's database said so); callers that race on purpose treat it as "someone else won"."""
+
+
 class MessageTooLarge(TransportError):
     """The message body exceeds the transport's size limit; it was not sent."""
 

@@ -1,11 +1,35 @@
 #!/usr/bin/env bash
-# Shared helpers for the project's scripts: logging and idempotent Debian package installs.
+# Shared helpers for the project's scripts: logging, bounded waits, port checks and idempotent
+# Debian package installs.
 # Source it after setting LOG_TAG:   LOG_TAG=redis; source "${SCRIPTS}/lib.sh"
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ckit}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 # Print the script's header comment (from line 2 to `set -euo pipefail`) as its usage.
 usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; }
+
+# wait_until WHAT DEADLINE CMD...: run CMD every 0.25 s until it succeeds. DEADLINE is a value of
+# $SECONDS (shared by several waits) or +N for N seconds from now. On timeout it logs "timed out
+# waiting for WHAT" and returns 1, so the caller can show its logs before dying:
+#   wait_until "the server" "+${TIMEOUT}" alive || { show_logs; die "did not start"; }
+wait_until() {
+  local what=$1 deadline=$2
+  shift 2
+  [[ $deadline == +* ]] && deadline=$((SECONDS + ${deadline#+}))
+  until "$@"; do
+    if ((SECONDS >= deadline)); then
+      log "timed out waiting for ${what}"
+      return 1
+    fi
+    sleep 0.25
+  done
+}
+
+# port_open PORT: true when 127.0.0.1:PORT accepts TCP connections (gives up after 2 s).
+port_open() {
+  # shellcheck disable=SC2016  # $1 is expanded by the inner bash
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+}
 
 need_root() {
   [[ $(id -u) -eq 0 ]] || die "must run as root (apt-get needs it)"

@@ -81,9 +81,13 @@ alive() {
 
 # True when 127.0.0.1:PORT accepts TCP connections (a ping over TCP as an unknown user fails with
 # "host not allowed" before provisioning, so this only checks that the port listens).
-alive_tcp() {
-  # shellcheck disable=SC2016  # $1 is expanded by the inner bash
-  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$PORT" 2>/dev/null
+alive_tcp() { port_open "$PORT"; }
+
+answers() { alive && alive_tcp; }
+
+# server_gone PID: no server answers and PID (when not empty) has exited.
+server_gone() {
+  ! alive && { [[ -z $1 ]] || ! kill -0 "$1" 2>/dev/null; }
 }
 
 server_pid() {
@@ -101,15 +105,7 @@ show_logs() {
 }
 
 wait_until_alive() {
-  local deadline=$((SECONDS + TIMEOUT))
-  until alive && alive_tcp; do
-    if ((SECONDS >= deadline)); then
-      log "server did not answer within ${TIMEOUT}s"
-      show_logs
-      return 1
-    fi
-    sleep 0.5
-  done
+  wait_until "the server to answer" "+${TIMEOUT}" answers || { show_logs; return 1; }
 }
 
 prepare_dirs() {
@@ -189,14 +185,10 @@ cmd_stop() {
   pid=$(server_pid || true)
   mariadb-admin --no-defaults --protocol=socket --socket="${RUNDIR}/mysqld.sock" -uroot \
     shutdown || die "mariadb-admin shutdown failed"
-  local deadline=$((SECONDS + TIMEOUT))
-  while alive || { [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; }; do
-    if ((SECONDS >= deadline)); then
-      show_logs
-      die "server still running ${TIMEOUT}s after shutdown"
-    fi
-    sleep 0.5
-  done
+  if ! wait_until "the server to stop" "+${TIMEOUT}" server_gone "$pid"; then
+    show_logs
+    die "server still running ${TIMEOUT}s after shutdown"
+  fi
   log "stopped"
 }
 

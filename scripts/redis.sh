@@ -27,6 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cli() { redis-cli -h "$HOST" -p "$PORT" "$@"; }
 
 alive() { [[ $(timeout 3 redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null) == PONG ]]; }
+gone() { ! alive; }
 
 cmd_install() {
   need_root
@@ -53,15 +54,11 @@ cmd_start() {
     tail -n 40 "$LOGFILE" >&2
     die "redis-server failed to launch"
   fi
-  local deadline=$((SECONDS + TIMEOUT))
-  until alive; do
-    if ((SECONDS >= deadline)); then
-      log "no PONG within ${TIMEOUT}s; last lines of $LOGFILE:"
-      tail -n 40 "$LOGFILE" >&2
-      die "Redis did not start"
-    fi
-    sleep 0.2
-  done
+  if ! wait_until "a PONG" "+${TIMEOUT}" alive; then
+    log "last lines of $LOGFILE:"
+    tail -n 40 "$LOGFILE" >&2
+    die "Redis did not start"
+  fi
   log "started on ${HOST}:${PORT}"
 }
 
@@ -71,14 +68,10 @@ cmd_stop() {
     return 0
   fi
   cli shutdown nosave >/dev/null 2>&1 || true  # the connection drops as the server exits
-  local deadline=$((SECONDS + TIMEOUT))
-  while alive; do
-    if ((SECONDS >= deadline)); then
-      tail -n 40 "$LOGFILE" >&2 || true
-      die "server still answers ${TIMEOUT}s after SHUTDOWN"
-    fi
-    sleep 0.2
-  done
+  if ! wait_until "the server to stop" "+${TIMEOUT}" gone; then
+    tail -n 40 "$LOGFILE" >&2 || true
+    die "server still answers ${TIMEOUT}s after SHUTDOWN"
+  fi
   log "stopped"
 }
 

@@ -213,10 +213,6 @@ console_tail() {
   fi
 }
 
-port_open() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
 mqadmin() {
   java "${JAVA_COMMON[@]}" -Xms64m -Xmx256m -XX:TieredStopAtLevel=1 -Xshare:auto \
     -cp "${CONF}:${LIB}/*" org.apache.rocketmq.tools.command.MQAdminStartup "$@"
@@ -226,15 +222,9 @@ broker_registered() {
   mqadmin clusterList -n "${NAMESRV_ADDR}" 2>/dev/null | grep -q "broker-a"
 }
 
-wait_until() {
-  local what=$1 deadline=$2
-  shift 2
-  until "$@"; do
-    if ((SECONDS >= deadline)); then
-      die "timed out waiting for ${what} (logs in ${RUN}/logs and ${RUN}/*.out)"
-    fi
-    sleep 0.5
-  done
+# wait_for_up WHAT DEADLINE CMD...: wait_until, dying with where the logs are on a timeout.
+wait_for_up() {
+  wait_until "$@" || die "timed out waiting for $1 (logs in ${RUN}/logs and ${RUN}/*.out)"
 }
 
 # launch NAME PORT JVM_OPTIONS... MAIN_CLASS ARGS...: start one JVM in the background (a no-op when ours runs),
@@ -284,10 +274,10 @@ start() {
   SHIM=$(build_shim)
   local began=${SECONDS} deadline=$((SECONDS + TIMEOUT))
   start_namesrv
-  wait_until "the name server" "${deadline}" namesrv_up
+  wait_for_up "the name server" "${deadline}" namesrv_up
   start_broker
-  wait_until "the broker" "${deadline}" broker_up
-  wait_until "the broker to register with the name server" "${deadline}" broker_registered
+  wait_for_up "the broker" "${deadline}" broker_up
+  wait_for_up "the broker to register with the name server" "${deadline}" broker_registered
   log "up in $((SECONDS - began)) s (name server ${NAMESRV_ADDR}, broker 127.0.0.1:${BROKER_PORT})"
 }
 

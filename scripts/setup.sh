@@ -3,9 +3,9 @@
 #
 # usage: scripts/setup.sh
 #
-# Steps: python-deps.sh, mariadb.sh, redis.sh, jdbc.sh, then librocketmq.sh and
-# `rocketmq.sh start` when those exist and are executable. One line per step with its duration;
-# a step's own output goes to a log file, whose tail is printed when the step fails.
+# Steps: python-deps.sh, mariadb.sh, redis.sh, jdbc.sh, librocketmq.sh and `rocketmq.sh start`.
+# One line per step with its duration; a step's own output goes to a log file, whose tail is
+# printed when the step fails.
 # Writes the service addresses to .ckit-test.env at the repo root (source it; nothing is exported
 # from here). A second run is a fast no-op when everything is already up.
 # Environment: CKIT_SETUP_VERBOSE=1 streams each step's output instead of logging it;
@@ -48,19 +48,6 @@ step() {
   printf 'setup: %-12s ok (%ss)\n' "$name" "$elapsed"
 }
 
-# Optional steps owned by the RocketMQ scripts: run only when present and executable.
-optional_step() {
-  local name=$1 script=$2
-  shift 2
-  if [[ -x $script ]]; then
-    step "$name" "$script" "$@"
-  elif [[ -e $script ]]; then
-    printf 'setup: %-12s skipped (%s is not executable)\n' "$name" "${script#"$ROOT"/}"
-  else
-    printf 'setup: %-12s skipped (no %s)\n' "$name" "${script#"$ROOT"/}"
-  fi
-}
-
 write_env() {
   local jars=$1 tmp
   tmp=$(mktemp "${ENV_FILE}.XXXXXX")
@@ -95,8 +82,8 @@ main() {
   step mariadb bash "${SCRIPTS}/mariadb.sh"
   step redis bash "${SCRIPTS}/redis.sh"
   step jdbc bash "${SCRIPTS}/jdbc.sh"
-  optional_step librocketmq "${SCRIPTS}/librocketmq.sh"
-  optional_step rocketmq "${SCRIPTS}/rocketmq.sh" start
+  step librocketmq bash "${SCRIPTS}/librocketmq.sh"
+  step rocketmq bash "${SCRIPTS}/rocketmq.sh" start
 
   local jars
   jars=$(bash "${SCRIPTS}/jdbc.sh" jars 2>>"${LOG_DIR}/jdbc.log" 9>&-) \

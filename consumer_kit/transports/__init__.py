@@ -35,9 +35,6 @@ __all__ = [
     "open_transport",
 ]
 
-SCHEMES = ("memory://", "sql+", "rocketmq://")
-
-
 def open_transport(url: str, **options: Any) -> Transport:
     """Open the transport named by `url`; `options` go to the backend's constructor.
 

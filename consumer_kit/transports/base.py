@@ -11,6 +11,8 @@ import dataclasses
 import enum
 from collections.abc import Callable, Mapping, Sequence
 
+from consumer_kit.errors import MessageTooLarge
+
 #: Property names of the envelope (see DESIGN.md, "The envelope").
 PROP_ID = "ckit_id"
 PROP_BIZ = "ckit_biz"
@@ -21,10 +23,13 @@ PROP_TRACEPARENT = "traceparent"
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_RECONSUME_TIMES = 16
-#: RocketMQ's delay levels 3.. (10s, 30s, 1m, 2m, ...) used for RECONSUME_LATER back-off.
-DEFAULT_RETRY_DELAYS: tuple[float, ...] = (
-    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+#: The RocketMQ broker's default `messageDelayLevel` in seconds (1s 5s 10s 30s 1m 2m ... 1h 2h).
+DEFAULT_DELAY_LEVELS: tuple[float, ...] = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
 )
+#: RECONSUME_LATER back-off: RocketMQ redelivers at delay level `3 + reconsumeTimes` (10s, 30s,
+#: 1m, 2m, ...), so the other transports use the same levels from the third on.
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = DEFAULT_DELAY_LEVELS[2:]
 
 
 class ConsumeStatus(enum.IntEnum):
@@ -98,6 +103,28 @@ def tag_matches(expression: str, tags: str | None) -> bool:
         return True
     wanted = {part.strip() for part in expr.split("||") if part.strip()}
     return (tags or "") in wanted
+
+
+def check_body_size(body: bytes, limit: int) -> None:
+    """Refuse a body over `limit` bytes before anything is sent.
+
+    Raises:
+        MessageTooLarge: `len(body) > limit`.
+    """
+    if len(body) > limit:
+        raise MessageTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit}")
+
+
+def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
+    """Seconds before redelivering a message already reconsumed `reconsume_times` times: the
+    matching entry of `delays`, the last one once they run out (0 when there are none).
+
+    >>> retry_delay((10, 30), 0), retry_delay((10, 30), 5), retry_delay((), 3)
+    (10, 30, 0.0)
+    """
+    if not delays:
+        return 0.0
+    return delays[min(reconsume_times, len(delays) - 1)]
 
 
 def retry_topic(group: str) -> str:

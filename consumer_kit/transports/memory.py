@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from consumer_kit.errors import MessageTooLarge
+from consumer_kit.clock import epoch_ms
 from consumer_kit.transports.base import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -31,6 +31,8 @@ from consumer_kit.transports.base import (
     SendResult,
     Subscription,
     Transport,
+    check_body_size,
+    retry_delay,
     tag_matches,
 )
 
@@ -89,10 +91,7 @@ class MemoryTransport(Transport):
         self.max_body_bytes = max_body_bytes
 
     def send(self, message: OutgoingMessage) -> SendResult:
-        if len(message.body) > self.max_body_bytes:
-            raise MessageTooLarge(
-                f"body of {len(message.body)} bytes exceeds the limit of {self.max_body_bytes}"
-            )
+        check_body_size(message.body, self.max_body_bytes)
         delivery = Delivery(
             topic=message.topic,
             body=bytes(message.body),
@@ -100,7 +99,7 @@ class MemoryTransport(Transport):
             tags=message.tags or "",
             keys=" ".join(message.keys),
             properties=dict(message.properties),
-            born_timestamp_ms=time.time_ns() // 1_000_000,
+            born_timestamp_ms=epoch_ms(),
         )
         broker = self.broker
         with broker.cond:
@@ -243,8 +242,7 @@ class MemoryConsumer(Consumer):
                 log.warning("message %s moved to %%DLQ%%%s after %d reconsumes",
                             delivery.broker_message_id, self.group, delivery.reconsume_times)
                 return
-            delays = transport.retry_delays or (0.0,)
-            delay = delays[min(delivery.reconsume_times, len(delays) - 1)]
+            delay = retry_delay(transport.retry_delays, delivery.reconsume_times)
             heapq.heappush(
                 self.broker.retries.setdefault(self.group, []),
                 _Scheduled(time.monotonic() + delay, next(self.broker.seq),

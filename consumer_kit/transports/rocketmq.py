@@ -61,7 +61,7 @@ from consumer_kit.transports.rocketmq_wire import (
     encode_body,
     make_delivery,
     parse_addr,
-    property_names,
+    read_properties,
     translate,
 )
 
@@ -291,8 +291,7 @@ class RocketMQTransport(Transport):
 
     def _from_stored(self, stored: StoredMessage) -> Delivery:
         props = stored.properties
-        names = property_names(lambda n: props.get(n, ""), self.extra_properties)
-        values = {n: props[n] for n in names if props.get(n)}
+        values = read_properties(lambda n: props.get(n, ""), self.extra_properties)
         return make_delivery(
             topic=props.get("RETRY_TOPIC") or stored.topic,
             body=stored.body,

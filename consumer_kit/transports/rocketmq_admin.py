@@ -26,16 +26,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from consumer_kit.errors import TransportError, TransportUnavailable
+from consumer_kit.transports.base import retry_topic
+from consumer_kit.transports.rocketmq_wire import DEFAULT_ADMIN_TIMEOUT, DEFAULT_TOPIC_QUEUES
 
 # Request codes (org.apache.rocketmq.common.protocol.RequestCode).
 PULL_MESSAGE = 11
 UPDATE_AND_CREATE_TOPIC = 17
-GET_MAX_OFFSET = 30
-GET_MIN_OFFSET = 29
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
-GET_CONSUMER_CONNECTION_LIST = 203
 
 # Response codes (ResponseCode).
 SUCCESS = 0
@@ -43,14 +42,11 @@ TOPIC_NOT_EXIST = 17
 PULL_NOT_FOUND = 19
 PULL_RETRY_IMMEDIATELY = 20
 PULL_OFFSET_MOVED = 21
-CONSUMER_NOT_ONLINE = 206
 
 PERM_READ = 4
 #: PullSysFlag.FLAG_SUBSCRIPTION: the pull carries its own subscription (no consumer online).
 _PULL_SUBSCRIPTION = 0x4
 PERM_WRITE = 2
-DEFAULT_TIMEOUT = 5.0
-DEFAULT_QUEUES = 4
 MASTER_ID = 0
 
 _opaque = itertools.count(1)
@@ -108,7 +104,7 @@ def call(
     ext: Mapping[str, object] | None = None,
     body: bytes = b"",
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_ADMIN_TIMEOUT,
 ) -> _Response:
     """Send one request to `addr` (a name server or a broker) and read its response.
 
@@ -210,7 +206,7 @@ class RocketMQAdmin:
     """
 
     def __init__(self, namesrv_addr: str, *, cluster: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_ADMIN_TIMEOUT) -> None:
         self.namesrv_addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise TransportError("no name server address given")
@@ -272,7 +268,7 @@ class RocketMQAdmin:
 
     # ------------------------------------------------------------------------------------ brokers
 
-    def create_topic(self, topic: str, *, queues: int = DEFAULT_QUEUES,
+    def create_topic(self, topic: str, *, queues: int = DEFAULT_TOPIC_QUEUES,
                      perm: int = PERM_READ | PERM_WRITE, order: bool = False) -> None:
         """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`)."""
         for addr in self.master_brokers().values():
@@ -301,21 +297,9 @@ class RocketMQAdmin:
         first redelivery) and, when given, its `retryMaxTimes`."""
         if retry_max_times is not None:
             self.update_subscription_group(group, retry_max_times=retry_max_times)
-        retry = f"%RETRY%{group}"
+        retry = retry_topic(group)
         if self.topic_route(retry) is None:
             self.create_topic(retry, queues=1)
-
-    def consumer_client_ids(self, group: str) -> set[str]:
-        """Client ids of the consumers of `group` the brokers know (empty when none is online)."""
-        ids: set[str] = set()
-        for addr in self.master_brokers().values():
-            response = call(addr, GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group},
-                            timeout=self.timeout)
-            if response.code == CONSUMER_NOT_ONLINE:
-                continue
-            data = _loads(_check(response, f"consumer connections of {group}").body)
-            ids |= {c.get("clientId", "") for c in data.get("connectionSet", [])}
-        return ids
 
     def read_queue(self, broker_addr: str, topic: str, queue_id: int, *, group: str,
                    offset: int = 0, batch: int = 32) -> list[StoredMessage]:

@@ -20,7 +20,7 @@ from consumer_kit.transports.base import (
     DeliveryCallback,
     Subscription,
 )
-from consumer_kit.transports.rocketmq_wire import make_delivery, property_names, text, translate
+from consumer_kit.transports.rocketmq_wire import make_delivery, read_properties, text, translate
 
 if TYPE_CHECKING:
     from consumer_kit.transports.rocketmq import RocketMQTransport
@@ -135,15 +135,8 @@ class RocketMQConsumer(Consumer):
         """Copy everything out of the C message (valid only during the callback)."""
         msg = native.client().ReceivedMessage(handle)
 
-        def prop(name: str) -> str:
-            return text(msg.get_property(name))
-
-        names = property_names(prop, self.transport.extra_properties)
-        values = {}
-        for name in names:
-            value = prop(name)
-            if value:
-                values[name] = value
+        values = read_properties(lambda name: text(msg.get_property(name)),
+                                 self.transport.extra_properties)
         return make_delivery(
             topic=text(msg.topic),
             body=bytes(msg.body or b""),

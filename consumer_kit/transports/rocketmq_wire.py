@@ -13,6 +13,7 @@ from typing import Any
 from consumer_kit.errors import ConfigError, MessageTooLarge, TransportError, TransportUnavailable
 from consumer_kit.transports import rocketmq_native as native
 from consumer_kit.transports.base import (
+    DEFAULT_DELAY_LEVELS,
     PROP_BIZ,
     PROP_ENC,
     PROP_ID,
@@ -30,10 +31,6 @@ DEFAULT_CLIENT_LOG_LEVEL = "warn"
 #: The broker refuses messages over 4 MiB (`maxMessageSize`, body plus headers and properties);
 #: the C++ client's own default is 128 KiB, so the producer is configured with this limit.
 DEFAULT_ROCKETMQ_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
-#: The broker's default `messageDelayLevel` in seconds (1s 5s 10s 30s 1m 2m ... 1h 2h).
-DEFAULT_DELAY_LEVELS: tuple[float, ...] = (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
-)
 #: Property listing the names of a message's non-envelope properties (they cannot be enumerated
 #: on receive through the 2.0.0 API).
 PROP_NAMES = "ckit_props"
@@ -122,14 +119,20 @@ def translate(exc: Exception, what: str) -> TransportError:
     return TransportError(f"{what}: {text}")
 
 
-def property_names(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> list[str]:
-    """The property names to read from a received message: the envelope, `extra`, and the
-    names its sender listed in `ckit_props` (`lookup(name)` returns a property's value)."""
+def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """The non-empty properties of a received message whose names can be known: the envelope,
+    `ckit_enc`, `extra`, and the names its sender listed in `ckit_props` (the 2.0.0 client can
+    only look properties up by name: `lookup(name)` returns a value, `""` when missing).
+
+    >>> props = {"ckit_id": "1", "ckit_props": "x", "x": "2", "y": "3", "traceparent": ""}
+    >>> read_properties(lambda name: props.get(name, ""))
+    {'ckit_id': '1', 'x': '2'}
+    """
     names = [*ENVELOPE_PROPERTIES, PROP_ENC, *extra]
     listed = lookup(PROP_NAMES)
     if listed:
         names += [n for n in listed.split(",") if n]
-    return names
+    return {name: value for name in names if (value := lookup(name))}
 
 
 def make_delivery(*, body: bytes, properties: dict[str, str], **fields: Any) -> Delivery:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from consumer_kit.clock import to_epoch_ms, utcnow
-from consumer_kit.errors import ConfigError, MessageTooLarge, TransportError
+from consumer_kit.errors import ConfigError, DuplicateKey, TransportError
 from consumer_kit.schema import DEFAULT_MQ_PREFIX, KEYS_LEN, TAGS_LEN, TOPIC_LEN
 from consumer_kit.transports.base import (
     DEFAULT_MAX_BODY_BYTES,
@@ -44,6 +44,8 @@ from consumer_kit.transports.base import (
     SendResult,
     Subscription,
     Transport,
+    check_body_size,
+    retry_delay,
     retry_topic,
 )
 from consumer_kit.transports.sql_db import DEFAULT_BUSY_TIMEOUT, DEFAULT_UNAVAILABLE_AFTER, Database
@@ -112,11 +114,11 @@ class SqlTransport(Transport):
         if poll_interval <= 0 or batch_size < 1 or lease_seconds < 1:
             raise ConfigError("need poll_interval > 0, batch_size >= 1 and lease_seconds >= 1")
         self.tables = mq_tables(table_prefix)
-        self.db = Database(url, self.tables, prefix=table_prefix, busy_timeout=busy_timeout,
+        self.db = Database(url, self.tables, busy_timeout=busy_timeout,
                            unavailable_after=unavailable_after,
                            sqlite_synchronous=sqlite_synchronous, engine_options=engine_options)
         self.queues = queues
-        self.retry_delays = tuple(retry_delays) or (0.0,)
+        self.retry_delays = tuple(retry_delays)
         self.max_reconsume_times = max_reconsume_times
         self.max_body_bytes = max_body_bytes
         self.settings = ConsumerSettings(poll_interval, batch_size, lease_seconds)
@@ -125,8 +127,7 @@ class SqlTransport(Transport):
         self._lock = threading.Lock()
         self._queue_counts: dict[str, int] = {}
         self._round_robin = itertools.count()
-        #: wakes this process's consumers at once after a local send (others poll)
-        self.activity = threading.Condition()
+        #: this process's consumers, woken at once after a local send (other processes poll)
         self._consumers: weakref.WeakSet[SqlConsumer] = weakref.WeakSet()
         self._closed = False
         # built once: building and cache-keying Core statements costs more than SQLite itself
@@ -139,7 +140,7 @@ class SqlTransport(Transport):
         self._insert_message = sa.insert(self.tables.message)
 
     def __repr__(self) -> str:
-        return f"SqlTransport({self.db.masked_url!r}, table_prefix={self.tables.message.name!r})"
+        return f"SqlTransport({self.db.masked_url!r}, table_prefix={self.tables.prefix!r})"
 
     # -- schema and topics -----------------------------------------------------------------------
 
@@ -182,9 +183,8 @@ class SqlTransport(Transport):
                     for i in range(self.queues)
                 ]), write=True, what="create topic queues")
                 log.info("created topic %s with %d queues", topic, self.queues)
-            except TransportError as error:
-                if not isinstance(error.__cause__, sa.exc.IntegrityError):
-                    raise
+            except DuplicateKey:  # another process created them first
+                pass
             existing = self.db.run(count, write=False, what="read topic queues")
         with self._lock:
             self._queue_counts[topic] = existing
@@ -203,10 +203,7 @@ class SqlTransport(Transport):
             SchemaError: the tables are missing.
             TransportUnavailable: the database stayed unreachable or locked.
         """
-        if len(message.body) > self.max_body_bytes:
-            raise MessageTooLarge(
-                f"body of {len(message.body)} bytes exceeds the limit of {self.max_body_bytes}"
-            )
+        check_body_size(message.body, self.max_body_bytes)
         keys = " ".join(message.keys)
         if len(message.tags or "") > TAGS_LEN or len(keys) > KEYS_LEN:
             raise ConfigError(f"tags (max {TAGS_LEN}) or keys (max {KEYS_LEN}) too long")
@@ -231,7 +228,7 @@ class SqlTransport(Transport):
             log.debug("scheduled message %s on %s in %.3fs", uniq_key, message.topic, delay)
             return SendResult(uniq_key, queue_id, None)
         offset = self.db.run(lambda conn: self._append(conn, row), write=True, what="send")
-        self.notify()
+        self.notify([message.topic])
         log.debug("sent message %s to %s/%d@%d", uniq_key, message.topic, queue_id, offset)
         return SendResult(uniq_key, queue_id, offset)
 
@@ -247,10 +244,16 @@ class SqlTransport(Transport):
             raise TransportError(f"queue {row['topic']}/{row['queue_id']} moved under its lock")
         return int(offset)
 
-    def notify(self) -> None:
-        """Wake this process's consumers (after a send or when shutting down)."""
-        with self.activity:
-            self.activity.notify_all()
+    def notify(self, topics: Iterable[str] | None = None) -> None:
+        """Wake the pollers of this process's consumers of `topics` (of all when None): new
+        messages are in their queues. Consumers in other processes find them at their next poll.
+        """
+        wanted = None if topics is None else set(topics)
+        with self._lock:
+            consumers = list(self._consumers)
+        for consumer in consumers:
+            if wanted is None or not wanted.isdisjoint(consumer.expressions):
+                consumer.wake()
 
     def promote_due(self, queues: Iterable[tuple[str, int]], *, limit: int = 256) -> int:
         """Append scheduled messages of `queues` whose effect time has come; return how many.
@@ -273,14 +276,15 @@ class SqlTransport(Transport):
         for row_id, topic, queue_id in due:
             if (topic, queue_id) in wanted:
                 by_queue.setdefault((topic, queue_id), []).append(int(row_id))
-        promoted = 0
+        promoted: dict[str, int] = {}
         for (topic, queue_id), ids in by_queue.items():
-            promoted += self.db.run(functools.partial(self._promote, topic=topic,
-                                                      queue_id=queue_id, ids=ids),
-                                    write=True, what="deliver due messages")
+            count = self.db.run(functools.partial(self._promote, topic=topic, queue_id=queue_id,
+                                                  ids=ids), write=True, what="deliver due messages")
+            if count:
+                promoted[topic] = promoted.get(topic, 0) + count
         if promoted:
-            self.notify()
-        return promoted
+            self.notify(promoted)
+        return sum(promoted.values())
 
     def _promote(self, conn: sa.Connection, *, topic: str, queue_id: int, ids: list[int]) -> int:
         m = self.tables.message
@@ -327,8 +331,8 @@ class SqlTransport(Transport):
             return
         topic = retry_topic(group)
         count = self.queue_count(topic)
-        delay = self.retry_delays[min(delivery.reconsume_times, len(self.retry_delays) - 1)]
-        self.db.run(lambda conn: conn.execute(sa.insert(self.tables.message), [{
+        delay = retry_delay(self.retry_delays, delivery.reconsume_times)
+        self.db.run(lambda conn: conn.execute(self._insert_message, [{
             **common, "topic": topic, "queue_id": next(self._round_robin) % count,
             "queue_offset": None, "deliver_at": now + dt.timedelta(seconds=delay),
             "reconsume_times": attempt, "origin_group": group, "origin_topic": delivery.topic,
@@ -379,7 +383,8 @@ class SqlTransport(Transport):
         from consumer_kit.transports.sql_consumer import SqlConsumer
 
         consumer = SqlConsumer(self, group, subscriptions, callback, threads=threads)
-        self._consumers.add(consumer)
+        with self._lock:
+            self._consumers.add(consumer)
         return consumer
 
     def __enter__(self) -> SqlTransport:
@@ -390,7 +395,9 @@ class SqlTransport(Transport):
         if self._closed:
             return
         self._closed = True
-        for consumer in list(self._consumers):
+        with self._lock:
+            consumers = list(self._consumers)
+        for consumer in consumers:
             consumer.shutdown()
         self.db.dispose()
 

@@ -97,6 +97,9 @@ class SqlConsumer(Consumer):
         self._cond = threading.Condition()
         self._buffer: collections.deque[_Work] = collections.deque()
         self._max_buffer = self.settings.batch_size + self.threads
+        #: set to wake the poller early: new messages (a local send) or a low buffer
+        self._wake = threading.Event()
+        self._fill_from = 0  # rotates which owned queue is fetched first
         self._owned: dict[QueueKey, _QueueState] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -113,6 +116,10 @@ class SqlConsumer(Consumer):
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    def wake(self) -> None:
+        """Make the poller look at the queues now instead of after its poll interval."""
+        self._wake.set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -142,7 +149,7 @@ class SqlConsumer(Consumer):
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        self.transport.notify()
+        self._wake.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -153,8 +160,7 @@ class SqlConsumer(Consumer):
                 state.active = False
         for state in states:
             try:
-                offset = state.commit_point() if state.commit_point() > state.committed else None
-                self.store.release(state.lease, offset)
+                self._give_up(state)
             except CkitError as error:
                 log.warning("could not release %s/%d of %s: %s", *state.key, self.group, error)
         try:
@@ -187,6 +193,7 @@ class SqlConsumer(Consumer):
         next_commit = 0.0
         while not self._stop.is_set():
             busy = False
+            self._wake.clear()  # a wake from now on makes the wait below return at once
             try:
                 now = time.monotonic()
                 if now >= next_beat or self._rebalance_now:
@@ -206,8 +213,7 @@ class SqlConsumer(Consumer):
                 log.exception("consumer %s of %s: poller error", self.member_id, self.group)
                 self._stop.wait(ERROR_BACKOFF)
             if not busy and not self._stop.is_set():
-                with self.transport.activity:
-                    self.transport.activity.wait(self.settings.poll_interval)
+                self._wake.wait(self.settings.poll_interval)
         try:
             self._commit()
         except CkitError as error:
@@ -282,11 +288,19 @@ class SqlConsumer(Consumer):
                 state.committed = max(state.committed, point)
 
     def _fill(self) -> bool:
-        """Promote due messages, fetch from owned queues into the buffer; True if any came."""
+        """Promote due messages, fetch from owned queues into the buffer; True if any came.
+
+        Only at low water (no more buffered than the workers can take at once), so each fetch
+        can bring up to a whole batch; the workers wake the poller when they get there.
+        """
         with self._cond:
             active = [s for s in self._owned.values() if s.active]
-        if not active:
+            low_water = len(self._buffer) <= self.threads
+        if not active or not low_water:
             return False
+        start = self._fill_from % len(active)  # no queue always first: none starves
+        self._fill_from += 1
+        active = active[start:] + active[:start]
         now = time.monotonic()
         if now >= self._next_promote:  # effect times need no finer grain than the poll interval
             self._next_promote = now + self.settings.poll_interval
@@ -300,7 +314,9 @@ class SqlConsumer(Consumer):
                 continue
             with self._cond:
                 room = self._max_buffer - len(self._buffer)
-            if head <= state.cursor or room <= 0:
+            if room <= 0:
+                break
+            if head <= state.cursor:
                 continue
             rows = self.store.fetch(state.key, state.cursor, min(room, self.settings.batch_size))
             if not rows:  # purged below the head
@@ -328,6 +344,8 @@ class SqlConsumer(Consumer):
                     self._cond.wait(0.5)
                     continue
                 work = self._buffer.popleft()
+                if len(self._buffer) == self.threads:  # low water: time to fetch more
+                    self._wake.set()
                 state = work.state
                 if state.active and time.monotonic() > state.lease_deadline:
                     # not renewed in time (database slow or away): stop, and let the poller
@@ -352,8 +370,6 @@ class SqlConsumer(Consumer):
                     if done:
                         work.state.pending.discard(work.offset)
                     self._cond.notify_all()
-            if done and not self._stop.is_set():
-                self.transport.notify()
 
     def _process(self, delivery: Delivery) -> bool:
         """Run the callback; on RECONSUME_LATER re-send to the retry topic. True when done."""

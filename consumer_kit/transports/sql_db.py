@@ -21,6 +21,7 @@ from sqlalchemy import event, exc
 
 from consumer_kit.errors import (
     ConfigError,
+    DuplicateKey,
     SchemaError,
     TransportError,
     TransportUnavailable,
@@ -41,6 +42,8 @@ SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: can't connect, server gone away, lost connection, connection killed, read-only failover.
 _MYSQL_TRANSIENT = {1205, 1213, 1040, 1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 _MYSQL_NO_TABLE = {1146}
+#: Duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY).
+_MYSQL_DUPLICATE = {1062, 1586, 1022}
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
                      "unable to open database file", "disk i/o error")
 
@@ -58,7 +61,6 @@ class Database:
         url: str,
         tables: MqTables,
         *,
-        prefix: str = DEFAULT_MQ_PREFIX,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         unavailable_after: float = DEFAULT_UNAVAILABLE_AFTER,
         sqlite_synchronous: str = "FULL",
@@ -71,7 +73,6 @@ class Database:
                               "use sql+sqlite:///path.db or sql+mysql+pymysql://...") from error
         self.masked_url = mask_url(url)
         self.tables = tables
-        self.prefix = prefix
         self.unavailable_after = unavailable_after
         self.dialect = parsed.get_backend_name()
         options: dict[str, Any] = {}
@@ -117,6 +118,7 @@ class Database:
 
         Raises:
             SchemaError: a transport table is missing.
+            DuplicateKey: a primary key or unique index was already taken (never retried).
             TransportUnavailable: still failing after `unavailable_after` seconds.
             TransportError: any other database error.
         """
@@ -134,6 +136,11 @@ class Database:
             except exc.DBAPIError as error:
                 if self._is_missing_table(error):
                     raise self.schema_error(str(error.orig)) from error
+                if self._is_duplicate(error):
+                    raise DuplicateKey(
+                        f"SQL transport could not {what} on {self.masked_url}: "
+                        f"{mask_text(str(error.orig))}"
+                    ) from error
                 if not self._is_transient(error):
                     raise TransportError(
                         f"SQL transport failed to {what} on {self.masked_url}: "
@@ -153,9 +160,10 @@ class Database:
 
     def schema_error(self, detail: str) -> SchemaError:
         """The error for missing tables, saying which command creates them."""
-        prefix = "" if self.prefix == DEFAULT_MQ_PREFIX else f" (table prefix {self.prefix!r})"
+        prefix = self.tables.prefix
+        which = "" if prefix == DEFAULT_MQ_PREFIX else f" (table prefix {prefix!r})"
         return SchemaError(
-            f"the SQL transport's tables are missing{prefix}: {mask_text(detail)}; "
+            f"the SQL transport's tables are missing{which}: {mask_text(detail)}; "
             f"run `ckit db init --url {self.masked_url}` (or pass create_tables=True)"
         )
 
@@ -189,6 +197,13 @@ class Database:
         if self.is_sqlite:
             return "no such table" in str(error.orig).lower()
         return _driver_code(error) in _MYSQL_NO_TABLE
+
+    def _is_duplicate(self, error: exc.DBAPIError) -> bool:
+        if not isinstance(error, exc.IntegrityError):
+            return False
+        if self.is_sqlite:
+            return "unique constraint failed" in str(error.orig).lower()
+        return _driver_code(error) in _MYSQL_DUPLICATE
 
     def _is_transient(self, error: exc.DBAPIError) -> bool:
         if error.connection_invalidated:

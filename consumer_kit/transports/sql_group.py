@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import sqlalchemy as sa
 
 from consumer_kit.clock import utcnow
+from consumer_kit.errors import DuplicateKey
 from consumer_kit.transports.sql_db import Database
 from consumer_kit.transports.sql_schema import MqTables
 
@@ -145,10 +146,8 @@ class GroupStore:
 
         try:
             return self.db.run(take, write=True, what="take a queue lease")
-        except Exception as error:  # a concurrent first insert: the other member won
-            if isinstance(error.__cause__, sa.exc.IntegrityError):
-                return None
-            raise
+        except DuplicateKey:  # a concurrent first insert: the other member won
+            return None
 
     def _committed_offset(self, conn: sa.Connection, key: QueueKey, now: dt.datetime) -> int:
         off = self.t.offset

@@ -41,6 +41,7 @@ MAX_PREFIX_LEN = 40
 class MqTables:
     """The SQL transport's tables under one prefix."""
 
+    prefix: str
     metadata: sa.MetaData
     message: sa.Table
     queue: sa.Table
@@ -198,10 +199,13 @@ def mq_tables(prefix: str, metadata: sa.MetaData | None = None) -> MqTables:
 
     >>> mq_tables("ckit_mq").message.name
     'ckit_mq_message'
+    >>> mq_tables("abc").prefix
+    'abc'
     """
     validate_prefix(prefix)
     metadata = metadata if metadata is not None else sa.MetaData()
     return MqTables(
+        prefix=prefix,
         metadata=metadata,
         message=_message(metadata, f"{prefix}_message"),
         queue=_queue(metadata, f"{prefix}_queue"),

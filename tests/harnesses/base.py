@@ -49,3 +49,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float, *, interval: float =
             return True
         time.sleep(interval)
     return predicate()
+
+
+def wait_for_dead_letters(read: Callable[[], list[Delivery]], *, expect: int, timeout: float,
+                          interval: float = 0.02) -> list[Delivery]:
+    """Call `read` (a transport's `dead_letters(group)`) until it returns `expect` messages or
+    `timeout` passes; return its last answer (one read per poll)."""
+    found: list[Delivery] = []
+
+    def enough() -> bool:
+        found[:] = read()
+        return len(found) >= expect
+
+    wait_for(enough, timeout, interval=interval)
+    return found

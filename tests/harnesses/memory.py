@@ -8,7 +8,7 @@ from pathlib import Path
 
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.memory import MemoryTransport
-from tests.harnesses.base import MAX_RECONSUME, unique
+from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 
 class MemoryHarness:
@@ -26,10 +26,8 @@ class MemoryHarness:
         return unique(stem)
 
     def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
-        from tests.harnesses.base import wait_for
-
-        wait_for(lambda: len(self.transport.dead_letters(group)) >= expect, self.timeout)
-        return self.transport.dead_letters(group)
+        return wait_for_dead_letters(lambda: self.transport.dead_letters(group), expect=expect,
+                                     timeout=self.timeout)
 
 
 @contextmanager

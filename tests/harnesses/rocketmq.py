@@ -16,7 +16,7 @@ from pathlib import Path
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from tests import services
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for
+from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 #: Must match the broker's messageDelayLevel (scripts/rocketmq.sh).
 TEST_DELAY_LEVELS = (1.0,) * 18
@@ -46,14 +46,8 @@ class RocketMQHarness:
         return name
 
     def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
-        found: list[Delivery] = []
-
-        def enough() -> bool:
-            found[:] = self.transport.dead_letters(group)
-            return len(found) >= expect
-
-        wait_for(enough, self.timeout, interval=0.25)
-        return found
+        return wait_for_dead_letters(lambda: self.transport.dead_letters(group), expect=expect,
+                                     timeout=self.timeout, interval=0.25)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from typing import Any
 
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for
+from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 #: Fast settings for tests: short back-off, short leases (a dead consumer's queues move in ~2 s).
 FAST_OPTIONS: dict[str, Any] = {
@@ -39,8 +39,8 @@ class SqlHarness:
         return unique(stem)
 
     def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
-        wait_for(lambda: len(self.transport.dead_letters(group)) >= expect, self.timeout)
-        return self.transport.dead_letters(group)
+        return wait_for_dead_letters(lambda: self.transport.dead_letters(group), expect=expect,
+                                     timeout=self.timeout)
 
 
 def sqlite_url(tmp_path: Path) -> str:

@@ -20,6 +20,7 @@ from consumer_kit.schema import TableNames, build_metadata
 from consumer_kit.transports.sql import SqlTransport
 from outbox_producer import Outbox, Relay
 from tests import services
+from tests.harnesses.base import wait_for
 
 MESSAGES = 60
 PROCESSES = 3
@@ -33,15 +34,6 @@ def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, 
     else:
         services.require("mariadb", services.ping_mysql)
         yield services.mysql_url(), services.mysql_url()
-
-
-def wait_until(predicate: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow
@@ -80,7 +72,7 @@ def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
         # When: one process is killed while it is inside a handler
         victim = procs[0]
         marker = tmp_path / f"busy-{victim.pid}"
-        assert wait_until(marker.exists, 60), "the victim never started a handler"
+        assert wait_for(marker.exists, 60, interval=0.05), "the victim never started a handler"
         victim.send_signal(signal.SIGKILL)
         in_flight = int(marker.read_text() or -1)
         victim.wait(10)
@@ -93,7 +85,7 @@ def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
                 return (conn.execute(sa.select(sa.func.count()).select_from(processed))
                         .scalar() or 0) >= MESSAGES
 
-        assert wait_until(all_processed, 120), "messages were lost after the kill"
+        assert wait_for(all_processed, 120, interval=0.05), "messages were lost after the kill"
         time.sleep(1.0)  # let any straggling duplicate delivery finish
         with engine.connect() as conn:
             rows = conn.execute(sa.select(effects.c.n, sa.func.count()).group_by(effects.c.n)

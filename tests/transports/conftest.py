@@ -2,6 +2,7 @@
 
 Each backend has a module `tests/harnesses/<name>.py` with a `harness(tmp_path)` context manager.
 Backends whose service is not up skip locally and fail under CI (see tests/services.py).
+The SQL transport's own tests get a database (`db`) on a SQLite file and on MariaDB.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.transports.sql import SqlTransport
 from tests.harnesses.base import Harness
+from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
+from tests.harnesses.sql_sqlite import sqlite_url
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -33,3 +37,18 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
 def h(harness: Harness) -> Harness:
     """Short alias used by the conformance tests."""
     return harness
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(database URL, a table prefix of this test's own) for the SQL transport; on MariaDB,
+    which other tests share, the prefix's tables are dropped afterwards."""
+    if request.param == "sqlite":
+        url, prefix = sqlite_url(tmp_path), "ckit_mq"
+    else:
+        url, prefix = mariadb_url(), unique_prefix()
+    yield url, prefix
+    if request.param == "mariadb":
+        cleanup = SqlTransport(url, table_prefix=prefix)
+        drop_tables(cleanup)
+        cleanup.close()

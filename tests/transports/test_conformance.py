@@ -50,9 +50,10 @@ def test_send_returns_a_broker_id_and_delivers_body_tags_keys_and_properties(h: 
     consumer = start(h, group, [Subscription(topic)], inbox)
     try:
         # When
+        sent_properties = {"ckit_id": "01HX", "ckit_src": "orders", "x_custom": "1"}
         result = h.transport.send(OutgoingMessage(
             topic, b'{"order": 1}', tags="created", keys=("k-1", "k-2"),
-            properties={"ckit_id": "01HX", "ckit_src": "orders"},
+            properties=sent_properties,
         ))
         # Then
         assert result.broker_message_id
@@ -64,6 +65,8 @@ def test_send_returns_a_broker_id_and_delivers_body_tags_keys_and_properties(h: 
         assert got.keys.split() == ["k-1", "k-2"]
         assert got.properties["ckit_id"] == "01HX"
         assert got.properties["ckit_src"] == "orders"
+        # a property outside the envelope comes back too, and nothing of the transport's own
+        assert dict(got.properties) == sent_properties
         assert got.broker_message_id
         assert got.reconsume_times == 0
     finally:
@@ -163,12 +166,14 @@ def test_reconsume_later_redelivers_with_a_growing_reconsume_count(h: Harness) -
                   else ConsumeStatus.CONSUME_SUCCESS)
     consumer = start(h, group, [Subscription(topic)], inbox)
     try:
-        h.transport.send(OutgoingMessage(topic, b"again", properties={"ckit_id": "R1"}))
+        sent_properties = {"ckit_id": "R1", "x_custom": "r"}
+        h.transport.send(OutgoingMessage(topic, b"again", properties=sent_properties))
         assert wait_for(lambda: len(inbox.items) >= 2, h.timeout)
         first, second = inbox.items[0], inbox.items[1]
         assert [first.reconsume_times, second.reconsume_times] == [0, 1]
         assert second.body == b"again"
         assert second.properties["ckit_id"] == "R1"
+        assert dict(second.properties) == sent_properties
         assert second.topic == topic
         assert second.broker_message_id == first.broker_message_id
     finally:
@@ -198,10 +203,12 @@ def test_message_goes_to_the_dead_letter_queue_after_max_reconsume_times(h: Harn
     inbox = Inbox(lambda _d: ConsumeStatus.RECONSUME_LATER)
     consumer = start(h, group, [Subscription(topic)], inbox)
     try:
-        h.transport.send(OutgoingMessage(topic, b"poison", properties={"ckit_id": "P1"}))
+        sent_properties = {"ckit_id": "P1", "x_custom": "p"}
+        h.transport.send(OutgoingMessage(topic, b"poison", properties=sent_properties))
         dead = h.dead_letters(group, expect=1)
         assert [d.body for d in dead] == [b"poison"]
         assert dead[0].properties["ckit_id"] == "P1"
+        assert dict(dead[0].properties) == sent_properties
         assert len(inbox.items) == MAX_RECONSUME + 1
     finally:
         consumer.shutdown()

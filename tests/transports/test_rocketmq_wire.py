@@ -10,7 +10,14 @@ import pytest
 
 from consumer_kit.errors import ConfigError
 from consumer_kit.transports import rocketmq_native
-from consumer_kit.transports.rocketmq_wire import delay_level, encode_body, parse_addr
+from consumer_kit.transports.base import DEFAULT_DELAY_LEVELS, DEFAULT_RETRY_DELAYS
+from consumer_kit.transports.rocketmq_wire import (
+    delay_level,
+    encode_body,
+    make_delivery,
+    parse_addr,
+    read_properties,
+)
 
 LEVELS = (1, 5, 10, 30, 60)
 
@@ -40,6 +47,27 @@ def _is_utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_received_properties_are_the_envelope_the_listed_names_and_the_extra_ones() -> None:
+    # Given what a received message answers by name (it cannot list its properties)
+    stored = {"ckit_id": "01HX", "ckit_props": "x_custom,x_empty", "x_custom": "1",
+              "ckit_enc": "b64", "x_extra": "e", "x_unlisted": "u", "UNIQ_KEY": "K"}
+    # When
+    found = read_properties(lambda name: stored.get(name, ""), ["x_extra"])
+    # Then empty and unlisted ones are left out
+    assert found == {"ckit_id": "01HX", "x_custom": "1", "ckit_enc": "b64", "x_extra": "e"}
+    # and the delivery drops the transport's own, decoding the body they describe
+    delivery = make_delivery(topic="t", body=base64.b64encode(b"\x00"), broker_message_id="K",
+                             properties=dict(found))
+    assert dict(delivery.properties) == {"ckit_id": "01HX", "x_custom": "1", "x_extra": "e"}
+    assert delivery.body == b"\x00"
+
+
+def test_the_retry_back_off_is_rocketmqs_delay_levels_from_the_third_on() -> None:
+    assert [delay_level(s) - 2 for s in DEFAULT_RETRY_DELAYS] == list(
+        range(1, len(DEFAULT_RETRY_DELAYS) + 1))
+    assert DEFAULT_DELAY_LEVELS[2:] == DEFAULT_RETRY_DELAYS
 
 
 def test_name_server_addresses_are_validated() -> None:

@@ -21,8 +21,6 @@ import pytest
 from consumer_kit.transports import OutgoingMessage
 from consumer_kit.transports.sql import SqlTransport
 from tests.harnesses.base import wait_for
-from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
-from tests.harnesses.sql_sqlite import sqlite_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -31,21 +29,13 @@ PROCESSES = 3
 DEADLINE = 60.0
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
-def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(database URL, table prefix) with the tables created; dropped afterwards on MariaDB."""
-    if request.param == "sqlite":
-        url, prefix = sqlite_url(tmp_path), "ckit_mq"
-    else:
-        url, prefix = mariadb_url(), unique_prefix()
-    transport = SqlTransport(url, table_prefix=prefix, create_tables=True)
-    transport.check_schema()
-    try:
-        yield url, prefix
-    finally:
-        if request.param == "mariadb":
-            drop_tables(transport)
-        transport.close()
+@pytest.fixture
+def broker(db: tuple[str, str]) -> tuple[str, str]:
+    """The `db` fixture's (database URL, table prefix) with the tables created."""
+    url, prefix = db
+    with SqlTransport(url, table_prefix=prefix, create_tables=True) as transport:
+        transport.check_schema()
+    return db
 
 
 class Fleet:

@@ -13,11 +13,19 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.errors import ConfigError, SchemaError, TransportUnavailable
+from consumer_kit.clock import utcnow
+from consumer_kit.errors import (
+    ConfigError,
+    DuplicateKey,
+    SchemaError,
+    TransportError,
+    TransportUnavailable,
+)
 from consumer_kit.schema import TableNames, build_metadata
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
 from consumer_kit.transports.base import retry_topic
 from consumer_kit.transports.sql import SqlTransport
+from consumer_kit.transports.sql_group import GroupStore
 from tests.harnesses.base import wait_for
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
 from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
@@ -25,22 +33,9 @@ from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
 TIMEOUT = 10.0
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(database URL, a table prefix of this test's own); tables dropped afterwards."""
-    if request.param == "sqlite":
-        url, prefix = sqlite_url(tmp_path), "ckit_mq"
-    else:
-        url, prefix = mariadb_url(), unique_prefix()
-    yield url, prefix
-    if request.param == "mariadb":
-        cleanup = SqlTransport(url, table_prefix=prefix)
-        drop_tables(cleanup)
-        cleanup.close()
-
-
 @pytest.fixture
 def transport(db: tuple[str, str]) -> Iterator[SqlTransport]:
+    """A transport with fast test settings on the `db` fixture's database (tests/transports)."""
     url, prefix = db
     t = SqlTransport(url, table_prefix=prefix, **FAST_OPTIONS)
     yield t
@@ -96,6 +91,20 @@ def test_open_transport_builds_it_from_a_sql_plus_url(tmp_path: Path) -> None:
 def test_unusable_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError):
         SqlTransport(url)
+
+
+def test_repr_shows_the_masked_url_and_the_table_prefix(tmp_path: Path) -> None:
+    with SqlTransport("mysql+pymysql://ckit:s3cret@127.0.0.1:1/mq", table_prefix="abc") as t:
+        assert repr(t) == ("SqlTransport('mysql+pymysql://ckit:***@127.0.0.1:1/mq', "
+                           "table_prefix='abc')")
+    with SqlTransport(sqlite_url(tmp_path)) as t:
+        assert repr(t) == f"SqlTransport({sqlite_url(tmp_path)!r}, table_prefix='ckit_mq')"
+
+
+def test_the_schema_error_names_a_table_prefix_other_than_the_default(tmp_path: Path) -> None:
+    with SqlTransport(sqlite_url(tmp_path), table_prefix="abc") as t, \
+            pytest.raises(SchemaError, match="table prefix 'abc'"):
+        t.send(OutgoingMessage("orders", b"x"))
 
 
 @pytest.mark.parametrize("prefix", ["bad-name", "x" * 41, "1abc"])
@@ -155,7 +164,188 @@ def test_a_delayed_message_waits_without_an_offset(transport: SqlTransport) -> N
     assert row.deliver_at - row.born_at >= dt.timedelta(seconds=29)
 
 
+def test_a_duplicate_key_raises_duplicate_key_and_other_constraints_do_not(
+    transport: SqlTransport,
+) -> None:
+    # Given a topic whose queue rows exist
+    transport.ensure_topic("dup_t")
+    q = transport.tables.queue
+    row = {"topic": "dup_t", "queue_id": 0, "next_offset": 0, "created_at": utcnow()}
+
+    def insert(values: dict[str, object]) -> Callable[[sa.Connection], object]:
+        return lambda conn: conn.execute(sa.insert(q), [values])
+
+    # Then inserting one again is a DuplicateKey, with the driver's error as its cause
+    with pytest.raises(DuplicateKey) as caught:
+        transport.db.run(insert(row), write=True, what="insert a queue twice")
+    assert isinstance(caught.value.__cause__, sa.exc.IntegrityError)
+    # and breaking another constraint (NOT NULL) stays a plain TransportError
+    with pytest.raises(TransportError) as other:
+        transport.db.run(insert({**row, "queue_id": 9, "next_offset": None}), write=True,
+                         what="insert a queue without an offset")
+    assert not isinstance(other.value, DuplicateKey)
+
+
+def test_a_topic_another_process_creates_meanwhile_is_used_not_an_error(
+    db: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given two transports; the second counts no queues, then the first creates the topic
+    url, prefix = db
+    with SqlTransport(url, table_prefix=prefix, create_tables=True, queues=3) as first, \
+            SqlTransport(url, table_prefix=prefix, queues=5) as second:
+        first.check_schema()
+        real_run = second.db.run
+        raced: list[str] = []
+
+        def run(work: Callable[[sa.Connection], object], *, write: bool, what: str) -> object:
+            if what == "read topic queues" and not raced:
+                raced.append(what)
+                first.ensure_topic("race_t")
+                return 0
+            return real_run(work, write=write, what=what)
+
+        monkeypatch.setattr(second.db, "run", run)
+        # When the second creates its queues too, Then it uses the first's (no error)
+        assert second.queue_count("race_t") == 3
+        assert raced
+
+
+@pytest.mark.mariadb
+def test_two_members_inserting_a_first_lease_at_once_one_wins_without_an_error() -> None:
+    # READ COMMITTED lets both members see no lease row and insert one (SQLite serialises the
+    # two write transactions, so only MariaDB can race here)
+    url, prefix = mariadb_url(), unique_prefix()
+    with SqlTransport(url, table_prefix=prefix, create_tables=True) as a_side, \
+            SqlTransport(url, table_prefix=prefix) as b_side:
+        try:
+            a_side.ensure_topic("lease_t")
+            a = GroupStore(a_side.db, a_side.tables, "g", "member-a", 30)
+            b = GroupStore(b_side.db, b_side.tables, "g", "member-b", 30)
+            first: list[object] = []
+
+            # Given member a commits its lease row just before member b inserts its own
+            @sa.event.listens_for(b_side.db.engine, "before_cursor_execute")
+            def a_goes_first(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+                if not first and statement.lstrip().upper().startswith("INSERT INTO") \
+                        and b_side.tables.lease.name in statement:
+                    first.append(a.acquire(("lease_t", 0)))
+
+            # When b takes the lease, Then b learns that a won, and a holds it
+            assert b.acquire(("lease_t", 0)) is None
+            assert first and first[0] is not None
+            assert b.acquire(("lease_t", 0)) is None
+        finally:
+            drop_tables(a_side)
+
+
+def test_two_consumers_promoting_the_same_due_messages_give_each_one_offset(
+    db: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given 40 scheduled messages now due, in two queues
+    url, prefix = db
+    topic, count = "promote_t", 40
+    with SqlTransport(url, table_prefix=prefix, create_tables=True, queues=2) as first, \
+            SqlTransport(url, table_prefix=prefix, queues=2) as second:
+        for i in range(count):
+            first.send(OutgoingMessage(topic, f"p{i}".encode(), delay=0.01))
+        store = GroupStore(first.db, first.tables, "g", "reader", 30)
+        assert wait_for(lambda: store.count_due([topic]) == count, TIMEOUT)
+        # both transports read the same due rows before either promotes them
+        both_read = threading.Barrier(2, timeout=TIMEOUT)
+        for side in (first, second):
+            real_run = side.db.run
+
+            def run(work: Callable[[sa.Connection], object], *, write: bool, what: str,
+                    real_run: Callable[..., object] = real_run) -> object:
+                result = real_run(work, write=write, what=what)
+                if what == "find due messages":
+                    both_read.wait()
+                return result
+
+            monkeypatch.setattr(side.db, "run", run)
+        promoted: list[int] = []
+        errors: list[BaseException] = []
+
+        def promote(side: SqlTransport) -> None:
+            try:
+                promoted.append(side.promote_due([(topic, 0), (topic, 1)]))
+            except BaseException as error:
+                errors.append(error)
+
+        # When
+        threads = [threading.Thread(target=promote, args=(side,)) for side in (first, second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+
+        # Then each message got one offset: every queue is gapless and matches its head
+        assert errors == []
+        assert len(promoted) == 2
+        assert sum(promoted) == count  # per queue, one side promoted and the other found none
+        m, q = first.tables.message, first.tables.queue
+        stored = rows(first, sa.select(m.c.queue_id, m.c.queue_offset).where(m.c.topic == topic))
+        per_queue: dict[int, list[int]] = collections.defaultdict(list)
+        for queue_id, offset in stored:
+            per_queue[int(queue_id)].append(int(offset))
+        assert sum(len(offsets) for offsets in per_queue.values()) == count
+        heads = dict(rows(first, sa.select(q.c.queue_id, q.c.next_offset)
+                          .where(q.c.topic == topic)))
+        assert {k: sorted(v) for k, v in per_queue.items()} == {
+            k: list(range(heads[k])) for k in per_queue}
+
+
 # -- consuming -----------------------------------------------------------------------------------
+
+
+def test_a_busy_consumer_fetches_whole_batches_and_wakes_no_other_poller(
+    db: tuple[str, str],
+) -> None:
+    # Given 200 messages in one queue, a consumer working through them (2 ms each) and an
+    # idle consumer of another topic, both counting their queue-head reads and fetches
+    url, prefix = db
+    poll, count = 0.2, 200
+    with SqlTransport(url, table_prefix=prefix, create_tables=True, poll_interval=poll,
+                      batch_size=32, lease_seconds=2) as t:
+        t.ensure_topic("other_t")
+        for i in range(count):
+            t.send(OutgoingMessage("batch_t", f"b{i}".encode(), sharding_key="one"))
+        got: list[Delivery] = []
+
+        def slow(d: Delivery) -> ConsumeStatus:
+            time.sleep(0.002)
+            got.append(d)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        busy = t.consumer("batch_g", [Subscription("batch_t")], slow, threads=2)
+        idle = t.consumer("idle_g", [Subscription("other_t")], collect([]))
+        calls: collections.Counter[str] = collections.Counter()
+        for name, consumer in (("busy", busy), ("idle", idle)):
+            for method in ("queues", "fetch"):
+                real = getattr(consumer.store, method)
+
+                def counted(*args: object, _real: Callable[..., object] = real,
+                            _key: str = f"{name} {method}") -> object:
+                    calls[_key] += 1
+                    return _real(*args)
+
+                setattr(consumer.store, method, counted)
+        started = time.monotonic()
+        idle.start()
+        busy.start()
+        try:
+            # When
+            assert wait_for(lambda: len(got) == count, TIMEOUT)
+            elapsed = time.monotonic() - started
+        finally:
+            busy.shutdown()
+            idle.shutdown()
+    # Then the busy one fetched at least 8 messages a time on average (it was 1 when every
+    # finished message woke the pollers), and the idle one only read on its poll interval
+    assert calls["busy fetch"] <= count // 8, calls
+    assert calls["busy queues"] <= count // 8, calls
+    assert calls["idle queues"] <= elapsed / poll + 5, (calls, elapsed)
+
 
 
 def test_ready_counts_deliverable_messages_until_drained(transport: SqlTransport) -> None:
