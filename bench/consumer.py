@@ -186,6 +186,7 @@ def main() -> None:
         print(f"  effects written: {effects} (= 4 x {n} + 100 warm-up: bare and decorated, twice)")
 
         big = deliveries(max(n, 20_000), "dup" + tag)
+        baseline = 0.0
         for label, local, threads in (("via redis, 20 threads, combining off (baseline)", -1,
                                        20),
                                       ("via redis, 1 thread", 0, 1),
@@ -198,16 +199,17 @@ def main() -> None:
             if local < 0 and dup.redis is not None:  # one round trip per claim, as before
                 dup.redis._claims.max_batch = 1
             mark_done(client, dup.group, big)
-            if local:
+            if local > 0:
                 for d in big:  # this process saw them: fill its memory of finished ids
                     dup.recent.add(d.properties["ckit_id"])
             combiner = dup.redis._claims if dup.redis is not None else None
             before = (combiner.batches, combiner.items) if combiner else (0, 0)
             rate = duplicate_rate(dup, big, threads, rounds=1)
-            per_trip = ""
+            baseline = baseline or rate
+            per_trip = f"  {rate / baseline:.2f}x the baseline"
             if combiner and combiner.batches > before[0]:
                 claims = (combiner.items - before[1]) / (combiner.batches - before[0])
-                per_trip = f"  ({claims:.1f} claims per round trip)"
+                per_trip += f" ({claims:.1f} claims per round trip)"
             print(f"duplicates rejected {label}: {rate:,.0f}/s{per_trip}")
         print("  (target >= 20,000/s; concurrent claims share one pipelined round trip)")
     finally:
