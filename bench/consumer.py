@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_facts, percentile
 from consumer_kit import ConsumerApp, Message
-from consumer_kit.db import make_engine
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.dedupe.keys import done_key
-from consumer_kit.schema import TableNames, build_metadata
 from consumer_kit.transports import Delivery
 
 MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")

@@ -12,12 +12,14 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.ack_sender import AckRoute, AckSender, SqlRoute, TopicRoute
-from consumer_kit.db import check_tables, make_engine
+from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.errors import ConfigError, DatabaseUnavailable
+from consumer_kit.core.identifiers import validate_identifier
+from consumer_kit.core.messages import ConsumeStatus, Delivery
+from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
+from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE
-from consumer_kit.errors import ConfigError, DatabaseUnavailable
-from consumer_kit.identifiers import validate_identifier
 from consumer_kit.listeners import (
     DedupeKey,
     Handler,
@@ -29,13 +31,12 @@ from consumer_kit.listeners import (
 )
 from consumer_kit.pipeline import Pipeline
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.runner import Activity, run_consumer
-from consumer_kit.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
+from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute, TopicRoute
 from consumer_kit.transports import open_transport
-from consumer_kit.transports.base import ConsumeStatus, Delivery, Transport
-from consumer_kit.urls import mask_url
+from consumer_kit.transports.base import Transport
+from consumer_kit.transports.running import Activity, run_consumer
 
-log = logging.getLogger("consumer_kit.app")
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Handler)
 
@@ -59,7 +60,7 @@ class ConsumerApp:
         transport: transport URL (or object) to consume from; `ckit consume --transport`
             overrides it.
         ack: `"topic"` (ack messages on the producer's ack topic over the same transport), a
-            SQLAlchemy URL of the producer's database (applied there directly), an `AckRoute`
+            SQLAlchemy URL of the producer's database (applied there directly), an `ReceiptRoute`
             of your own, or None (off).
         permanent_errors: exception types that reject a message instead of retrying it.
     """
@@ -71,7 +72,7 @@ class ConsumerApp:
         db: str | Engine,
         redis: str | redis_lib.Redis | None = None,
         transport: str | Transport | None = None,
-        ack: str | AckRoute | None = "topic",
+        ack: str | ReceiptRoute | None = "topic",
         processed_table: str = DEFAULT_PROCESSED_TABLE,
         permanent_errors: tuple[type[BaseException], ...] = (),
         done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
@@ -79,7 +80,7 @@ class ConsumerApp:
         threads: int = DEFAULT_THREADS,
         local_cache: int = DEFAULT_LOCAL_CACHE,
         ack_outbox_table: str | None = None,
-        ack_table: str | None = None,
+        receipt_table: str | None = None,
     ) -> None:
         if not group or len(group) > GROUP_LEN:
             raise ConfigError(f"invalid consumer group {group!r}")
@@ -94,11 +95,11 @@ class ConsumerApp:
         self.lease = lease
         self.threads = threads
         self.local_cache = local_cache
-        self.ack_tables = (ack_outbox_table, ack_table)
+        self.ack_tables = (ack_outbox_table, receipt_table)
         self.router = Router()
         self._pipeline: Pipeline | None = None
         self._transport: Transport | None = None
-        self._acks: AckSender | None = None
+        self._acks: ReceiptSender | None = None
         self._lock = threading.RLock()
         self._redis_from_url: tuple[str, redis_lib.Redis] | None = None
         self.activity = Activity()
@@ -180,14 +181,14 @@ class ConsumerApp:
             return None
         return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
 
-    def _ack_route(self) -> AckRoute | None:
-        if self.ack is None or isinstance(self.ack, AckRoute):
+    def _ack_route(self) -> ReceiptRoute | None:
+        if self.ack is None or isinstance(self.ack, ReceiptRoute):
             return self.ack
         if self.ack == "topic":
             return TopicRoute(self.transport())
         if "://" in self.ack:
             outbox, acks = self.ack_tables
-            return SqlRoute(self.ack, outbox_table=outbox, ack_table=acks)
+            return SqlRoute(self.ack, outbox_table=outbox, receipt_table=acks)
         raise ConfigError(
             f"invalid ack={mask_url(self.ack)!r}: use 'topic', a database URL or None")
 
@@ -196,7 +197,7 @@ class ConsumerApp:
         with self._lock:
             if self._pipeline is None:
                 route = self._ack_route()
-                self._acks = AckSender(route, self.group) if route else None
+                self._acks = ReceiptSender(route, self.group) if route else None
                 self._pipeline = Pipeline(
                     group=self.group, engine=self.engine, router=self.router,
                     store=ProcessedStore(self.engine, self.group, table=self.processed_table),

@@ -7,9 +7,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from consumer_kit.errors import ConfigError, HandlerSignatureError
+from consumer_kit.core.errors import ConfigError, HandlerSignatureError
+from consumer_kit.core.messages import Subscription, tag_matches
 from consumer_kit.message import Message
-from consumer_kit.transports.base import Subscription, tag_matches
 
 Handler = Callable[..., Any]
 DedupeKey = Callable[[Message], str]

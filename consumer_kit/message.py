@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumer_kit.control import InvalidBody
-from consumer_kit.transports.base import PROP_BIZ, PROP_ID, PROP_SENT, PROP_SRC, Delivery
+from consumer_kit.core.envelope import PROP_BIZ, PROP_ID, PROP_SENT, PROP_SRC
+from consumer_kit.core.messages import Delivery
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from consumer_kit.transports.base import ConsumeStatus
+from consumer_kit.core.messages import ConsumeStatus
 
 
 class Outcome(enum.Enum):

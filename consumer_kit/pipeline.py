@@ -17,18 +17,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from consumer_kit import metrics
-from consumer_kit.ack_sender import AckSender
 from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.core.messages import ConsumeStatus, Delivery
+from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.tokens import new_token
 from consumer_kit.listeners import Listener, Router
 from consumer_kit.message import Message
 from consumer_kit.outcome import DURABLE, Outcome, Result, broker_status
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.schema import REASON_LEN, ProcessedStatus
-from consumer_kit.transports.base import ConsumeStatus, Delivery
+from consumer_kit.receipts import ReceiptSender
 
-log = logging.getLogger("consumer_kit.pipeline")
+log = logging.getLogger(__name__)
 
 #: errors that can never succeed on redelivery
 DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
@@ -48,7 +48,7 @@ class Pipeline:
         store: ProcessedStore,
         redis: RedisDedupe | None = None,
         recent: RecentlyDone | None = None,
-        acks: AckSender | None = None,
+        acks: ReceiptSender | None = None,
         permanent: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.group = group

@@ -14,9 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from consumer_kit.clock import utcnow
-from consumer_kit.message import Message
-from consumer_kit.schema import (
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
     TAGS_LEN,
@@ -24,6 +23,7 @@ from consumer_kit.schema import (
     ProcessedStatus,
     processed_table,
 )
+from consumer_kit.message import Message
 
 
 class ProcessedStore:

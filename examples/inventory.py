@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from consumer_kit import ConsumerApp, Message, Reject
-from consumer_kit.schema import build_metadata
+from consumer_kit.core.schema import build_metadata
 
 metadata = sa.MetaData()
 reservations = sa.Table(

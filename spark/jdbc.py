@@ -13,11 +13,14 @@ import glob
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import make_url
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.urls import mask_url
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
 
 SQLITE_DRIVER = "org.sqlite.JDBC"
 MARIADB_DRIVER = "org.mariadb.jdbc.Driver"
@@ -140,3 +143,11 @@ def timestamp_literal(value: dt.datetime) -> str:
     """A naive-UTC datetime as `'YYYY-MM-DD HH:MM:SS.ffffff'`: compares correctly with MariaDB
     DATETIME(6) and with the text SQLAlchemy stores in SQLite."""
     return f"'{value.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+
+
+def compiled(select: sa.Select[Any], dialect: str, *, alias: str) -> str:
+    """`(SELECT ...) alias`: a SQLAlchemy select compiled for `dialect` (`mysql`, `sqlite`)
+    with its values as literals, the form Spark's JDBC `dbtable` option takes."""
+    engine_dialect = mysql.dialect() if dialect == "mysql" else sqlite.dialect()
+    text = str(select.compile(dialect=engine_dialect, compile_kwargs={"literal_binds": True}))
+    return f"({' '.join(text.split())}) {alias}"

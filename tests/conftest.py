@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
 from tests import services
 
 
@@ -36,7 +36,7 @@ class Db:
 
 def unique_names(prefix: str = "t") -> TableNames:
     tag = uuid.uuid4().hex[:8]
-    return TableNames(outbox=f"{prefix}{tag}_outbox", outbox_ack=f"{prefix}{tag}_ack",
+    return TableNames(outbox=f"{prefix}{tag}_outbox", receipts=f"{prefix}{tag}_ack",
                       processed=f"{prefix}{tag}_processed", mq_prefix=f"{prefix}{tag}_mq")
 
 

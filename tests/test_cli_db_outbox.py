@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from typer.testing import CliRunner, Result
 
 from consumer_kit.cli.main import app
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
 from tests.conftest import Db
 
@@ -63,12 +63,12 @@ def state_of(db: Db, row_id: int) -> OutboxState:
 
 
 def opts(db: Db) -> list[str]:
-    return ["--url", db.url, "--table", db.names.outbox]
+    return ["--url", db.url, "--outbox-table", db.names.outbox]
 
 
 def retry_opts(db: Db) -> list[str]:
     """`retry` also deletes the re-queued rows' ack rows: it needs the ack table too."""
-    return [*opts(db), "--ack-table", db.names.outbox_ack]
+    return [*opts(db), "--receipt-table", db.names.receipts]
 
 
 # -------------------------------------------------------------------------------------------- db
@@ -121,7 +121,7 @@ def test_every_command_without_a_url_says_so_in_one_line(command: list[str]) -> 
 
 def test_the_url_can_come_from_ckit_db_url(sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKIT_DB_URL", sqlite_db.url)
-    result = ckit("outbox", "stats", "--table", sqlite_db.names.outbox)
+    result = ckit("outbox", "stats", "--outbox-table", sqlite_db.names.outbox)
     assert result.exit_code == 0, result.output
 
 
@@ -133,12 +133,12 @@ def test_outbox_commands_never_print_the_password(command: list[str]) -> None:
 
 
 def test_a_bad_table_name_is_one_error_line(sqlite_db: Db) -> None:
-    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "x; drop table")
+    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--outbox-table", "x; drop table")
     assert_one_error_line(result, 2, "invalid")
 
 
 def test_a_missing_table_points_at_ckit_db_init(sqlite_db: Db) -> None:
-    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "nope")
+    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--outbox-table", "nope")
     assert_one_error_line(result, 2, "ckit db init")
 
 
@@ -157,11 +157,11 @@ def test_stats_prints_every_state_and_the_total(sqlite_db: Db) -> None:
 
 def test_show_prints_a_message_by_id_and_fails_for_an_unknown_one(sqlite_db: Db) -> None:
     row = insert(sqlite_db, OutboxState.SENT)
-    args = [*opts(sqlite_db), "--ack-table", sqlite_db.names.outbox_ack]
+    args = [*opts(sqlite_db), "--receipt-table", sqlite_db.names.receipts]
     shown = ckit("outbox", "show", row["message_id"], *args)
     data = json.loads(ckit("outbox", "show", row["biz_key"], *args, "--json").stdout)
     missing = ckit("outbox", "show", "nothing-here", *args)
-    assert shown.exit_code == 0 and "SENT (2)" in shown.stdout and "acks: none" in shown.stdout
+    assert shown.exit_code == 0 and "SENT (2)" in shown.stdout and "receipts: none" in shown.stdout
     assert data[0]["message"]["message_id"] == row["message_id"]
     assert_one_error_line(missing, 1, "no message with message_id or biz_key 'nothing-here'")
 
@@ -207,14 +207,14 @@ def test_retry_deletes_the_ack_rows_of_the_rows_it_requeues(sqlite_db: Db) -> No
     row = insert(sqlite_db, OutboxState.REJECTED)
     tables = ops.OutboxTables.from_names(sqlite_db.names)
     with sqlite_db.engine.begin() as conn:
-        conn.execute(sa.insert(tables.ack).values(
+        conn.execute(sa.insert(tables.receipts).values(
             message_id=row["message_id"], consumer_group="stock", outcome="rejected",
-            acked_at=utcnow()))
+            received_at=utcnow()))
     # When
     result = ckit("outbox", "retry", str(row["id"]), *retry_opts(sqlite_db))
     # Then
     assert result.exit_code == 0, result.output
-    assert sqlite_db.count(sqlite_db.names.outbox_ack) == 0
+    assert sqlite_db.count(sqlite_db.names.receipts) == 0
 
 
 def test_retry_with_an_unknown_state_lists_the_valid_ones(sqlite_db: Db) -> None:
@@ -246,8 +246,9 @@ def test_suspend_then_resume(sqlite_db: Db) -> None:
 def test_archive_moves_old_consumed_rows(sqlite_db: Db) -> None:
     old = insert(sqlite_db, OutboxState.CONSUMED, gmt_create=utcnow() - dt.timedelta(days=40))
     recent = insert(sqlite_db, OutboxState.CONSUMED)
-    dry = ckit("outbox", "archive", "--older-than", "30d", "--dry-run", *opts(sqlite_db))
-    result = ckit("outbox", "archive", "--older-than", "30d", "--batch", "10", *opts(sqlite_db))
+    dry = ckit("outbox", "archive", "--older-than", "30d", "--dry-run", *retry_opts(sqlite_db))
+    result = ckit("outbox", "archive", "--older-than", "30d", "--batch", "10",
+                  *retry_opts(sqlite_db))
     assert dry.exit_code == 0 and dry.stdout.startswith("1 rows")
     assert result.exit_code == 0 and "archived 1 rows in 1 batches" in result.stdout
     tables = ops.OutboxTables.from_names(sqlite_db.names)

@@ -15,10 +15,11 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.errors import ConfigError
-from consumer_kit.schema import OutboxState, build_metadata, outbox_table, processed_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import build_metadata, outbox_table, processed_table
+from consumer_kit.core.states import OutboxState
 from consumer_kit.transports import open_transport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ def test_an_unknown_transport_scheme_is_one_clear_error() -> None:
 def test_relay_finishes_its_batch_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'orders.db'}"
     build_metadata().create_all(make_engine(db))
+    build_metadata().create_all(make_engine(f"sqlite:///{tmp_path / 'mq.db'}"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "consumer_kit.cli.main", "relay", "--url", db, "--transport",
          f"sql+sqlite:///{tmp_path / 'mq.db'}", "--json"],

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from consumer_kit.combining import CombinedSendError, Combiner
 from consumer_kit.dedupe import tokens
+from consumer_kit.dedupe.combining import CombinedSendError, Combiner
 
 DEADLINE = 10.0
 

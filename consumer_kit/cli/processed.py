@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from consumer_kit.cli.common import db_url_option, friendly_errors, print_json, require
-from consumer_kit.clock import parse_duration
-from consumer_kit.db import check_tables, make_engine
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json
+from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.db import check_tables, make_engine
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.schema import DEFAULT_PROCESSED_TABLE
 
 processed_app = typer.Typer(help="the consumer's processed-messages table", no_args_is_help=True)
 
@@ -16,19 +17,19 @@ processed_app = typer.Typer(help="the consumer's processed-messages table", no_a
 @processed_app.command("purge")
 @friendly_errors
 def purge(
-    url: str | None = db_url_option("SQLAlchemy URL of the consumer database (env CKIT_DB_URL)"),
+    url: str | None = options.url("SQLAlchemy URL of the consumer database (env CKIT_DB_URL)"),
     group: str = typer.Option(..., "--group", help="consumer group whose rows to purge"),
     older_than: str = typer.Option("7d", "--older-than",
                                    help="delete rows processed before now minus this"),
     batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),
     max_batches: int | None = typer.Option(None, "--max-batches", min=1),
-    table: str = typer.Option(DEFAULT_PROCESSED_TABLE, "--table"),
+    processed_table: str = options.processed_table(),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Delete old processed rows in bounded batches. Keep --older-than at least the Redis done
     TTL plus the broker's redelivery window, or old duplicates could be applied again."""
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
-    store = ProcessedStore(engine, group, table=table)
+    store = ProcessedStore(engine, group, table=processed_table)
     check_tables(engine, store.table)
     deleted = store.purge(parse_duration(older_than), batch=batch, max_batches=max_batches)
     if as_json:

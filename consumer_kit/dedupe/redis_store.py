@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import redis
 
 from consumer_kit import metrics
-from consumer_kit.combining import Combiner
+from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.scripts import LuaScript, run_pipelined
 from consumer_kit.dedupe.writer import RedisWriter
 
-log = logging.getLogger("consumer_kit.dedupe.redis")
+log = logging.getLogger(__name__)
 
 DEFAULT_DONE_TTL = dt.timedelta(days=7)
 DEFAULT_LEASE = dt.timedelta(minutes=2)

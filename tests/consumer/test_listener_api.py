@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from consumer_kit import ConfigError, ConsumerApp, Message
-from consumer_kit.errors import HandlerSignatureError, SchemaError
+from consumer_kit.core.errors import HandlerSignatureError, SchemaError
 from consumer_kit.transports import Subscription
 
 
@@ -77,7 +77,7 @@ def test_start_up_check_refuses_an_unreachable_redis_without_its_password() -> N
     app.listener("ORDERS")(lambda msg: None)
     import sqlalchemy as sa
 
-    from consumer_kit.schema import processed_table
+    from consumer_kit.core.schema import processed_table
 
     processed_table(sa.MetaData()).create(app.engine)
     with pytest.raises(ConfigError, match="unreachable") as caught:
@@ -103,7 +103,7 @@ def test_message_json_and_envelope_fields() -> None:
 
 
 def test_start_up_check_names_an_unreachable_database_without_its_password() -> None:
-    from consumer_kit.errors import DatabaseUnavailable
+    from consumer_kit.core.errors import DatabaseUnavailable
 
     app = ConsumerApp(group="inventory", db="mysql+pymysql://app:SECRET@127.0.0.1:1/orders",
                       transport="memory://")

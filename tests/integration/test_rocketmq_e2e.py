@@ -26,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message, Reject
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.states import OutboxState
 from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from outbox_producer import Outbox, Relay
@@ -104,7 +104,7 @@ class World:
             proc = subprocess.run(
                 [sys.executable, "-m", "consumer_kit.cli.main", "acks", "--url", self.env.db.url,
                  "--transport", f"rocketmq://{self.addr}", "--producer", self.producer,
-                 "--table", names.outbox, "--ack-table", names.outbox_ack, "--burst", "--json"],
+                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst", "--json"],
                 capture_output=True, text=True, timeout=TIMEOUT, check=False,
                 env={**os.environ, "HOME": str(self.tmp_path)},  # the C++ client logs to ~/logs
             )

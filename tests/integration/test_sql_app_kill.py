@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.transports.sql import SqlTransport
 from outbox_producer import Outbox, Relay
 from tests import services
@@ -44,7 +44,7 @@ def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
     # Given: the producer's outbox, the consumer's tables, the SQL broker, three consumers
     db_url, mq_url = urls
     tag = uuid.uuid4().hex[:8]
-    names = TableNames(outbox=f"k{tag}_outbox", outbox_ack=f"k{tag}_ack",
+    names = TableNames(outbox=f"k{tag}_outbox", receipts=f"k{tag}_ack",
                        processed=f"k{tag}_processed")
     engine = make_engine(db_url)
     metadata = build_metadata(names, include_transport=False)

@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from consumer_kit.schema import OutboxState
-from outbox_producer import Outbox, PayloadError
+from consumer_kit.core.errors import PayloadError
+from consumer_kit.core.states import OutboxState
+from outbox_producer import Outbox
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 

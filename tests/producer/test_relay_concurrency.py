@@ -8,8 +8,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import outbox_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.schema import outbox_table
 from outbox_producer import Outbox, Relay
 from outbox_producer.ids import new_message_id
 from tests.conftest import Db

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
+from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import GroupSource, ReconcileConfig
-from consumer_kit.schema import OutboxState, ack_table, outbox_table, processed_table
 from tests import services
 
 STUCK_AFTER = dt.timedelta(minutes=10)
@@ -28,9 +29,9 @@ RECENT = dt.timedelta(minutes=1)  # younger than the cutoff
 def spark() -> Iterator[Any]:
     """One local Spark for the whole run: 2 cores, 2 shuffle partitions, no UI, JDBC jars."""
     pyspark_sql = pytest.importorskip("pyspark.sql")
-    from consumer_kit.errors import ConfigError
+    from consumer_kit.core.errors import ConfigError
     from spark.jdbc import find_jars
-    from spark.reconcile_job import LOOPBACK_DRIVER_CONF
+    from spark.session import LOOPBACK_DRIVER_CONF
 
     try:
         jars = find_jars({"sqlite", "mysql"})
@@ -67,7 +68,7 @@ class World:
     producer_url: str
     producer: sa.Engine
     outbox: sa.Table
-    ack: sa.Table
+    receipts: sa.Table
     group_urls: dict[str, str]
     group_engines: dict[str, sa.Engine]
     processed: dict[str, sa.Table]
@@ -106,8 +107,8 @@ class World:
     def add_ack(self, message_id: str, group: str, outcome: str = "consumed") -> None:
         """Insert an ack row in the producer database."""
         with self.producer.begin() as conn:
-            conn.execute(self.ack.insert().values(message_id=message_id, consumer_group=group,
-                                                  outcome=outcome, acked_at=self.now - OLD))
+            conn.execute(self.receipts.insert().values(message_id=message_id, consumer_group=group,
+                                                  outcome=outcome, received_at=self.now - OLD))
 
     def row(self, message_id: str) -> Any:
         """The outbox row of `message_id`."""
@@ -115,11 +116,11 @@ class World:
             return conn.execute(sa.select(self.outbox).where(
                 self.outbox.c.message_id == message_id)).one()
 
-    def acks(self, message_id: str) -> dict[str, str]:
+    def receipts_of(self, message_id: str) -> dict[str, str]:
         """`{group: outcome}` of the ack rows of `message_id`."""
         with self.producer.connect() as conn:
-            rows = conn.execute(sa.select(self.ack.c.consumer_group, self.ack.c.outcome).where(
-                self.ack.c.message_id == message_id)).all()
+            rows = conn.execute(sa.select(self.receipts.c.consumer_group, self.receipts.c.outcome).where(
+                self.receipts.c.message_id == message_id)).all()
         return {r.consumer_group: r.outcome for r in rows}
 
     def snapshot(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -128,7 +129,7 @@ class World:
             outbox = [tuple(r) for r in conn.execute(
                 sa.select(self.outbox).order_by(self.outbox.c.id))]
             acks = [tuple(r) for r in conn.execute(
-                sa.select(self.ack).order_by(self.ack.c.message_id, self.ack.c.consumer_group))]
+                sa.select(self.receipts).order_by(self.receipts.c.message_id, self.receipts.c.consumer_group))]
         return outbox, acks
 
     def config(self, engine: str, **kwargs: Any) -> ReconcileConfig:
@@ -138,7 +139,7 @@ class World:
                        for g, u in self.group_urls.items())
         kwargs.setdefault("output_dir", None)
         return ReconcileConfig(producer_url=self.producer_url, groups=groups,
-                               outbox_table=self.outbox.name, ack_table=self.ack.name,
+                               outbox_table=self.outbox.name, receipt_table=self.receipts.name,
                                stuck_after=STUCK_AFTER, engine=engine, now=self.now,
                                master="local[2]", **kwargs)
 
@@ -160,7 +161,7 @@ def make_world(kind: str, tmp_path: Path,
     producer = make_engine(producer_url)
     meta = sa.MetaData()
     outbox = outbox_table(meta, f"rc{tag}_outbox")
-    ack = ack_table(meta, f"rc{tag}_ack")
+    receipts = receipt_table(meta, f"rc{tag}_rcpt")
     meta.create_all(producer)
     group_urls: dict[str, str] = {}
     engines: dict[str, sa.Engine] = {}
@@ -179,7 +180,7 @@ def make_world(kind: str, tmp_path: Path,
         engines[group] = engine
     try:
         yield World(kind=kind, producer_url=producer_url, producer=producer, outbox=outbox,
-                    ack=ack, group_urls=group_urls, group_engines=engines,
+                    receipts=receipts, group_urls=group_urls, group_engines=engines,
                     processed=processed, now=utcnow())
     finally:
         for m, e in metas:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from consumer_kit.errors import MessageTooLarge
+from consumer_kit.core.errors import MessageTooLarge
 from consumer_kit.transports import (
     Consumer,
     ConsumeStatus,

@@ -96,7 +96,7 @@ def owners(url: str, prefix: str, group: str) -> collections.Counter[str]:
     """How many queues each member of `group` holds a live lease on."""
     import sqlalchemy as sa
 
-    from consumer_kit.clock import utcnow
+    from consumer_kit.core.clock import utcnow
 
     with SqlTransport(url, table_prefix=prefix) as transport:
         lease = transport.tables.lease
