@@ -31,13 +31,10 @@ sys.path.insert(0, str(_HERE.parent))
 import sqlalchemy as sa  # noqa: E402
 
 from bench.common import machine_facts, rss_mb, summary_us, table  # noqa: E402
-from consumer_kit.core.db import make_engine
-from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
+from consumer_kit.core.db import make_engine  # noqa: E402
+from consumer_kit.core.schema import TableNames, build_metadata, outbox_table  # noqa: E402
 from consumer_kit.transports import ConsumeStatus, OutgoingMessage, Subscription  # noqa: E402
-from consumer_kit.transports.rocketmq import (
-    RocketMQTransport,
-    native,
-)
+from consumer_kit.transports.rocketmq import RocketMQTransport, native  # noqa: E402
 
 BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
 DEADLINE = 300.0

@@ -1,5 +1,6 @@
-"""The per-message pipeline (DESIGN.md, "Consumer half"): dedupe key, Redis claim, handler and
-processed row in one transaction, done marker, lease release, ack, broker status."""
+"""The per-message pipeline: dedupe key, Redis claim, handler and processed row in one
+transaction, done marker, lease release, receipt, broker ack (docs/architecture.md, "The path
+of one message")."""
 
 from __future__ import annotations
 

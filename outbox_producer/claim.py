@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import supports_skip_locked
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.rows import SEND_COLUMNS, OutboxRow
 from consumer_kit.core.states import OutboxState
 from consumer_kit.core.transitions import Ids, Versions, Where, cas
@@ -41,13 +42,13 @@ class Shard:
 
     @classmethod
     def parse(cls, text: str) -> Shard:
-        """Parse `i/N`, e.g. `0/4`; raise `ValueError` with the expected form."""
+        """Parse `i/N`, e.g. `0/4`; raise `ConfigError` with the expected form."""
         try:
             index, total = (int(p) for p in text.split("/"))
         except ValueError:
-            raise ValueError(f"invalid shard {text!r}: use i/N, e.g. 0/4") from None
+            raise ConfigError(f"invalid --shard {text!r}: use i/N, e.g. 0/4") from None
         if total < 1 or not 0 <= index < total:
-            raise ValueError(f"invalid shard {text!r}: need 0 <= i < N")
+            raise ConfigError(f"invalid --shard {text!r}: need 0 <= i < N")
         return cls(index, total)
 
 

@@ -172,7 +172,8 @@ def _connection(conn_or_session: Connection | Session) -> Connection:
         return conn_or_session.connection()
     if isinstance(conn_or_session, Connection):
         return conn_or_session
-    raise TypeError("publish() needs the caller's SQLAlchemy Connection or Session")
+    raise PayloadError("publish() needs the caller's SQLAlchemy Connection or Session, not "
+                       f"{type(conn_or_session).__name__}")
 
 
 def _keys_text(keys: Sequence[str] | str | None) -> str | None:

@@ -7,7 +7,13 @@ from collections import Counter
 from collections.abc import Sequence
 
 from consumer_kit.core.errors import TransportUnavailable
-from consumer_kit.core.messages import Delivery, DeliveryCallback, OutgoingMessage, SendResult, Subscription
+from consumer_kit.core.messages import (
+    Delivery,
+    DeliveryCallback,
+    OutgoingMessage,
+    SendResult,
+    Subscription,
+)
 from consumer_kit.transports.base import Consumer, Transport
 from consumer_kit.transports.memory import MemoryTransport
 

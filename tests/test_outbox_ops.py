@@ -18,8 +18,8 @@ from consumer_kit.core.errors import ArchiveBusy, ConfigError
 from consumer_kit.core.schema import TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
-from outbox_producer.ops import commands
 from outbox_producer.ops import archiving as archive
+from outbox_producer.ops import commands
 from tests.conftest import Db
 
 NOW = dt.datetime(2026, 1, 15, 12, 0, 0)

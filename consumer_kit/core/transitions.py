@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.states import OutboxState, Transition, transition
 
 #: Rows per statement for pair and id guards (well under every database's parameter limits).
@@ -82,7 +83,7 @@ def cas(
     allowed); `by` is written to `updated_by` (default: the transition's actor).
 
     Raises:
-        ValueError: `sources` names a state the transition does not accept (a programming
+        ConfigError: `sources` names a state the transition does not accept (a programming
             error: the transition table is the law).
     """
     step = transition(move) if isinstance(move, str) else move
@@ -90,7 +91,8 @@ def cas(
     states = tuple(allowed if sources is None else dict.fromkeys(sources))
     outside = [s.name for s in states if s not in allowed]
     if outside:
-        raise ValueError(f"transition {step.name} does not move rows out of {', '.join(outside)}")
+        raise ConfigError(
+            f"transition {step.name} does not move rows out of {', '.join(outside)}")
     c = table.c
     state_guard = (c.state == int(states[0]) if len(states) == 1
                    else c.state.in_([int(s) for s in states]))

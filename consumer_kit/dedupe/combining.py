@@ -18,13 +18,15 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from consumer_kit.core.errors import CkitError, ConfigError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 DEFAULT_MAX_BATCH = 128
 
 
-class CombinedSendError(RuntimeError):
+class CombinedSendError(CkitError):
     """Raised in the callers whose items rode in another thread's failed `send`; the
     original exception is its `__cause__` (the leader that ran `send` gets the original)."""
 
@@ -56,7 +58,7 @@ class Combiner(Generic[T, R]):
     def __init__(self, send: Callable[[Sequence[T]], Sequence[R]], *,
                  max_batch: int = DEFAULT_MAX_BATCH) -> None:
         if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
+            raise ConfigError("max_batch must be at least 1")
         self.send = send
         self.max_batch = max_batch
         self._reset()
@@ -100,7 +102,7 @@ class Combiner(Generic[T, R]):
         try:
             results = self.send([slot.item for slot in batch])
             if len(results) != len(batch):
-                raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
+                raise CkitError(f"send returned {len(results)} results for {len(batch)} items")
             for slot, result in zip(batch, results):
                 slot.result = result
         except BaseException as exc:

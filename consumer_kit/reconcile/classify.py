@@ -27,8 +27,8 @@ def classify(
 
     Rules, in order: a SENDING row (its lease expired before the cutoff) is STUCK_SENDING; a SENT
     row with no expected group is UNMATCHED; any expected group that FAILED it (processed FAILED
-    or sent a rejected receipt) makes it REJECTED; every expected group SUCCEEDED (processed) or acked
-    `consumed` makes it RECEIPT_LOST; otherwise some group is missing: RETRY while
+    or sent a rejected receipt) makes it REJECTED; every expected group SUCCEEDED (processed) or
+    sent a consumed receipt makes it RECEIPT_LOST; otherwise some group is missing: RETRY while
     `retry_count < max_retries`, else EXHAUSTED.
 
     >>> row = WindowRow(id=1, message_id="m1", topic="T", state=2, retry_count=0,

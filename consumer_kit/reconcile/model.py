@@ -43,7 +43,8 @@ class RepairClass(str, enum.Enum):
     """What the reconciler found for one outbox row (or one orphan processed row)."""
 
     RECEIPT_LOST = "receipt_lost"
-    """Processed SUCCEEDED (or sent a consumed receipt) in every expected group, outbox still SENT -> CONSUMED."""
+    """Processed SUCCEEDED (or a consumed receipt) in every expected group, outbox still SENT
+    -> CONSUMED."""
     REJECTED = "rejected"
     """A group's processed row is FAILED (or sent a rejected receipt) -> REJECTED."""
     RETRY = "retry"

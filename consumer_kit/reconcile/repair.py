@@ -12,8 +12,8 @@ Per-row values (a rejection reason) go through a bound `CASE id WHEN ... THEN ..
 says how many were applied; the difference from the ids sent is reported as conflicts (the row
 moved between read and write: it is left alone). When some rows conflicted, or receipts must be
 inserted, a fingerprint select (`updated_by`, `gmt_modified = :now`, `lock_version = seen + 1`)
-tells which ids were ours. Receipt rows for RECEIPT_LOST are inserted in the same transaction, skipping
-rows that exist.
+tells which ids were ours. Receipt rows for RECEIPT_LOST are inserted in the same transaction,
+skipping rows that exist.
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message, Reject
 from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from outbox_producer import Outbox, Relay
 from tests import services
 from tests.consumer.conftest import Env, _env, add_reservation
-from tests.harnesses.base import wait_for
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -104,7 +104,8 @@ class World:
             proc = subprocess.run(
                 [sys.executable, "-m", "consumer_kit.cli.main", "acks", "--url", self.env.db.url,
                  "--transport", f"rocketmq://{self.addr}", "--producer", self.producer,
-                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst", "--json"],
+                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst",
+                 "--json"],
                 capture_output=True, text=True, timeout=TIMEOUT, check=False,
                 env={**os.environ, "HOME": str(self.tmp_path)},  # the C++ client logs to ~/logs
             )

@@ -17,10 +17,10 @@ import sqlalchemy as sa
 
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames, build_metadata
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.sql import SqlTransport
 from outbox_producer import Outbox, Relay
 from tests import services
-from tests.harnesses.base import wait_for
 
 MESSAGES = 60
 PROCESSES = 3

@@ -180,5 +180,5 @@ def test_publish_with_a_session_joins_the_session_transaction(db: Db) -> None:
 
 def test_publish_refuses_something_that_is_not_a_connection_or_session(sqlite_db: Db) -> None:
     outbox = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox)
-    with pytest.raises(TypeError, match="Connection or Session"):
+    with pytest.raises(PayloadError, match="Connection or Session"):
         outbox.publish(sqlite_db.engine, "T", {}, biz_type="t", biz_key="1")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from consumer_kit.core.states import OutboxState
 from consumer_kit.transports import OutgoingMessage
 from consumer_kit.transports.memory import MemoryTransport
 from consumer_kit.transports.running import run_consumer
-from outbox_producer import Receipt, Outbox, ReceiptApplier, Relay
+from outbox_producer import Outbox, Receipt, ReceiptApplier, Relay
 from outbox_producer.receipts.consumer import ReceiptConsumer
 from tests.conftest import Db
 from tests.recording import RecordingTransport
@@ -124,7 +124,8 @@ def test_the_ack_consumer_applies_ack_topic_messages_and_drops_malformed_ones(db
     [mid] = publish(db)
     transport = MemoryTransport()
     transport.send(OutgoingMessage(receipt_topic("orders"), b"garbage"))
-    transport.send(OutgoingMessage(receipt_topic("orders"), encode_receipts([Receipt(mid, "inventory")])))
+    body = encode_receipts([Receipt(mid, "inventory")])
+    transport.send(OutgoingMessage(receipt_topic("orders"), body))
     worker = ReceiptConsumer(applier(db), transport, producer="orders")
     run_consumer(worker.consumer(), threading.Event(), burst=True, max_seconds=30)
     assert state(db, mid)[0] == OutboxState.CONSUMED

@@ -119,8 +119,9 @@ class World:
     def receipts_of(self, message_id: str) -> dict[str, str]:
         """`{group: outcome}` of the ack rows of `message_id`."""
         with self.producer.connect() as conn:
-            rows = conn.execute(sa.select(self.receipts.c.consumer_group, self.receipts.c.outcome).where(
-                self.receipts.c.message_id == message_id)).all()
+            r = self.receipts.c
+            rows = conn.execute(sa.select(r.consumer_group, r.outcome).where(
+                r.message_id == message_id)).all()
         return {r.consumer_group: r.outcome for r in rows}
 
     def snapshot(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -129,7 +130,8 @@ class World:
             outbox = [tuple(r) for r in conn.execute(
                 sa.select(self.outbox).order_by(self.outbox.c.id))]
             acks = [tuple(r) for r in conn.execute(
-                sa.select(self.receipts).order_by(self.receipts.c.message_id, self.receipts.c.consumer_group))]
+                sa.select(self.receipts).order_by(self.receipts.c.message_id,
+                                                  self.receipts.c.consumer_group))]
         return outbox, acks
 
     def config(self, engine: str, **kwargs: Any) -> ReconcileConfig:

@@ -124,7 +124,7 @@ def test_spark_submit_runs_the_job_file(world: World, tmp_path: Path) -> None:
            "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "reconcile_job.py"),
            *_args(world, "--output", str(tmp_path / "out"), "--json", "--quiet")[1:]]
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PATH": "/usr/bin:/bin", "JAVA_HOME": _java_home()}
+           "PATH": "/usr/bin:/bin", "JAVA_HOME": _java_home(), "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False, env=env)
 
     # Then it repairs the row and prints the JSON summary

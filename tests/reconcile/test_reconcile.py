@@ -225,8 +225,7 @@ def test_max_retries_override_and_thresholds_decide_the_exit_code(
 def test_a_processed_row_of_an_archived_message_is_not_an_orphan(world: World,
                                                                   engine_name: str) -> None:
     from consumer_kit.core.schema import TableNames
-    from outbox_producer.ops import OutboxTables
-    from outbox_producer.ops import archive
+    from outbox_producer.ops import OutboxTables, archive
 
     # Given a consumed message moved to the archive, and a processed row without any outbox row
     archived = world.add_outbox(OutboxState.CONSUMED)

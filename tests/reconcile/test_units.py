@@ -29,7 +29,8 @@ def test_a_rejection_by_any_group_wins_over_success_elsewhere() -> None:
 
 def test_ack_or_processed_success_counts_and_only_missing_ack_rows_are_inserted() -> None:
     # Given a acked (its processed row purged) and b processed without an ack
-    evidence = [Evidence("a", receipt_outcome="consumed"), Evidence("b", processed_status="SUCCEEDED")]
+    evidence = [Evidence("a", receipt_outcome="consumed"),
+                Evidence("b", processed_status="SUCCEEDED")]
     # When classified / Then ack lost, with only b's ack row to insert
     d = classify(_row(), evidence, GROUPS)
     assert (d.klass, d.missing_receipts) == (RepairClass.RECEIPT_LOST, ("b",))

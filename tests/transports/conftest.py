@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.testing.harness import Harness
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import Harness
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
 from tests.harnesses.sql_sqlite import sqlite_url
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import OutgoingMessage
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

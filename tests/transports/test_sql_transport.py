@@ -23,10 +23,10 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.messages import retry_topic
 from consumer_kit.core.schema import TableNames, build_metadata
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.group import GroupStore
-from tests.harnesses.base import wait_for
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
 from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
 

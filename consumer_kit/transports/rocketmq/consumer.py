@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from consumer_kit.core.envelope import PROP_ID
 from consumer_kit.core.errors import TransportError
@@ -23,8 +23,20 @@ from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.wire import make_delivery, read_properties, text, translate
 
-if TYPE_CHECKING:
-    from consumer_kit.transports.rocketmq.transport import RocketMQTransport
+
+class ConsumerHost(Protocol):
+    """What a consumer uses of its transport (`RocketMQTransport` is one)."""
+
+    addr: str
+    ordered_topics: frozenset[str]
+    extra_properties: tuple[str, ...]
+    create_topics: bool
+    client_log_dir: str | None
+    client_log_level: str | None
+
+    def ensure_topic(self, topic: str) -> None: ...
+
+    def prepare_group(self, group: str) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +52,7 @@ class RocketMQConsumer(Consumer):
 
     def __init__(
         self,
-        transport: RocketMQTransport,
+        transport: ConsumerHost,
         group: str,
         subscriptions: Sequence[Subscription],
         callback: DeliveryCallback,

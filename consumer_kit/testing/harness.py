@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from consumer_kit.transports import Delivery, Transport
+from consumer_kit.core.messages import Delivery
+from consumer_kit.transports.base import Transport
 
 _counter = itertools.count()
 
