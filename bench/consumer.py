@@ -137,7 +137,7 @@ def main() -> None:
 
     def make_app(local_cache: int, use_redis: bool = True, group: str = "") -> ConsumerApp:
         app = ConsumerApp(group=group or f"bench-{tag}", db=engine,
-                          redis=client if use_redis else None, ack=None,
+                          redis=client if use_redis else None, receipts=None,
                           transport="memory://bench", processed_table=names.processed,
                           local_cache=local_cache)
 

@@ -173,7 +173,7 @@ def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: T
     from consumer_kit import ConsumerApp, Message
 
     group = f"bench-app-{tag()}"
-    app = ConsumerApp(group=group, db=engine, redis=redis_url, ack=None,
+    app = ConsumerApp(group=group, db=engine, redis=redis_url, receipts=None,
                       processed_table=names.processed, transport=transport, threads=threads)
 
     @app.listener(topic)

@@ -43,7 +43,7 @@ meta = sa.MetaData()
 effects = sa.Table(env["B_EFFECTS"], meta, sa.Column("id", sa.Integer, primary_key=True),
                    sa.Column("n", sa.Integer, nullable=False))
 transport = SqlTransport(env["B_MQ"], table_prefix=env["B_PREFIX"], poll_interval=0.01)
-app = ConsumerApp(group="bench", db=env["B_DB"], redis=None, transport=transport, ack=None,
+app = ConsumerApp(group="bench", db=env["B_DB"], redis=None, transport=transport, receipts=None,
                   processed_table=env["B_PROCESSED"], threads=int(env["B_THREADS"]))
 @app.listener(env["B_TOPIC"])
 def handle(msg, session):

@@ -181,12 +181,16 @@ CREATE TABLE ckit_processed (
     tags VARCHAR(255) COMMENT 'tags received',
     broker_message_id VARCHAR(128) COMMENT 'broker UNIQ_KEY of the delivery',
     src VARCHAR(128) COMMENT 'producer service (ckit_src): where the receipt goes',
-    status VARCHAR(16) NOT NULL COMMENT 'SUCCEEDED | FAILED',
+    status VARCHAR(16) NOT NULL COMMENT 'SUCCEEDED | FAILED (rejected) | DEAD_LETTERED (retries spent)',
     attempts INTEGER NOT NULL COMMENT 'deliveries seen (reconsume count + 1)' DEFAULT '1',
-    error MEDIUMTEXT COMMENT 'why it FAILED',
+    error MEDIUMTEXT COMMENT 'why it FAILED or was DEAD_LETTERED',
     first_seen_at DATETIME(6) NOT NULL COMMENT 'UTC first delivery',
     processed_at DATETIME(6) NOT NULL COMMENT 'UTC of the commit',
+    receipt_due_at DATETIME(6) COMMENT 'UTC from when the receipt to the producer (src) is due; NULL: none owed (sent, or no src). The processed row is the receipt outbox',
+    receipt_attempts INTEGER NOT NULL COMMENT 'failed attempts to deliver the receipt (back-off)' DEFAULT '0',
     PRIMARY KEY (consumer_group, message_id)
 )ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit processed messages (dedupe truth)';
 
 CREATE INDEX ix_ckit_processed_processed_at ON ckit_processed (processed_at);
+
+CREATE INDEX ix_ckit_processed_receipt_due ON ckit_processed (consumer_group, receipt_due_at);

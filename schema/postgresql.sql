@@ -511,20 +511,26 @@ CREATE TABLE ckit_processed (
     broker_message_id VARCHAR(128),
     -- producer service (ckit_src): where the receipt goes
     src VARCHAR(128),
-    -- SUCCEEDED | FAILED
+    -- SUCCEEDED | FAILED (rejected) | DEAD_LETTERED (retries spent)
     status VARCHAR(16) NOT NULL,
     -- deliveries seen (reconsume count + 1)
     attempts INTEGER DEFAULT '1' NOT NULL,
-    -- why it FAILED
+    -- why it FAILED or was DEAD_LETTERED
     error TEXT,
     -- UTC first delivery
     first_seen_at TIMESTAMP WITHOUT TIME ZONE NOT NULL,
     -- UTC of the commit
     processed_at TIMESTAMP WITHOUT TIME ZONE NOT NULL,
+    -- UTC from when the receipt to the producer (src) is due; NULL: none owed (sent, or no src). The processed row is the receipt outbox
+    receipt_due_at TIMESTAMP WITHOUT TIME ZONE,
+    -- failed attempts to deliver the receipt (back-off)
+    receipt_attempts INTEGER DEFAULT '0' NOT NULL,
     PRIMARY KEY (consumer_group, message_id)
 );
 
 CREATE INDEX ix_ckit_processed_processed_at ON ckit_processed (processed_at);
+
+CREATE INDEX ix_ckit_processed_receipt_due ON ckit_processed (consumer_group, receipt_due_at);
 
 COMMENT ON TABLE ckit_processed IS 'consumer-kit processed messages (dedupe truth)';
 
@@ -540,12 +546,16 @@ COMMENT ON COLUMN ckit_processed.broker_message_id IS 'broker UNIQ_KEY of the de
 
 COMMENT ON COLUMN ckit_processed.src IS 'producer service (ckit_src): where the receipt goes';
 
-COMMENT ON COLUMN ckit_processed.status IS 'SUCCEEDED | FAILED';
+COMMENT ON COLUMN ckit_processed.status IS 'SUCCEEDED | FAILED (rejected) | DEAD_LETTERED (retries spent)';
 
 COMMENT ON COLUMN ckit_processed.attempts IS 'deliveries seen (reconsume count + 1)';
 
-COMMENT ON COLUMN ckit_processed.error IS 'why it FAILED';
+COMMENT ON COLUMN ckit_processed.error IS 'why it FAILED or was DEAD_LETTERED';
 
 COMMENT ON COLUMN ckit_processed.first_seen_at IS 'UTC first delivery';
 
 COMMENT ON COLUMN ckit_processed.processed_at IS 'UTC of the commit';
+
+COMMENT ON COLUMN ckit_processed.receipt_due_at IS 'UTC from when the receipt to the producer (src) is due; NULL: none owed (sent, or no src). The processed row is the receipt outbox';
+
+COMMENT ON COLUMN ckit_processed.receipt_attempts IS 'failed attempts to deliver the receipt (back-off)';

@@ -299,17 +299,23 @@ CREATE TABLE ckit_processed (
     broker_message_id VARCHAR(128),
     -- producer service (ckit_src): where the receipt goes
     src VARCHAR(128),
-    -- SUCCEEDED | FAILED
+    -- SUCCEEDED | FAILED (rejected) | DEAD_LETTERED (retries spent)
     status VARCHAR(16) NOT NULL,
     -- deliveries seen (reconsume count + 1)
     attempts INTEGER DEFAULT '1' NOT NULL,
-    -- why it FAILED
+    -- why it FAILED or was DEAD_LETTERED
     error TEXT,
     -- UTC first delivery
     first_seen_at DATETIME NOT NULL,
     -- UTC of the commit
     processed_at DATETIME NOT NULL,
+    -- UTC from when the receipt to the producer (src) is due; NULL: none owed (sent, or no src). The processed row is the receipt outbox
+    receipt_due_at DATETIME,
+    -- failed attempts to deliver the receipt (back-off)
+    receipt_attempts INTEGER DEFAULT '0' NOT NULL,
     PRIMARY KEY (consumer_group, message_id)
 );
 
 CREATE INDEX ix_ckit_processed_processed_at ON ckit_processed (processed_at);
+
+CREATE INDEX ix_ckit_processed_receipt_due ON ckit_processed (consumer_group, receipt_due_at);

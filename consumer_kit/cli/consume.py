@@ -57,12 +57,15 @@ def consume(
     stop = threading.Event()
     on_shutdown(stop.set)
     try:
-        app.run(transport=transport, burst=burst, stop=stop, threads=threads,
-                max_seconds=max_seconds)
+        left = app.run(transport=transport, burst=burst, stop=stop, threads=threads,
+                       max_seconds=max_seconds)
     finally:
         app.close()
     counts = app.pipeline().counts
     typer.echo("  ".join(f"{o.value}={counts[o]}" for o in Outcome))
+    if left:
+        typer.echo(f"left {left} handler(s) running at exit: their transactions did not "
+                   "commit and the broker redelivers their messages", err=True)
 
 
 def register(app: typer.Typer) -> None:

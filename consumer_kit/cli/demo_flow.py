@@ -115,7 +115,7 @@ def run_demo(
 
     _step(say, "inventory consumer: dedupe, reserve stock, ack back (one ack lost on purpose)")
     route = LossyRoute(TopicRoute(transport), lose)
-    app = inventory.make_app(db=inventory_db, transport=transport, redis=redis_url, ack=route)
+    app = inventory.make_app(db=inventory_db, transport=transport, redis=redis_url, receipts=route)
     app.run(burst=True, max_seconds=120)
     app.close()
     counts = app.pipeline().counts

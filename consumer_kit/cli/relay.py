@@ -69,8 +69,8 @@ def relay(
                        failed_retry_after=failed_after, once_outage_limit=limit)
         check_tables(db, worker.table)
         target.check()
-        serve_metrics(metrics_port)
         on_shutdown(worker.stop)
+        serve_metrics(metrics_port)  # after the handlers: a scrape means SIGTERM is safe
         result = worker.run(once=once)
     finally:
         target.close()

@@ -84,7 +84,8 @@ def _merge(old: Evidence | None, new: Evidence) -> Evidence:
 
 
 def _rejection(ev: Evidence) -> str | None:
-    if ev.processed_status == ProcessedStatus.FAILED.value:
+    if ev.processed_status in (ProcessedStatus.FAILED.value,
+                               ProcessedStatus.DEAD_LETTERED.value):
         return f"{ev.group}: {ev.processed_error or 'processing failed'}"
     if ev.receipt_outcome == ReceiptOutcome.REJECTED.value:
         return f"{ev.group}: {ev.receipt_reason or 'rejected'}"

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 #: burst mode on transports that cannot count their backlog: stop after this long idle
 DEFAULT_BURST_IDLE = 3.0
 DEFAULT_POLL = 0.05
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 def run_consumer(
@@ -23,9 +24,12 @@ def run_consumer(
     burst_idle: float = DEFAULT_BURST_IDLE,
     max_seconds: float | None = None,
     activity: Activity | None = None,
-) -> None:
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+) -> int:
     """Start `consumer` and block until `stop` is set, `max_seconds` pass, or (with `burst`)
-    nothing is left to deliver. Always shuts the consumer down (in-flight callbacks finish)."""
+    nothing is left to deliver. Always shuts the consumer down, letting in-flight callbacks
+    finish for up to `shutdown_timeout` seconds; returns how many were still running then
+    (left behind: their messages are redelivered, their transactions not committed)."""
     consumer.start()
     started = time.monotonic()
     activity = activity or Activity()
@@ -52,7 +56,12 @@ def run_consumer(
             elif time.monotonic() - quiet_since > burst_idle:
                 break
     finally:
-        consumer.shutdown()
+        consumer.shutdown(shutdown_timeout)
+    left = consumer.in_flight
+    if left:
+        log.warning("%d handler(s) still running after a %.0fs shutdown: left behind (their "
+                    "messages will be redelivered)", left, shutdown_timeout)
+    return left
 
 
 class Activity:

@@ -35,7 +35,7 @@ class Env:
 
     def app(self, *, group: str = "inventory", use_redis: bool = True, **kwargs: Any
             ) -> ConsumerApp:
-        kwargs.setdefault("ack", None)
+        kwargs.setdefault("receipts", None)
         kwargs.setdefault("transport", MemoryTransport())
         return ConsumerApp(group=self.group(group), db=self.db.engine,
                            redis=self.redis if use_redis else None,

@@ -83,7 +83,7 @@ class World:
         assert result.errors == 0
 
     def app(self, **kwargs: Any) -> ConsumerApp:
-        kwargs.setdefault("ack", "topic")
+        kwargs.setdefault("receipts", "topic")
         return ConsumerApp(group=self.group, db=self.env.db.engine, redis=self.env.redis,
                            processed_table=self.env.db.names.processed,
                            transport=self.transport(), threads=2, **kwargs)
@@ -156,7 +156,7 @@ def running(app: ConsumerApp) -> Iterator[None]:
 
 def flush_acks(app: ConsumerApp) -> bool:
     """Wait until the app's queued acks were delivered to the ack topic."""
-    sender = app.pipeline().acks
+    sender = app.pipeline().receipts
     return sender is not None and sender.flush(TIMEOUT)
 
 
@@ -311,7 +311,7 @@ from consumer_kit import ConsumerApp
 from consumer_kit.transports.rocketmq import RocketMQTransport
 
 url, addr, group, topic, processed, stock, marker = sys.argv[1:8]
-app = ConsumerApp(group=group, db=url, redis=None, ack=None, processed_table=processed,
+app = ConsumerApp(group=group, db=url, redis=None, receipts=None, processed_table=processed,
                   transport=RocketMQTransport(addr, delay_levels=(1.0,) * 18))
 stock_table = sa.Table(stock, sa.MetaData(), autoload_with=app.engine)
 
@@ -353,7 +353,7 @@ def test_a_consumer_killed_mid_handler_leaves_the_message_to_be_applied_once(
             child.stderr.close()
     assert env.effects() == {}  # the killed transaction never committed
     # Then: another consumer of the group gets the message again and applies it once
-    app = world.app(ack=None)
+    app = world.app(receipts=None)
     calls = reserving(env, app, world.topic)
     with running(app):
         assert wait_for(lambda: env.effects() == {"K": 1}, TIMEOUT)

@@ -39,7 +39,8 @@ class ProcessedStatus(str, enum.Enum):
     """Status of a row in the consumer's processed table."""
 
     SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
+    FAILED = "FAILED"                # rejected (Reject, a permanent error): the handler decided
+    DEAD_LETTERED = "DEAD_LETTERED"  # retries spent: the transport moved it to the dead letters
 
 
 def _outbox_columns() -> list[sa.Column[Any]]:
@@ -154,12 +155,21 @@ def processed_table(metadata: sa.MetaData, name: str = DEFAULT_PROCESSED_TABLE) 
                   comment="broker UNIQ_KEY of the delivery"),
         sa.Column("src", sa.String(NAME_LEN), nullable=True,
                   comment="producer service (ckit_src): where the receipt goes"),
-        sa.Column("status", sa.String(16), nullable=False, comment="SUCCEEDED | FAILED"),
+        sa.Column("status", sa.String(16), nullable=False,
+                  comment="SUCCEEDED | FAILED (rejected) | DEAD_LETTERED (retries spent)"),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default="1",
                   comment="deliveries seen (reconsume count + 1)"),
-        sa.Column("error", long_text(), nullable=True, comment="why it FAILED"),
+        sa.Column("error", long_text(), nullable=True,
+                  comment="why it FAILED or was DEAD_LETTERED"),
         sa.Column("first_seen_at", timestamp(), nullable=False, comment="UTC first delivery"),
         sa.Column("processed_at", timestamp(), nullable=False, comment="UTC of the commit"),
+        sa.Column("receipt_due_at", timestamp(), nullable=True,
+                  comment="UTC from when the receipt to the producer (src) is due; NULL: none "
+                          "owed (sent, or no src). The processed row is the receipt outbox"),
+        sa.Column("receipt_attempts", sa.Integer(), nullable=False, server_default="0",
+                  comment="failed attempts to deliver the receipt (back-off)"),
         sa.Index(f"ix_{name}_processed_at", "processed_at"),
+        # the receipt sender's scan: consumer_group = ? AND receipt_due_at <= ?
+        sa.Index(f"ix_{name}_receipt_due", "consumer_group", "receipt_due_at"),
         comment="consumer-kit processed messages (dedupe truth)",
     )
