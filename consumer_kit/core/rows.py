@@ -16,7 +16,7 @@ SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "key
                 "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class OutboxRow:
     """One outbox row on its way to the broker.
 
@@ -59,5 +59,7 @@ class OutboxRow:
         )
 
     def next_version(self) -> OutboxRow:
-        """The same row after a compare-and-set bumped its `lock_version`."""
-        return dataclasses.replace(self, lock_version=self.lock_version + 1)
+        """This row after a compare-and-set bumped its `lock_version` (updated in place: a
+        relay moves thousands of rows a second, and a copy per row costs)."""
+        self.lock_version += 1
+        return self
