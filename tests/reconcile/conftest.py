@@ -36,7 +36,7 @@ def spark() -> Iterator[Any]:
     from spark.session import LOOPBACK_DRIVER_CONF
 
     try:
-        jars = find_jars({"sqlite", "mysql"})
+        jars = find_jars({"sqlite", "mysql", "postgresql"})
     except ConfigError as exc:
         missing = exc
 
@@ -192,25 +192,6 @@ def make_world(kind: str, tmp_path: Path,
 
 KINDS = DB_KINDS
 ENGINES = ["sql", pytest.param("spark", marks=pytest.mark.spark)]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the Spark engine on PostgreSQL: it reads SQLite and MariaDB only (spark/jdbc.py), and
-    test_the_spark_engine_refuses_a_postgresql_url_in_one_line_and_moves_nothing proves it says
-    so in one line."""
-    keep: list[pytest.Item] = []
-    dropped: list[pytest.Item] = []
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        uses_spark = params.get("engine_name") == "spark" or "spark" in getattr(
-            item, "fixturenames", ())
-        if params.get("kind") == "postgresql" and uses_spark:
-            dropped.append(item)
-        else:
-            keep.append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
 
 
 @pytest.fixture(params=KINDS)

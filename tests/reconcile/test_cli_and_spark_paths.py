@@ -65,26 +65,6 @@ def test_cli_prints_a_summary_writes_the_output_folder_and_exits_for_cron(
     assert json.loads(again.stdout)["window_rows"] == 0
 
 
-@pytest.mark.parametrize("kind", [pytest.param("postgresql", marks=pytest.mark.postgresql)])
-def test_the_spark_engine_refuses_a_postgresql_url_in_one_line_and_moves_nothing(
-        world: World) -> None:
-    # Given a stuck row on PostgreSQL, which the Spark engine cannot read
-    lost = world.add_outbox(OutboxState.SENT)
-    world.add_processed("inventory", lost)
-    before = world.snapshot()
-
-    # When `ckit reconcile --engine spark` runs on it
-    result = CliRunner().invoke(app, _args(world, "--engine", "spark", "--output", ""))
-
-    # Then one error line says to use the SQL engine, without the password, and nothing moved
-    assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("error: the Spark engine reads SQLite and MySQL/MariaDB only")
-    assert "use --engine sql" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert ":ckit@" not in result.output
-    assert world.snapshot() == before
-
-
 def test_cli_never_prints_a_password() -> None:
     # Given a producer URL with a password whose server refuses connections
     url = "mysql+pymysql://app:s3cret@127.0.0.1:1/orders"
