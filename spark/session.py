@@ -98,5 +98,6 @@ def _check_submitted_jars(user: dict[str, str]) -> None:
         return
     raise ConfigError(
         'spark-submit was given no JDBC driver: add --jars "$(scripts/jdbc.sh jars)" (Debian\'s '
-        "libmariadb-java and libxerial-sqlite-jdbc-java) or --packages "
-        "org.mariadb.jdbc:mariadb-java-client:<version>,org.xerial:sqlite-jdbc:<version>")
+        "libmariadb-java, libxerial-sqlite-jdbc-java and libpostgresql-jdbc-java) or --packages "
+        "org.mariadb.jdbc:mariadb-java-client:<version>,org.xerial:sqlite-jdbc:<version>,"
+        "org.postgresql:postgresql:<version>")

@@ -120,13 +120,61 @@ def test_the_mysql_ddl_creates_every_table_on_mariadb(mariadb_engine: sa.engine.
         metadata.drop_all(mariadb_engine, checkfirst=True)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.fixture
+def pg_engine() -> Iterator[sa.engine.Engine]:
+    services.require("postgresql", services.ping_postgres)
+    engine = make_engine(services.pg_url())
+    yield engine
+    engine.dispose()
+
+
+@pytest.mark.postgresql
+def test_the_committed_postgresql_ddl_runs_on_postgresql_and_creates_every_table(
+    pg_engine: sa.engine.Engine,
+) -> None:
+    # Given the committed schema/postgresql.sql, run verbatim in a schema of its own
+    schema = f"ddl{uuid.uuid4().hex[:8]}"
+    metadata = schema_metadata(TableNames())
+    ddl = (SCHEMA_DIR / "postgresql.sql").read_text(encoding="utf-8")
+    try:
+        with pg_engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            conn.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+            raw = conn.execution_options(no_parameters=True)  # a `%` in a comment stays as is
+            # When every statement runs
+            for statement in split_statements(ddl):
+                raw.exec_driver_sql(statement)
+        # Then every table, index and the documented comments exist there
+        inspector = sa.inspect(pg_engine)
+        assert set(inspector.get_table_names(schema=schema)) == set(metadata.tables)
+        for table in metadata.tables.values():
+            found = {i["name"] for i in inspector.get_indexes(table.name, schema=schema)}
+            assert {i.name for i in table.indexes} <= found, table.name
+        outbox = TableNames().outbox
+        assert inspector.get_table_comment(outbox, schema=schema)["text"] == (
+            "consumer-kit transactional outbox (local message table)")
+        state = next(c for c in inspector.get_columns(outbox, schema=schema)
+                     if c["name"] == "state")
+        assert str(state["comment"]).startswith("0 PENDING, 1 SENDING")
+    finally:
+        with pg_engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(params=[
+    "sqlite",
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+])
 def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.engine.Engine]:
     if request.param == "sqlite":
         engine = make_engine(f"sqlite:///{tmp_path / 'init.db'}")
-    else:
+    elif request.param == "mariadb":
         services.require("mariadb", services.ping_mysql)
         engine = make_engine(services.mysql_url())
+    else:
+        services.require("postgresql", services.ping_postgres)
+        engine = make_engine(services.pg_url())
     yield engine
     engine.dispose()
 

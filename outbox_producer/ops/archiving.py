@@ -134,7 +134,9 @@ def _archive_batch(
         inserted = conn.execute(
             sa.insert(tables.archive).from_select(
                 columns, sa.select(*[outbox.c[n] for n in columns]).where(in_batch)
-            )
+            ),
+            # psycopg forgets an INSERT's row count once SQLAlchemy closes the cursor (-1)
+            execution_options={"preserve_rowcount": True},
         ).rowcount
         deleted = conn.execute(sa.delete(outbox).where(in_batch)
                                .execution_options(**{OPTION: "archive"})).rowcount

@@ -85,8 +85,6 @@ def test_another_group_applies_its_own_effect(env: Env) -> None:
     assert env.effects() == {"A": 2}
 
 
-@pytest.mark.mariadb
-@pytest.mark.redis
 @pytest.mark.parametrize("use_redis", [True, False], ids=["redis", "db-only"])
 def test_two_consumers_receiving_the_same_message_at_once_apply_it_once(
     real_env: Env, use_redis: bool
@@ -121,8 +119,6 @@ def test_two_consumers_receiving_the_same_message_at_once_apply_it_once(
         ["busy", "succeeded"], ["duplicate", "succeeded"])
 
 
-@pytest.mark.mariadb
-@pytest.mark.redis
 def test_many_threads_racing_over_many_duplicated_messages_apply_each_once(
     real_env: Env
 ) -> None:

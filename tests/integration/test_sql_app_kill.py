@@ -27,13 +27,17 @@ PROCESSES = 3
 TOPIC = "KILL_TEST"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb),
+                        pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'app.db'}", f"sqlite:///{tmp_path / 'mq.db'}"
-    else:
+    elif request.param == "mariadb":
         services.require("mariadb", services.ping_mysql)
         yield services.mysql_url(), services.mysql_url()
+    else:
+        services.require("postgresql", services.ping_postgres)
+        yield services.pg_url(), services.pg_url()
 
 
 @pytest.mark.slow

@@ -95,20 +95,21 @@ def test_a_duplicate_through_a_session_commits_the_business_change(db: Db) -> No
     assert [r[0] for r in outbox_rows(db)] == [first, other]
 
 
-def test_a_duplicate_committed_after_the_callers_snapshot_returns_its_id(mariadb: Db) -> None:
-    # Given a caller whose REPEATABLE READ snapshot predates a concurrent publish of the same key
-    outbox = Outbox(mariadb.engine, producer="orders", table=mariadb.names.outbox)
-    with mariadb.engine.connect() as caller:
+def test_a_duplicate_committed_after_the_callers_snapshot_returns_its_id(server_db: Db) -> None:
+    # Given a caller whose snapshot (MariaDB: REPEATABLE READ, PostgreSQL: READ COMMITTED)
+    # predates a concurrent publish of the same key
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as caller:
         caller.begin()
-        caller.execute(sa.text(f"SELECT COUNT(*) FROM {mariadb.names.outbox}")).scalar()
-        with mariadb.engine.begin() as other:
+        caller.execute(sa.text(f"SELECT COUNT(*) FROM {server_db.names.outbox}")).scalar()
+        with server_db.engine.begin() as other:
             theirs = outbox.publish(other, "T", {"v": 1}, biz_type="order", biz_key="42")
         # When the caller publishes the same business key
         mine = outbox.publish(caller, "T", {"v": 2}, biz_type="order", biz_key="42")
         caller.commit()
     # Then it gets the committed message id, not an IntegrityError
     assert mine == theirs
-    assert len(outbox_rows(mariadb)) == 1
+    assert len(outbox_rows(server_db)) == 1
 
 
 def test_same_biz_key_under_another_biz_type_is_another_message(db: Db) -> None:

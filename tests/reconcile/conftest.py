@@ -1,5 +1,6 @@
 """Fixtures for the reconciler: a session-scoped local Spark, and a `World` of one producer
-database plus consumer-group databases (SQLite files or real MariaDB), filled row by row."""
+database plus consumer-group databases (SQLite files, real MariaDB or real PostgreSQL), filled
+row by row."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from consumer_kit.core.schema import outbox_table, processed_table, receipt_tabl
 from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import GroupSource, ReconcileConfig
 from tests import services
+from tests.conftest import DB_KINDS, database_url
 
 STUCK_AFTER = dt.timedelta(minutes=10)
 OLD = dt.timedelta(hours=1)  # older than the cutoff
@@ -34,7 +36,7 @@ def spark() -> Iterator[Any]:
     from spark.session import LOOPBACK_DRIVER_CONF
 
     try:
-        jars = find_jars({"sqlite", "mysql"})
+        jars = find_jars({"sqlite", "mysql", "postgresql"})
     except ConfigError as exc:
         missing = exc
 
@@ -149,10 +151,7 @@ class World:
 def _urls(kind: str, tmp_path: Path) -> tuple[str, str]:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'producer.db'}", f"sqlite:///{tmp_path / 'consumer.db'}"
-    services.require("mariadb", services.ping_mysql)
-    services.require("mariadb (second database)",
-                     lambda: services.ping_mysql(services.mysql_url2()))
-    return services.mysql_url(), services.mysql_url2()
+    return database_url(kind, tmp_path), database_url(kind, tmp_path, second=True)
 
 
 def make_world(kind: str, tmp_path: Path,
@@ -191,13 +190,13 @@ def make_world(kind: str, tmp_path: Path,
             e.dispose()
 
 
-KINDS = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+KINDS = DB_KINDS
 ENGINES = ["sql", pytest.param("spark", marks=pytest.mark.spark)]
 
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
-    """The database kind: SQLite files or real MariaDB."""
+    """The database kind: SQLite files, real MariaDB or real PostgreSQL."""
     return str(request.param)
 
 

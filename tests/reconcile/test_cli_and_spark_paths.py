@@ -34,7 +34,8 @@ def _args(w: World, *extra: str) -> list[str]:
             "--outbox-table", w.outbox.name, "--receipt-table", w.receipts.name, *extra]
 
 
-@pytest.mark.parametrize("kind", ["sqlite"])
+@pytest.mark.parametrize("kind", ["sqlite",
+                                  pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_cli_prints_a_summary_writes_the_output_folder_and_exits_for_cron(
         world: World, tmp_path: Path) -> None:
     # Given an ack-lost row and a rejected one

@@ -77,12 +77,22 @@ def test_jdbc_conversion_keeps_the_password_out_of_the_url_and_repr() -> None:
     assert "s3cret" not in repr(src) and "s3cret" not in src.url
 
 
+def test_a_postgresql_url_becomes_a_pgjdbc_source_without_the_password_in_it() -> None:
+    # Given a PostgreSQL URL (any driver) with a password
+    src = to_jdbc("postgresql+psycopg://app:s3cret@db.local:5433/orders")
+    # Then pgJDBC reads it, and the password travels in the properties only
+    assert src.url == "jdbc:postgresql://db.local:5433/orders"
+    assert src.properties["driver"] == "org.postgresql.Driver"
+    assert src.properties["password"] == "s3cret" and src.dialect == "postgresql"
+    assert "s3cret" not in repr(src) and "s3cret" not in src.url
+
+
 def test_jdbc_conversion_of_sqlite_paths_and_unsupported_urls(tmp_path: Path) -> None:
     assert to_jdbc(f"sqlite:///{tmp_path}/x.db").url == f"jdbc:sqlite:{tmp_path}/x.db"
     with pytest.raises(ConfigError, match="in-memory"):
         to_jdbc("sqlite://")
     with pytest.raises(ConfigError, match="--engine sql"):
-        to_jdbc("postgresql://u:pw@h/db")
+        to_jdbc("mssql+pyodbc://u:pw@h/db")
 
 
 def test_missing_driver_jars_name_the_setup_script(monkeypatch: pytest.MonkeyPatch,

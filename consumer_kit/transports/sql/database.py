@@ -4,6 +4,7 @@ on transient errors and translated into the library's errors at the transaction 
 SQLite: WAL journal (readers never block the writer), `busy_timeout`, and `BEGIN IMMEDIATE` for
 write transactions so that two processes never both read and then fail to upgrade to a write lock.
 MariaDB/MySQL: READ COMMITTED (no gap locks; every poll sees the latest commits), pre-ping.
+PostgreSQL: its default READ COMMITTED; errors are told apart by SQLSTATE.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ _MYSQL_TRANSIENT = {1205, 1213, 1040, 1290, 1927, 2002, 2003, 2006, 2013, 2055, 
 _MYSQL_NO_TABLE = {1146}
 #: Duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY).
 _MYSQL_DUPLICATE = {1062, 1586, 1022}
+#: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
+#: failure, deadlock, lock not available, too many connections, admin/crash shutdown, cannot
+#: connect now (and class 08, connection exceptions).
+_PG_NO_TABLE = {"42P01"}
+_PG_DUPLICATE = {"23505"}
+_PG_TRANSIENT = {"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"}
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
                      "unable to open database file", "disk i/o error")
 
@@ -50,6 +57,11 @@ _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database
 def _driver_code(error: exc.DBAPIError) -> int | None:
     args = getattr(error.orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+def _sqlstate(error: exc.DBAPIError) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
+    return getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
 
 
 class Database:
@@ -195,6 +207,8 @@ class Database:
     def _is_missing_table(self, error: exc.DBAPIError) -> bool:
         if self.is_sqlite:
             return "no such table" in str(error.orig).lower()
+        if self.dialect == "postgresql":
+            return _sqlstate(error) in _PG_NO_TABLE
         return _driver_code(error) in _MYSQL_NO_TABLE
 
     def _is_duplicate(self, error: exc.DBAPIError) -> bool:
@@ -202,6 +216,8 @@ class Database:
             return False
         if self.is_sqlite:
             return "unique constraint failed" in str(error.orig).lower()
+        if self.dialect == "postgresql":
+            return _sqlstate(error) in _PG_DUPLICATE
         return _driver_code(error) in _MYSQL_DUPLICATE
 
     def _is_transient(self, error: exc.DBAPIError) -> bool:
@@ -212,6 +228,11 @@ class Database:
             return any(marker in text for marker in _SQLITE_TRANSIENT)
         if isinstance(error, exc.InterfaceError):
             return True
+        if self.dialect == "postgresql":
+            state = _sqlstate(error)
+            if state is None:  # no server answer: refused, reset, timed out
+                return isinstance(error, exc.OperationalError)
+            return state in _PG_TRANSIENT or state.startswith("08")
         return _driver_code(error) in _MYSQL_TRANSIENT
 
 
