@@ -129,3 +129,24 @@ class Engines:
         for engine in self._engines.values():
             engine.dispose()
         self._engines.clear()
+
+
+def insert_ignoring_duplicates(conn: sa.Connection | Engine, table: sa.Table) -> Any:
+    """An INSERT of `table` that skips rows whose primary key exists (two writers may race):
+    ON CONFLICT DO NOTHING on PostgreSQL and SQLite, a no-op ON DUPLICATE KEY UPDATE on
+    MySQL/MariaDB."""
+    name = dialect_name(conn)
+    if name == "mysql":
+        from sqlalchemy.dialects import mysql
+
+        first = next(iter(table.primary_key.columns))
+        return mysql.insert(table).on_duplicate_key_update({first.name: first})
+    if name == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sa.insert(table)

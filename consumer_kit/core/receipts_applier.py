@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.db import insert_ignoring_duplicates, make_engine, read_committed
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import (
     DEFAULT_OUTBOX_TABLE,
@@ -36,6 +36,9 @@ from consumer_kit.core.states import OPEN_STATES
 from consumer_kit.core.transitions import MessageIds, cas
 
 log = logging.getLogger(__name__)
+
+#: receipt rows per INSERT (5 bound values each: well under every database's limit)
+INSERT_CHUNK = 400
 
 
 @dataclasses.dataclass
@@ -92,19 +95,22 @@ class ReceiptApplier:
             self._transition(conn, {a.message_id for a in latest.values()}, result)
         return result
 
-    def _record(self, conn: Connection, acks: list[Receipt]) -> int:
-        a = self.receipts
-        ids = sorted({ack.message_id for ack in acks})
-        seen = {(m, g) for m, g in conn.execute(
-            sa.select(a.c.message_id, a.c.consumer_group).where(a.c.message_id.in_(ids)))}
+    def _record(self, conn: Connection, receipts: list[Receipt]) -> int:
+        """Insert the receipt rows that are new; a row another applier inserted meanwhile is
+        skipped, not an error (the database decides, no read-then-insert race)."""
         now = utcnow()
-        fresh = [{"message_id": ack.message_id, "consumer_group": ack.consumer_group,
-                  "outcome": ack.outcome.value, "reason": (ack.reason or None) and
-                  ack.reason[:REASON_LEN], "received_at": now}
-                 for ack in acks if (ack.message_id, ack.consumer_group) not in seen]
-        if fresh:
-            conn.execute(sa.insert(a), fresh)
-        return len(fresh)
+        rows = [{"message_id": r.message_id, "consumer_group": r.consumer_group,
+                 "outcome": r.outcome.value,
+                 "reason": (r.reason or None) and r.reason[:REASON_LEN], "received_at": now}
+                for r in receipts]
+        recorded = 0
+        for start in range(0, len(rows), INSERT_CHUNK):
+            # one multi-row statement: its row count is the rows inserted on every database
+            stmt = insert_ignoring_duplicates(conn, self.receipts).values(
+                rows[start:start + INSERT_CHUNK])
+            recorded += max(0, int(conn.execute(
+                stmt.execution_options(preserve_rowcount=True)).rowcount))
+        return recorded
 
     def _transition(self, conn: Connection, message_ids: set[str], result: ReceiptResult) -> None:
         t, a = self.table, self.receipts

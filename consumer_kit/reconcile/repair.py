@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from consumer_kit.core.db import insert_ignoring_duplicates
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.schema import outbox_table, receipt_table
 from consumer_kit.core.states import OutboxState, Transition, transition
@@ -182,23 +183,5 @@ class RepairApplier:
         ]
         if not rows:
             return
-        conn.execute(_insert_missing(conn.dialect.name, self._receipts), rows)
+        conn.execute(insert_ignoring_duplicates(conn, self._receipts), rows)
         self.result.receipts_inserted += len(rows)
-
-
-def _insert_missing(dialect: str, table: sa.Table) -> Any:
-    """An INSERT that skips rows whose primary key exists (the receipt applier may race us)."""
-    if dialect in ("mysql", "mariadb"):
-        from sqlalchemy.dialects import mysql
-
-        stmt = mysql.insert(table)
-        return stmt.on_duplicate_key_update(message_id=table.c.message_id)
-    if dialect == "sqlite":
-        from sqlalchemy.dialects import sqlite
-
-        return sqlite.insert(table).on_conflict_do_nothing()
-    if dialect == "postgresql":
-        from sqlalchemy.dialects import postgresql
-
-        return postgresql.insert(table).on_conflict_do_nothing()
-    return table.insert()
