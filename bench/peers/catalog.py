@@ -20,6 +20,8 @@ class Peer:
     #: publish jobs: label -> extra job fields (one row each in the publish table)
     publish: dict[str, dict[str, str]] = field(default_factory=dict)
     drain: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # db -> settings
+    #: backlog each drain setting is first tried on (small for relays doing a commit per row)
+    sweep_rows: int = 10_000
     dedupe: bool = False
     notes: tuple[str, ...] = ()
     why_not_everywhere: str = ""
@@ -34,7 +36,7 @@ CKIT = Peer(
     publish={"consumer-kit (Connection)": {"api": "connection"},
              "consumer-kit (Session + Dispatcher)": {"api": "session"}},
     drain={db: [{"batch": b, "workers": w}
-                for b, w in ((200, 1), (500, 1), (1000, 1), (500, 2), (1000, 2), (500, 4))]
+                for b, w in ((200, 1), (500, 1), (1000, 1), (500, 2), (1000, 2))]
            for db in (MYSQL, POSTGRESQL)},
     dedupe=True,
     notes=(
@@ -104,15 +106,16 @@ DJANGO_OUTBOX_PATTERN = Peer(
                   "request-id-django-log==0.2.0", *_DJANGO),
     publish={"django-outbox-pattern": {}},
     drain={db: [{"chunk": c} for c in (200, 2000)] for db in (MYSQL, POSTGRESQL)},
+    sweep_rows=1000,
     dedupe=True,
     notes=(
         "Django ORM (PyMySQL as MySQLdb on MariaDB, psycopg 3 on PostgreSQL, persistent "
         "connections); publish is `Published.objects.create(...)`: a UUID key, JSON body and "
         "headers, no idempotency key on the producer side, no length checks.",
-        "the relay selects every due row FOR UPDATE SKIP LOCKED in ONE transaction (all 50,000 "
-        "locked until the end; on MariaDB the driver loads them all at once, `chunk` only "
-        "matters on PostgreSQL), sends each over STOMP (here a no-op connection) and saves each "
-        "row with a full-row UPDATE: one round trip per row.",
+        "the relay selects every due row FOR UPDATE SKIP LOCKED in ONE transaction (the whole "
+        "backlog stays locked until the end; `chunk` is the iterator's fetch size), sends each "
+        "over STOMP (here a no-op connection) and saves each row with a full-row UPDATE: one "
+        "round trip per row, one commit per pass.",
         "dedupe: `exists()` on the received table, then the callback runs "
         "`with transaction.atomic(): insert; payload.save()` as its README says; the check is "
         "outside that transaction (two concurrent deliveries both pass it; the unique msg_id "
@@ -125,9 +128,10 @@ JAIMINHO = Peer(
     runner="jaiminho",
     databases=(MYSQL, POSTGRESQL),
     requirements=("django-jaiminho==2.2.1", "dill==0.4.0", "sentry-sdk==2.75.0", *_DJANGO),
-    publish={"django-jaiminho (keep-order: row in the tx)": {"strategy": "keep-order"},
-             "django-jaiminho (publish-on-commit, default)": {"strategy": "publish-on-commit"}},
+    publish={"django-jaiminho (keep-order)": {"strategy": "keep-order"},
+             "django-jaiminho (on-commit, default)": {"strategy": "publish-on-commit"}},
     drain={db: [{"delete": d} for d in (False, True)] for db in (MYSQL, POSTGRESQL)},
+    sweep_rows=300,
     notes=(
         "Django ORM; the outbox row holds the dill-pickled function, its args and an HMAC "
         "signature (SIGN_EVENTS, the default); no idempotency key, no length checks.",

@@ -91,7 +91,7 @@ AsyncVariant = Callable[[str], Awaitable[None]]
 
 
 def publish_runs(variants: Sequence[tuple[str, Variant]], n: int, runs: int,
-                 warmup: int = 50) -> list[dict[str, float]]:
+                 warmup: int = 50, label: str = "publish") -> list[dict[str, float]]:
     """Mean ms per transaction of each variant, one dict per run."""
     for i in range(warmup):
         for name, fn in variants:
@@ -107,7 +107,7 @@ def publish_runs(variants: Sequence[tuple[str, Variant]], n: int, runs: int,
                 fn(f"r{run}-{i}")
                 total[name] += time.perf_counter() - t0
         out.append({name: s * 1000 / n for name, s in total.items()})
-        say(f"  publish run {run + 1}/{runs}: "
+        say(f"  {label} run {run + 1}/{runs}: "
             + ", ".join(f"{name} {ms:.3f} ms" for name, ms in out[-1].items()))
     return out
 
@@ -197,7 +197,7 @@ def run_async(coro: Awaitable[Any]) -> Any:
 def dedupe_runs(variants: Sequence[tuple[str, Variant]], n: int, runs: int,
                 warmup: int = 50) -> list[dict[str, float]]:
     """Mean ms per message of each handler variant, one dict per run (fresh message ids)."""
-    return publish_runs(variants, n, runs, warmup)
+    return publish_runs(variants, n, runs, warmup, label="dedupe")
 
 
 def duplicate_rate(deliver: Callable[[str], None], keys: Sequence[str]) -> float:
