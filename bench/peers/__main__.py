@@ -6,5 +6,6 @@ import sys
 
 from bench.peers.cli import main
 
-sys.argv[0] = "-m bench.peers"  # the command line the report prints
-sys.exit(main())
+argv = sys.argv[1:]
+sys.argv[:] = ["-m", "bench.peers", *argv]  # the command line the report prints
+sys.exit(main(argv))

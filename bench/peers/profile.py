@@ -211,15 +211,16 @@ def profile_duplicates(engine: sa.engine.Engine, prefix: str, n: int, top: int) 
         metadata.drop_all(engine)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.peers.profile",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--db", choices=sorted(URLS), default="mysql")
     p.add_argument("--url", help="override the database URL")
     p.add_argument("--tx", type=int, default=500)
     p.add_argument("--rows", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--top", type=int, default=12)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     engine = make_engine(args.url or URLS[args.db])
     print(machine_facts(engine))
     prefix = f"bench_{uuid.uuid4().hex[:6]}_prof"
@@ -232,5 +233,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[0] = "-m bench.peers.profile"  # the command line machine_facts prints
-    main()
+    arguments = sys.argv[1:]
+    sys.argv[:] = ["-m", "bench.peers.profile", *arguments]  # what machine_facts prints
+    main(arguments)
