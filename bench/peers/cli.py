@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from bench.common import load_average, machine_facts
 from bench.peers import catalog, jobs, report, venvs
-from consumer_kit.urls import mask_url
+from consumer_kit.core.urls import mask_url
 
 DEFAULT_MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL",
                                "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")

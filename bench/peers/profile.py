@@ -26,9 +26,9 @@ from bench.common import machine_facts
 from bench.peers.runners.ckit import analyze, orders_table, payload
 from bench.peers.runners.ckit_dedupe import delivery
 from consumer_kit import ConsumerApp
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.schema import outbox_table, processed_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import outbox_table, processed_table
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Outbox, Relay
 from outbox_producer.ids import new_message_id

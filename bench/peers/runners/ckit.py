@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 
 from bench.peers import harness
 from bench.peers.runners.ckit_dedupe import dedupe
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.schema import OutboxState, outbox_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import outbox_table
+from consumer_kit.core.states import OutboxState
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Dispatcher, Outbox, Relay
 from outbox_producer.ids import new_message_id

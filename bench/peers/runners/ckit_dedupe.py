@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session
 
 from bench.peers import harness
 from consumer_kit import ConsumerApp, Message
-from consumer_kit.db import make_engine
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import processed_table
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.outcome import Outcome
-from consumer_kit.schema import processed_table
 from consumer_kit.transports import ConsumeStatus, Delivery
 
 
