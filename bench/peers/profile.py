@@ -193,7 +193,7 @@ def profile_duplicates(engine: sa.engine.Engine, prefix: str, n: int, top: int) 
                        sa.Column("sku", sa.String(64)), sa.Column("qty", sa.Integer))
     metadata.create_all(engine)
     try:
-        app = ConsumerApp(group=prefix, db=engine, redis=None, ack=None,
+        app = ConsumerApp(group=prefix, db=engine, redis=None, receipts=None,
                           transport="memory://profile", processed_table=processed.name,
                           local_cache=0)
         app.listener("ORDER_CREATED")(

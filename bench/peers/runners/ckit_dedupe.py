@@ -44,7 +44,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         session.execute(insert_effect, {"sku": body["sku"], "qty": body["qty"]})
 
     def make_app(group: str, redis: str | None) -> ConsumerApp:
-        app = ConsumerApp(group=group, db=engine, redis=redis, ack=None,
+        app = ConsumerApp(group=group, db=engine, redis=redis, receipts=None,
                           transport="memory://bench", processed_table=processed.name,
                           local_cache=0)
         app.listener("ORDER_CREATED")(handler)
@@ -62,7 +62,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         pipe = pipes[mode]
 
         def run(key: str) -> None:
-            status = pipe(delivery(key))
+            status = pipe(delivery(key)).status
             if status is not ConsumeStatus.CONSUME_SUCCESS:
                 raise SystemExit(f"{mode}: message {key} ended {status}")
         return run
