@@ -21,7 +21,7 @@ from consumer_kit.processed import ProcessedStore
 from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute
 from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.memory import MemoryTransport
-from outbox_producer import Outbox, Relay, ops
+from outbox_producer import Relay, ops
 from tests.consumer.conftest import Env, add_reservation
 from tests.consumer.test_receipts_back import outbox_state, publish_and_relay
 
