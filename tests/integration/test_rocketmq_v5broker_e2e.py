@@ -44,5 +44,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path,
 
 
 @pytest.mark.xfail(reason=DLQ_LOST, strict=True)
-def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(world: World, env: Env) -> None:
+def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(
+    world: World, env: Env  # noqa: F811 - the imported fixture
+) -> None:
     e2e.test_a_message_failing_every_time_ends_in_the_dead_letter_queue(world, env)
