@@ -20,6 +20,9 @@ PROP_SRC = "ckit_src"
 PROP_SENT = "ckit_sent"
 PROP_ENC = "ckit_enc"
 PROP_TRACEPARENT = "traceparent"
+#: Why the last delivery was answered RECONSUME_LATER (travels with the redelivery and into the
+#: dead letter; surfaces as `Delivery.last_error`).
+PROP_REASON = "ckit_reason"
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_RECONSUME_TIMES = 16
@@ -79,6 +82,29 @@ class Delivery:
     queue_id: int = 0
     queue_offset: int = 0
     born_timestamp_ms: int = 0
+    #: the reason given with the RECONSUME_LATER answer to the previous delivery ("" if none)
+    last_error: str = ""
+    #: redeliveries the group allows before the dead-letter queue, when the transport knows it
+    max_reconsume_times: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A callback's answer with its reason (kept with a RECONSUME_LATER redelivery)."""
+
+    status: ConsumeStatus
+    reason: str = ""
+
+
+def as_verdict(answer: ConsumeStatus | Verdict) -> Verdict:
+    """A callback's answer as a `Verdict` (a bare status has no reason).
+
+    >>> as_verdict(ConsumeStatus.RECONSUME_LATER)
+    Verdict(status=<ConsumeStatus.RECONSUME_LATER: 1>, reason='')
+    """
+    if isinstance(answer, Verdict):
+        return answer
+    return Verdict(ConsumeStatus(answer))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ BACKENDS = [
     pytest.param("sql_mariadb", id="sql-mariadb", marks=pytest.mark.mariadb),
     pytest.param("rocketmq", id="rocketmq", marks=pytest.mark.rocketmq),
     pytest.param("rocketmq_v5broker", id="rocketmq-v5broker", marks=pytest.mark.rocketmq5),
+    pytest.param("rocketmq5", id="rocketmq5", marks=pytest.mark.rocketmq5),
 ]
 
 
