@@ -260,8 +260,10 @@ start_namesrv() {
     org.apache.rocketmq.namesrv.NamesrvStartup -c "${CONF}/namesrv.conf"
 }
 
+# The broker (each pop read takes a 4 MiB direct buffer) and the proxy's gRPC share the direct
+# memory: 256 MiB ran out under the test suite (OutOfMemoryError in pop, messages not delivered).
 start_proxy() {
-  launch proxy "${PROXY_PORT}" -Xms768m -Xmx768m -Xmn256m -XX:MaxDirectMemorySize=256m \
+  launch proxy "${PROXY_PORT}" -Xms1g -Xmx1g -Xmn384m -XX:MaxDirectMemorySize=1g \
     -Drmq.logback.configurationFile=rmq.proxy.logback.xml \
     org.apache.rocketmq.proxy.ProxyStartup -pm local -pc "${CONF}/rmq-proxy.json" \
     -bc "${CONF}/broker.conf" -n "${NAMESRV_ADDR}"
