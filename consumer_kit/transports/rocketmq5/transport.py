@@ -232,7 +232,7 @@ class RocketMQ5Transport(Transport):
             raise
         except Exception as exc:
             error = self.failure(exc, what, topic=topic)
-            log.warning("%s failed: %s", what, error)
+            log.warning("%s", error)
             raise error from exc
         offset = getattr(receipt, "offset", None)
         return SendResult(str(receipt.message_id), None,
