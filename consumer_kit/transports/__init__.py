@@ -21,6 +21,8 @@ from consumer_kit.transports.base import (
     SendResult,
     Subscription,
     Transport,
+    Verdict,
+    as_verdict,
 )
 from consumer_kit.urls import mask_url
 
@@ -33,6 +35,8 @@ __all__ = [
     "SendResult",
     "Subscription",
     "Transport",
+    "Verdict",
+    "as_verdict",
     "open_transport",
 ]
 
