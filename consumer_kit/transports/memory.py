@@ -18,25 +18,28 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from consumer_kit.clock import epoch_ms
-from consumer_kit.transports.base import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_RECONSUME_TIMES,
-    DEFAULT_RETRY_DELAYS,
-    Consumer,
+from consumer_kit.core.clock import epoch_ms
+from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
     SendResult,
     Subscription,
+    as_verdict,
+    tag_matches,
+)
+from consumer_kit.transports.base import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_RECONSUME_TIMES,
+    DEFAULT_RETRY_DELAYS,
+    Consumer,
     Transport,
     check_body_size,
     retry_delay,
-    tag_matches,
 )
 
-log = logging.getLogger("consumer_kit.transports.memory")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(order=True)
@@ -76,6 +79,7 @@ class MemoryTransport(Transport):
     """The `memory://` transport (unit tests): a broker in this process's memory."""
 
     scheme = "memory"
+    shared_across_processes = False
 
     def __init__(
         self,
@@ -227,7 +231,7 @@ class MemoryConsumer(Consumer):
 
     def _call(self, delivery: Delivery) -> ConsumeStatus:
         try:
-            return ConsumeStatus(self.callback(delivery))
+            return as_verdict(self.callback(delivery)).status
         except Exception:  # the transport contract: an exception means RECONSUME_LATER
             log.exception("callback raised for message %s; reconsume later",
                           delivery.broker_message_id)

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from consumer_kit.testing.harness import MAX_RECONSUME, unique, wait_for_dead_letters
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from tests import services
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 #: Fast settings for tests: 1 s back-off, a 5 s invisible time (the test proxy allows it; a
 #: production proxy refuses less than 10 s on receive).

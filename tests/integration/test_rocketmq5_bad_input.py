@@ -15,14 +15,15 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.errors import (
+from consumer_kit.core.errors import (
     CkitError,
     ConfigError,
     MessageTooLarge,
     TransportError,
     TransportUnavailable,
 )
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import unique, wait_for
 from consumer_kit.transports import (
     ConsumeStatus,
     Delivery,
@@ -34,7 +35,6 @@ from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from outbox_producer import Outbox, Relay
 from tests import services
 from tests.conftest import Db
-from tests.harnesses.base import unique, wait_for
 from tests.harnesses.rocketmq5 import transport as make_transport
 
 pytestmark = [pytest.mark.rocketmq5]

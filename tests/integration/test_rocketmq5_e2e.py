@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.messages import Verdict
+from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
-from consumer_kit.transports.base import Verdict
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from tests import services
 from tests.consumer.conftest import Env, _env
-from tests.harnesses.base import wait_for
 from tests.harnesses.rocketmq5 import FAST_OPTIONS
 from tests.integration.test_rocketmq_e2e import (  # noqa: F401 - collected again here
     MAX_RECONSUME,

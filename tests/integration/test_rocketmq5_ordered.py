@@ -8,9 +8,9 @@ from collections import defaultdict
 
 import pytest
 
+from consumer_kit.testing.harness import unique, wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
 from tests import services
-from tests.harnesses.base import unique, wait_for
 from tests.harnesses.rocketmq5 import transport as make_transport
 
 PER_KEY = 20

@@ -26,13 +26,13 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message, Reject
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from outbox_producer import Outbox, Relay
 from tests import services
 from tests.consumer.conftest import Env, _env, add_reservation
-from tests.harnesses.base import wait_for
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -83,7 +83,7 @@ class World:
         assert result.errors == 0
 
     def app(self, **kwargs: Any) -> ConsumerApp:
-        kwargs.setdefault("ack", "topic")
+        kwargs.setdefault("receipts", "topic")
         return ConsumerApp(group=self.group, db=self.env.db.engine, redis=self.env.redis,
                            processed_table=self.env.db.names.processed,
                            transport=self.transport(), threads=2, **kwargs)
@@ -104,7 +104,8 @@ class World:
             proc = subprocess.run(
                 [sys.executable, "-m", "consumer_kit.cli.main", "acks", "--url", self.env.db.url,
                  "--transport", f"rocketmq://{self.addr}", "--producer", self.producer,
-                 "--table", names.outbox, "--ack-table", names.outbox_ack, "--burst", "--json"],
+                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst",
+                 "--json"],
                 capture_output=True, text=True, timeout=TIMEOUT, check=False,
                 env={**os.environ, "HOME": str(self.tmp_path)},  # the C++ client logs to ~/logs
             )
@@ -155,7 +156,7 @@ def running(app: ConsumerApp) -> Iterator[None]:
 
 def flush_acks(app: ConsumerApp) -> bool:
     """Wait until the app's queued acks were delivered to the ack topic."""
-    sender = app.pipeline().acks
+    sender = app.pipeline().receipts
     return sender is not None and sender.flush(TIMEOUT)
 
 
@@ -310,7 +311,7 @@ from consumer_kit import ConsumerApp
 from consumer_kit.transports.rocketmq import RocketMQTransport
 
 url, addr, group, topic, processed, stock, marker = sys.argv[1:8]
-app = ConsumerApp(group=group, db=url, redis=None, ack=None, processed_table=processed,
+app = ConsumerApp(group=group, db=url, redis=None, receipts=None, processed_table=processed,
                   transport=RocketMQTransport(addr, delay_levels=(1.0,) * 18))
 stock_table = sa.Table(stock, sa.MetaData(), autoload_with=app.engine)
 
@@ -352,7 +353,7 @@ def test_a_consumer_killed_mid_handler_leaves_the_message_to_be_applied_once(
             child.stderr.close()
     assert env.effects() == {}  # the killed transaction never committed
     # Then: another consumer of the group gets the message again and applies it once
-    app = world.app(ack=None)
+    app = world.app(receipts=None)
     calls = reserving(env, app, world.topic)
     with running(app):
         assert wait_for(lambda: env.effects() == {"K": 1}, TIMEOUT)

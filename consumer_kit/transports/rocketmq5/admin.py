@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.transports.base import dlq_topic
-from consumer_kit.transports.rocketmq_admin import (
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.messages import dlq_topic
+from consumer_kit.transports.rocketmq.admin import (
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from consumer_kit.errors import ConfigError
+from consumer_kit.core.errors import ConfigError
 
 INSTALL = "pip install 'consumer-kit[rocketmq5]' (rocketmq-python-client==5.1.2)"
 REPAIR = "pip install --force-reinstall --no-deps rocketmq-python-client==5.1.2"

@@ -17,31 +17,27 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from consumer_kit.errors import TransportError
-from consumer_kit.transports.base import (
-    PROP_ID,
-    PROP_REASON,
-    Consumer,
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.errors import TransportError
+from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
     Subscription,
     Verdict,
     as_verdict,
     dlq_topic,
-    retry_delay,
 )
+from consumer_kit.transports.base import Consumer, clip_reason, retry_delay
 from consumer_kit.transports.rocketmq5 import client
+from consumer_kit.transports.rocketmq5.route import Route
 from consumer_kit.transports.rocketmq5.wire import (
     PROP_DLQ_TOPIC,
     received_delivery,
     route_hint,
 )
-
-if TYPE_CHECKING:
-    from consumer_kit.transports.rocketmq5.transport import RocketMQ5Transport
 
 log = logging.getLogger("consumer_kit.transports.rocketmq5")
 
@@ -53,6 +49,28 @@ _ERROR_PAUSE = 1.0
 _local = threading.local()
 
 AnswerCallback = Callable[[Delivery], "ConsumeStatus | Verdict"]
+
+
+class Host(Protocol):
+    """What a consumer needs of its transport (`RocketMQ5Transport`)."""
+
+    endpoint: str
+    ordered_topics: frozenset[str]
+    retry_delays: tuple[float, ...]
+    invisible_seconds: float
+    await_seconds: float
+
+    @property
+    def configuration(self) -> Any: ...
+
+    def prepare_group(self, group: str, *, fifo: bool = False) -> None: ...
+
+    def route(self, topic: str) -> Route: ...
+
+    def failure(self, exc: BaseException, what: str, *, topic: str) -> TransportError: ...
+
+    def send_raw(self, topic: str, body: bytes, *, tags: str | None, keys: Sequence[str],
+                 properties: Mapping[str, str]) -> Any: ...
 
 
 class _Reasons:
@@ -103,7 +121,7 @@ def _simple_consumer(*args: Any, **kwargs: Any) -> Any:
 class RocketMQ5Consumer(Consumer):
     """`threads` workers, each receiving one message at a time from one SimpleConsumer."""
 
-    def __init__(self, transport: RocketMQ5Transport, group: str,
+    def __init__(self, transport: Host, group: str,
                  subscriptions: Sequence[Subscription], callback: AnswerCallback, *,
                  threads: int) -> None:
         self.transport = transport
@@ -245,11 +263,12 @@ class RocketMQ5Consumer(Consumer):
                 log.exception("consumer %s: message %s: callback failed; reconsume later",
                               self.group, ckit_id)
                 verdict = Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
+            reason = clip_reason(verdict.reason)
             if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
                 self._reasons.drop(message_id)
                 self._ack(simple, message, ckit_id)
             else:
-                self._later(simple, message, delivery, verdict.reason, ckit_id)
+                self._later(simple, message, delivery, reason, ckit_id)
         except BaseException:  # the last line: the message comes back after its invisible time
             log.exception("consumer %s: message %s: not answered; it comes back after its "
                           "invisible time", self.group, message_id)

@@ -13,7 +13,7 @@ import os
 import socket
 import uuid
 
-from consumer_kit.errors import ConfigError, TransportError, TransportUnavailable
+from consumer_kit.core.errors import ConfigError, TransportError, TransportUnavailable
 
 DEFAULT_ROUTE_TIMEOUT = 3.0
 _CODE_OK = 20000

@@ -27,16 +27,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from consumer_kit.errors import ConfigError, MessageTooLarge, TransportError
-from consumer_kit.transports.base import (
-    PROP_ID,
+from consumer_kit.core.envelope import PROP_ID
+from consumer_kit.core.errors import ConfigError, MessageTooLarge, TransportError
+from consumer_kit.core.messages import (
     Delivery,
     OutgoingMessage,
     SendResult,
     Subscription,
-    Transport,
     dlq_topic,
 )
+from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq5 import client
 from consumer_kit.transports.rocketmq5.admin import RocketMQ5Admin
 from consumer_kit.transports.rocketmq5.consumer import AnswerCallback, RocketMQ5Consumer
@@ -131,6 +131,15 @@ class RocketMQ5Transport(Transport):
         self._closed = False
 
     # ------------------------------------------------------------------------------- the client
+
+    def check(self) -> None:
+        """Fail fast when rocketmq-python-client is missing or its package was broken by
+        rocketmq-client-python (an unreachable proxy is an outage, not reported here).
+
+        Raises:
+            ConfigError: what is wrong and the pip command that fixes it.
+        """
+        client.v5()
 
     @property
     def configuration(self) -> Any:

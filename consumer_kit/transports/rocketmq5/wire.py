@@ -12,8 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from consumer_kit.errors import ConfigError, MessageTooLarge, TransportError, TransportUnavailable
-from consumer_kit.transports.base import PROP_ID, PROP_REASON, Delivery
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.errors import (
+    ConfigError,
+    MessageTooLarge,
+    TransportError,
+    TransportUnavailable,
+)
+from consumer_kit.core.messages import Delivery
 
 DEFAULT_PRODUCER_TIMEOUT = 3.0
 #: The proxy refuses bodies over 4 MiB (`maxMessageSize`); the broker counts properties too.
