@@ -76,8 +76,9 @@ class World5(World):
         while time.monotonic() < deadline:
             proc = subprocess.run(
                 [sys.executable, "-m", "consumer_kit.cli.main", "acks", "--url", self.env.db.url,
-                 "--transport", url(), "--producer", self.producer, "--table", names.outbox,
-                 "--ack-table", names.outbox_ack, "--burst", "--json"],
+                 "--transport", url(), "--producer", self.producer,
+                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst",
+                 "--json"],
                 capture_output=True, text=True, timeout=TIMEOUT, check=False,
             )
             assert proc.returncode == 0, proc.stderr[-2000:]
