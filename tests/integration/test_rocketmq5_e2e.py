@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.core.messages import Verdict
+from consumer_kit import Message
+from consumer_kit.core.messages import Verdict, as_verdict
 from consumer_kit.core.states import OutboxState
 from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
@@ -39,7 +40,6 @@ from tests.integration.test_rocketmq_e2e import (  # noqa: F401 - collected agai
     reserving,
     running,
     test_a_handler_failing_twice_succeeds_on_the_third_delivery_via_the_retry_topic,
-    test_a_message_failing_every_time_ends_in_the_dead_letter_queue,
     test_a_rejected_message_is_acked_once_and_its_row_becomes_rejected,
     test_outbox_to_consumed_through_rocketmq_and_ckit_acks,
 )
@@ -99,6 +99,40 @@ def world(env: Env, tmp_path: Path) -> Iterator[World]:
         w.close()
 
 
+def test_a_message_failing_every_time_is_dead_lettered_with_its_reason_and_rejected(
+    world: World, env: Env
+) -> None:
+    """Unlike 4.x, this transport tells the pipeline the group's limit: the last attempt is
+    recorded DEAD_LETTERED with the reason, the producer gets a rejected receipt, and the dead
+    letter on the broker carries the same reason."""
+    # Given
+    [mid] = world.publish({"sku": "C"})
+    world.relay()
+    app = world.app()
+
+    def broken(msg: Message) -> None:
+        raise RuntimeError("always down")
+
+    calls = reserving(env, app, world.topic, broken)
+    reader = world.transport()
+    # When
+    with running(app):
+        assert wait_for(lambda: len(reader.dead_letters(world.group)) == 1, TIMEOUT,
+                        interval=0.25)
+        assert flush_acks(app)
+        time.sleep(QUIET)
+    # Then
+    why = f"retries spent after {MAX_RECONSUME + 1} deliveries: RuntimeError: always down"
+    [dead] = reader.dead_letters(world.group)
+    assert dead.properties["ckit_id"] == mid
+    assert json.loads(dead.body) == {"sku": "C"}
+    assert dead.last_error == why
+    assert [m.reconsume_times for m in calls] == list(range(MAX_RECONSUME + 1))
+    assert env.effects() == {}
+    assert env.processed() == [(mid, "DEAD_LETTERED", why)]
+    world.ckit_acks_until(mid, OutboxState.REJECTED)
+
+
 def test_the_same_ckit_id_sent_twice_is_applied_once(world: World, env: Env) -> None:
     """As in the 4.x tests, except that the two copies may be handled at the same moment (two
     workers each receive one): the second then finds the first's Redis lease and is answered
@@ -121,15 +155,17 @@ def test_the_same_ckit_id_sent_twice_is_applied_once(world: World, env: Env) -> 
     answers: list[ConsumeStatus] = []
     process = app.process
 
-    def counting(delivery: Delivery) -> ConsumeStatus:
+    def counting(delivery: Delivery) -> ConsumeStatus | Verdict:
         deliveries.append(delivery)
-        answers.append(process(delivery))
-        return answers[-1]
+        answer = process(delivery)
+        answers.append(as_verdict(answer).status)
+        return answer
 
     app.process = counting  # type: ignore[method-assign]
     # When
     with running(app):
-        assert wait_for(lambda: answers.count(ConsumeStatus.CONSUME_SUCCESS) == 2, TIMEOUT)
+        assert wait_for(lambda: answers.count(ConsumeStatus.CONSUME_SUCCESS) == 2, TIMEOUT), (
+            [(d.broker_message_id[-6:], d.reconsume_times) for d in deliveries], answers)
         assert flush_acks(app)
         time.sleep(QUIET)
     # Then: two broker messages with one ckit_id, one handler call, one effect
@@ -151,7 +187,7 @@ from consumer_kit import ConsumerApp
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 
 url, endpoint, group, topic, processed, stock, marker = sys.argv[1:8]
-app = ConsumerApp(group=group, db=url, redis=None, ack=None, processed_table=processed,
+app = ConsumerApp(group=group, db=url, redis=None, receipts=None, processed_table=processed,
                   transport=RocketMQ5Transport(endpoint, retry_delays=(1.0,),
                                                invisible_seconds=5.0))
 stock_table = sa.Table(stock, sa.MetaData(), autoload_with=app.engine)
@@ -193,7 +229,7 @@ def test_a_consumer_killed_mid_handler_leaves_the_message_to_be_applied_once(
             child.stderr.close()
     assert env.effects() == {}  # the killed transaction never committed
     # Then: after its invisible time another consumer of the group gets it and applies it once
-    app = world.app(ack=None)
+    app = world.app(receipts=None)
     calls = reserving(env, app, world.topic)
     with running(app):
         assert wait_for(lambda: env.effects() == {"K": 1}, TIMEOUT)
