@@ -16,10 +16,11 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
+from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
 from consumer_kit.message import Message
 from consumer_kit.outcome import Outcome, Result
-from consumer_kit.processed import Claim, ProcessedStore, may_run_again
+from consumer_kit.processed import ProcessedStore, RowClaim, may_run_again
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,15 @@ class Handling:
         self.permanent = DEFAULT_PERMANENT + tuple(permanent)
 
     def run(self, listener: Listener, msg: Message, *, receipt: bool,
-            past_deadline: object) -> Result:
+            past_deadline: object, pending: PendingClaim | None = None) -> Result:
         """Run `listener` for `msg`; `past_deadline()` (a callable) says whether the handler
-        overran its timeout. SUCCEEDED, DUPLICATE, REJECTED or RETRY."""
+        overran its timeout; `pending` is a Redis claim sent but not read yet (read once the
+        processed row is inserted: the two round trips overlap). SUCCEEDED, DUPLICATE, BUSY,
+        REJECTED or RETRY."""
         started = time.monotonic()
         try:
             if listener.wants_session:
-                return self._in_transaction(listener, msg, receipt, past_deadline)
+                return self._in_transaction(listener, msg, receipt, past_deadline, pending)
             return self._then_record(listener, msg, receipt, past_deadline)
         except PastDeadline:
             return Result(Outcome.RETRY, f"handler {listener.name} ran "
@@ -57,19 +60,27 @@ class Handling:
                           f"{listener.timeout:g}s: rolled back")
 
     def _in_transaction(self, listener: Listener, msg: Message, receipt: bool,
-                        past_deadline: object) -> Result:
+                        past_deadline: object, pending: PendingClaim | None) -> Result:
         try:
             with self.engine.connect() as conn:
                 with conn.begin() as tx:
                     claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
                                              receipt=receipt)
-                    if claim is Claim.NEW:
+                    answer = pending.result() if pending is not None else None
+                    if claim is RowClaim.NEW and answer in (Claim.DUPLICATE, Claim.BUSY):
+                        # Redis knows better: done elsewhere (its processed row purged), or
+                        # another consumer holds the message right now
+                        tx.rollback()
+                        if answer is Claim.BUSY:
+                            return Result(Outcome.BUSY, "another consumer holds the lease")
+                        return Result(Outcome.DUPLICATE, "done in redis")
+                    if claim is RowClaim.NEW:
                         self._handle(listener, msg, conn, past_deadline)
                         return Result(Outcome.SUCCEEDED)
                     tx.rollback()
-                if claim is Claim.DONE:
+                if claim is RowClaim.DONE:
                     return Result(Outcome.DUPLICATE, "processed row exists")
-                if claim is Claim.DECIDED:
+                if claim is RowClaim.DECIDED:
                     return Result(Outcome.DUPLICATE, "rejected before", may_run_again=True)
                 # A row without effect that may run again (a dead letter, a re-sent rejection):
                 # take it over first, so that a concurrent run waits on its lock.

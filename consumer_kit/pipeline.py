@@ -20,7 +20,7 @@ from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import ProcessedStatus
 from consumer_kit.deadline import Watchdog
-from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
+from consumer_kit.dedupe import Claim, PendingClaim, Predictor, RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.tokens import new_token
 from consumer_kit.handling import Handling
 from consumer_kit.listeners import Listener, Router
@@ -53,6 +53,7 @@ class Pipeline:
         self.store = store
         self.redis = redis
         self.recent = recent or RecentlyDone()
+        self.predictor = Predictor()
         self.receipts = receipts
         self.handling = Handling(engine, store, permanent=permanent)
         renew_every = redis.lease_ms / 3000 if redis is not None else 60.0
@@ -94,23 +95,39 @@ class Pipeline:
         if msg.id in self.recent:
             return self._duplicate(msg, receipt, "seen by this process")
         token = new_token()
-        claim = self.redis.claim(msg.id, token) if self.redis else Claim.UNAVAILABLE
+        pending: PendingClaim | None = None
+        if self.redis is None:
+            claim = Claim.UNAVAILABLE
+        elif listener.wants_session and self.predictor.expect_new():
+            pending = self.redis.claim_later(msg.id, token)  # read after the INSERT
+            claim = Claim.CLAIMED
+        else:
+            claim = self.redis.claim(msg.id, token)
+            self.predictor.saw(claim is Claim.DUPLICATE)
         if claim is Claim.DUPLICATE:
             self.recent.add(msg.id)
             return self._duplicate(msg, receipt, "done in redis")
         if claim is Claim.BUSY:
             return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
         try:
-            result = self._run(listener, msg, token, receipt)
+            result = self._run(listener, msg, token, receipt, pending)
         except BaseException:  # SystemExit from a handler: free the lease for the redelivery
-            if self.redis is not None:
+            if self.redis is not None and (pending is None or pending.result() is Claim.CLAIMED):
                 self.redis.release(msg.id, token)
             raise
+        if pending is not None:
+            answer = pending.result()  # (read already, unless the INSERT itself failed)
+            self.predictor.saw(answer is Claim.DUPLICATE or result.outcome is Outcome.DUPLICATE)
+            if answer is not Claim.CLAIMED:
+                token = ""  # not our lease: leave it alone
+            if result.outcome is Outcome.BUSY:
+                return self._count(msg, result)
         if result.outcome is Outcome.RETRY and msg.last_attempt:
             result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)
         return self._finish(msg, token, receipt, result)
 
-    def _run(self, listener: Listener, msg: Message, token: str, receipt: bool) -> Result:
+    def _run(self, listener: Listener, msg: Message, token: str, receipt: bool,
+             pending: PendingClaim | None) -> Result:
         redis = self.redis
         renew = ((lambda: redis.renew(msg.id, token)) if redis is not None and token
                  else None)
@@ -121,7 +138,8 @@ class Pipeline:
             return time.perf_counter() - started > listener.timeout
 
         try:
-            return self.handling.run(listener, msg, receipt=receipt, past_deadline=past_deadline)
+            return self.handling.run(listener, msg, receipt=receipt, past_deadline=past_deadline,
+                                     pending=pending)
         finally:
             if self.watchdog.done(key):
                 self._metric(metrics.HANDLER_TIMEOUTS, msg.topic).inc()

@@ -43,7 +43,7 @@ from consumer_kit.message import Message
 PURGE_FLOOR = dt.timedelta(days=7)
 
 
-class Claim(enum.Enum):
+class RowClaim(enum.Enum):
     """What `ProcessedStore.claim` found for a message."""
 
     NEW = "new"              # no row: inserted in the caller's transaction
@@ -104,7 +104,7 @@ class ProcessedStore:
         }
 
     def claim(self, conn: Connection, msg: Message, status: ProcessedStatus,
-              error: str | None = None, *, receipt: bool = False) -> Claim:
+              error: str | None = None, *, receipt: bool = False) -> RowClaim:
         """Insert the row for `msg` in `conn`'s transaction, or say what is there.
 
         NEW: inserted. RERUN or DONE: nothing written, and the caller must roll its transaction
@@ -114,14 +114,14 @@ class ProcessedStore:
         """
         try:
             conn.execute(self._insert, self._row(msg, status, error, receipt))
-            return Claim.NEW
+            return RowClaim.NEW
         except IntegrityError:
             found = self.status(msg.id)
             if found is None:
                 raise
             if may_run_again(found, msg):
-                return Claim.RERUN
-            return Claim.DONE if found is ProcessedStatus.SUCCEEDED else Claim.DECIDED
+                return RowClaim.RERUN
+            return RowClaim.DONE if found is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
 
     def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> bool:
@@ -140,10 +140,10 @@ class ProcessedStore:
         with self.engine.connect() as conn:
             with conn.begin() as tx:
                 claim = self.claim(conn, msg, status, error, receipt=receipt)
-                if claim is Claim.NEW:
+                if claim is RowClaim.NEW:
                     return True
                 tx.rollback()
-            if claim in (Claim.DONE, Claim.DECIDED):
+            if claim in (RowClaim.DONE, RowClaim.DECIDED):
                 return False
             with conn.begin():
                 return self.rerun(conn, msg, status, error, receipt=receipt)
@@ -170,23 +170,27 @@ class ProcessedStore:
                    ) -> list[OwedReceipt]:
         """Receipts owed since before `due_before`, oldest first, each pushed `hold` into the
         future (so other consumers of the group, and the next scan, leave them to us for that
-        long) with a guarded UPDATE: a row re-queued meanwhile is not taken."""
+        long). Three statements whatever the count: the candidates, one guarded UPDATE (a row
+        re-queued or taken by another scan meanwhile is due later than `due_before`, so it is
+        left alone) stamping them with this scan's own time, and the rows carrying that stamp."""
         t = self.table
-        now = utcnow()
+        mine = utcnow() + hold
         with self.engine.begin() as conn:
-            rows = conn.execute(
-                sa.select(t.c.message_id, t.c.src, t.c.status, t.c.error, t.c.receipt_due_at)
+            ids = conn.execute(
+                sa.select(t.c.message_id)
                 .where(t.c.consumer_group == self.group, t.c.receipt_due_at <= due_before)
-                .order_by(t.c.receipt_due_at).limit(limit)).all()
-            taken = []
-            for r in rows:
-                moved = conn.execute(sa.update(t).where(
-                    t.c.consumer_group == self.group, t.c.message_id == r.message_id,
-                    t.c.receipt_due_at == r.receipt_due_at).values(receipt_due_at=now + hold))
-                if moved.rowcount and r.src:
-                    taken.append(OwedReceipt(r.message_id, r.src, ProcessedStatus(r.status),
-                                             r.error, r.receipt_due_at))
-        return taken
+                .order_by(t.c.receipt_due_at).limit(limit)).scalars().all()
+            if not ids:
+                return []
+            conn.execute(sa.update(t).where(
+                t.c.consumer_group == self.group, t.c.message_id.in_(list(ids)),
+                t.c.receipt_due_at <= due_before).values(receipt_due_at=mine))
+            rows = conn.execute(
+                sa.select(t.c.message_id, t.c.src, t.c.status, t.c.error)
+                .where(t.c.consumer_group == self.group, t.c.message_id.in_(list(ids)),
+                       t.c.receipt_due_at == mine)).all()
+        return [OwedReceipt(r.message_id, r.src, ProcessedStatus(r.status), r.error, mine)
+                for r in rows if r.src]
 
     def receipts_sent(self, message_ids: Sequence[str]) -> int:
         """Nothing is owed for these any more (one UPDATE)."""

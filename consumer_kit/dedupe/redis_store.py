@@ -8,17 +8,19 @@ again after `retry_after`, so it recovers by itself.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
 from consumer_kit import metrics
+from consumer_kit.dedupe.claims import Claim
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
+from consumer_kit.dedupe.pending import PendingClaim
 from consumer_kit.dedupe.scripts import LuaScript, run_pipelined
 from consumer_kit.dedupe.writer import RedisWriter
 
@@ -27,15 +29,6 @@ log = logging.getLogger(__name__)
 DEFAULT_DONE_TTL = dt.timedelta(days=7)
 DEFAULT_LEASE = dt.timedelta(minutes=2)
 DEFAULT_RETRY_AFTER = 5.0
-
-
-class Claim(enum.Enum):
-    """What the claim script answered."""
-
-    CLAIMED = 0
-    DUPLICATE = 1
-    BUSY = 2
-    UNAVAILABLE = 3
 
 
 class RedisDedupe:
@@ -73,6 +66,25 @@ class RedisDedupe:
     def degraded(self) -> bool:
         """True while Redis is considered down (the database path alone decides)."""
         return time.monotonic() < self._down_until
+
+    def claim_args(self, message_id: str, token: str) -> list[Any]:
+        """The EVALSHA arguments of a claim (for `PendingClaim`, which sends them itself)."""
+        return [self._claim.sha, 2, done_key(self.group, message_id),
+                lease_key(self.group, message_id), token, self.lease_ms]
+
+    def claim_later(self, message_id: str, token: str) -> PendingClaim:
+        """Send a claim now and read its answer later (`PendingClaim.result`)."""
+        if self.degraded:
+            return PendingClaim.answered(self, message_id, token, Claim.UNAVAILABLE)
+        return PendingClaim(self, message_id, token)
+
+    def failed(self, what: str, message_id: str, exc: Exception) -> None:
+        """Redis failed: degrade to the database path for `retry_after` seconds."""
+        self._failed(what, message_id, exc)
+
+    def ok(self) -> None:
+        """Redis answered: leave the degraded mode if it was on."""
+        self._ok()
 
     def _failed(self, what: str, message_id: str, exc: Exception) -> None:
         with self._lock:

@@ -120,12 +120,16 @@ def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handle
     worker.start()
     assert slow_started.wait(5)
     time.sleep(1.6)  # longer than the lease: only a renewal keeps it
-    # When the second consumer gets the same message meanwhile
-    second = apps[1].pipeline().process(delivery("M1"))
+    # When the second consumer tries to claim the same message meanwhile
+    from consumer_kit.dedupe import Claim
+
+    second_redis = apps[1].pipeline().redis
+    assert second_redis is not None
+    claim = second_redis.claim("M1", "second-consumer")
     worker.join(10)
-    # Then it was told another consumer holds it (the broker redelivers later), and the
+    # Then Redis says another consumer holds it (the broker redelivers later), and the
     # effect is applied once
-    assert second.outcome is Outcome.BUSY
+    assert claim is Claim.BUSY
     assert results[0].outcome is Outcome.SUCCEEDED
     assert env.effects() == {"A": 1}
     for app in apps:
@@ -167,3 +171,42 @@ def test_a_consumer_stopped_with_a_handler_still_running_says_it_left_it_behind(
     left = run_consumer(consumer, threading.Event(), max_seconds=0.5, shutdown_timeout=0.5)
     # Then it says one handler was left running
     assert started.is_set() and left == 1
+
+
+def test_redis_still_answers_a_duplicate_whose_processed_row_is_gone_when_claims_overlap(
+        env: Env) -> None:
+    # Given a message processed, whose processed row was purged since (Redis still knows)
+    import sqlalchemy as sa
+
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    pipeline = app.pipeline()
+    assert pipeline.process(delivery("M1")).outcome is Outcome.SUCCEEDED
+    assert pipeline.redis is not None and pipeline.redis.flush(5)
+    with env.db.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {env.db.names.processed}"))
+    pipeline.recent = type(pipeline.recent)(0)  # (a new process: nothing in memory)
+    # When it is delivered again while duplicates are rare (the claim overlaps the INSERT)
+    assert pipeline.predictor.expect_new()
+    again = pipeline.process(delivery("M1"))
+    # Then Redis' answer rolled the new row back: a duplicate, applied once
+    assert again.outcome is Outcome.DUPLICATE and env.effects() == {"A": 1}
+    assert env.processed() == []
+    app.close()
+
+
+def test_frequent_duplicates_switch_the_pipeline_to_claiming_first() -> None:
+    from consumer_kit.dedupe import Predictor
+
+    predictor = Predictor()
+    assert predictor.expect_new()
+    for _ in range(10):
+        predictor.saw(True)
+    assert not predictor.expect_new()
+    for _ in range(60):
+        predictor.saw(False)
+    assert predictor.expect_new()
