@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.clock import utcnow
@@ -125,9 +126,18 @@ class Claimer:
                 picked = pick.cte("picked")
                 if conn.dialect.name == "postgresql":
                     picked = picked.prefix_with("MATERIALIZED")
-                # the guard repeats the condition: on SQLite, without row locks, a row another
-                # claimer took meanwhile no longer matches it
-                taken += cas_returning(conn, t, name, Where([t.c.id == picked.c.id, *where]),
+                # On PostgreSQL the picked rows are locked: `id = ANY(ARRAY(picked))` makes the
+                # primary key the way in whatever the statistics say (a join let the planner
+                # scan the backlog once per picked row on a freshly filled table: 12 s per
+                # 1,000 rows). On SQLite, without row locks, the guard repeats the condition:
+                # a row another claimer took meanwhile no longer matches it.
+                if self.skip_locked:
+                    ids = sa.select(sa.func.array_agg(picked.c.id)).scalar_subquery()
+                    # (the CAST makes it an array expression, not `ANY (subquery)`)
+                    guard = [t.c.id == sa.any_(sa.cast(ids, ARRAY(sa.BigInteger())))]
+                else:
+                    guard = [t.c.id == picked.c.id, *where]
+                taken += cas_returning(conn, t, name, Where(guard),
                                        returning=self._columns, now=now, by=self.owner,
                                        values=self._values(now, self.owner))
         return [OutboxRow.from_mapping(r) for r in taken]

@@ -10,7 +10,7 @@ import time
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.errors import ConfigError
@@ -178,6 +178,8 @@ class Relay:
             try:
                 stats = self.step()
             except DBAPIError as exc:
+                if not transient(exc):  # a bug or a schema problem: waiting cannot fix it
+                    raise
                 stats = None
                 what = "database error: " + (
                     str(exc.orig).splitlines()[0] if exc.orig else str(exc))
@@ -227,3 +229,10 @@ class Relay:
     def run_once(self) -> RelayResult:
         """Drain what is due now, then return."""
         return self.run(once=True)
+
+
+def transient(exc: DBAPIError) -> bool:
+    """Whether a database error is one an outage causes (a lost connection, a server going
+    away, a lock timeout or deadlock), worth waiting out; a syntax, schema or integrity error is
+    not, and fails the relay at once."""
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
