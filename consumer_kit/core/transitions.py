@@ -28,7 +28,7 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.states import OutboxState, Transition, transition
 
 #: Rows per statement for pair and id guards (well under every database's parameter limits).
-CHUNK = 500
+CHUNK = 2000
 #: The execution option naming the transition of an outbox UPDATE (checked by the tests).
 OPTION = "ckit_transition"
 

@@ -4,6 +4,7 @@ relay drain, and (in `ckit_dedupe`) the decorated consumer. Runs in the project'
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import time
 import uuid
@@ -16,8 +17,10 @@ from bench.peers import harness
 from bench.peers.runners.ckit_dedupe import dedupe
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.messages import OutgoingMessage, SendResult
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
+from consumer_kit.transports.base import Transport
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Dispatcher, Outbox, Relay
 from outbox_producer.ids import new_message_id
@@ -148,7 +151,8 @@ def session_variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox,
 
 
 def drain(job: dict[str, Any]) -> dict[str, Any]:
-    """`Relay.run_once()` to the memory transport, batch and workers swept."""
+    """`Relay.run_once()` to a no-op transport (the peers drain to no-op publishers too), batch
+    and workers swept."""
     engine = make_engine(job["url"])
     metadata = sa.MetaData()
     table = outbox_table(metadata, f"{job['prefix']}_outbox")
@@ -169,7 +173,7 @@ def drain(job: dict[str, Any]) -> dict[str, Any]:
         analyze(engine, table.name)
 
     def run(setting: dict[str, Any], n: int) -> tuple[float, int]:
-        transport = MemoryTransport()
+        transport = NullTransport()
         relay = Relay(engine, transport, table=table.name, batch=int(setting["batch"]),
                       workers=int(setting["workers"]))
         t0 = time.perf_counter()
@@ -187,6 +191,25 @@ def drain(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         metadata.drop_all(engine)
         engine.dispose()
+
+
+class NullTransport(Transport):
+    """A transport that accepts every message and delivers none: the drain's no-op publisher."""
+
+    scheme = "null"
+
+    def __init__(self) -> None:
+        self.count = itertools.count(1)
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        return SendResult(str(next(self.count)))
+
+    def consumer(self, group: str, subscriptions: Any, callback: Any, *,
+                 threads: int = 1) -> Any:
+        raise NotImplementedError("the drain only sends")
+
+    def dead_letters(self, group: str) -> list[Any]:
+        return []
 
 
 def analyze(engine: sa.engine.Engine, table: str) -> None:
