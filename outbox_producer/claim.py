@@ -63,6 +63,10 @@ class Claimer:
     lease: dt.timedelta = DEFAULT_LEASE
     shard: Shard | None = None
     retry_failed: bool = False
+    #: when set (a relay's `--once` run), FAILED rows due after it wait for the next run: a slow
+    #: retry that fails again (even with `failed_retry_after` of 0) is tried once per run, so the
+    #: run ends (PENDING retries end anyway: `max_retries` bounds them)
+    failed_due_by: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         self.skip_locked = supports_skip_locked(self.engine)
@@ -80,6 +84,11 @@ class Claimer:
         states = [int(OutboxState.PENDING)]
         if self.retry_failed:
             states.append(int(OutboxState.FAILED))
+        if self.retry_failed and self.failed_due_by is not None:
+            failed_by = min(now, self.failed_due_by)
+            return self._sharded([
+                t.c.state.in_(states), t.c.next_retry_at <= now,
+                (t.c.state == int(OutboxState.PENDING)) | (t.c.next_retry_at <= failed_by)])
         return self._sharded([t.c.state.in_(states), t.c.next_retry_at <= now])
 
     def _expired(self, now: dt.datetime) -> list[Any]:

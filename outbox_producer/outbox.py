@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.errors import PayloadError
+from consumer_kit.core.errors import ConfigError, PayloadError, PublishConflict
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import (
     BIZ_KEY_LEN,
@@ -26,6 +26,7 @@ from consumer_kit.core.schema import (
     outbox_table,
 )
 from consumer_kit.core.states import OutboxState
+from outbox_producer import validation
 from outbox_producer.ids import new_message_id
 from outbox_producer.payload import encode_payload
 
@@ -47,11 +48,21 @@ class Outbox:
     signature `Outbox(engine, *, producer=...)`, and as `Outbox.engine`, so code holding an outbox
     can reach its database (e.g. to build the `Dispatcher` or a `Relay` on the same engine).
 
+    `max_body_bytes` is the largest body `publish` accepts: by default the limit of the
+    dispatcher's transport, else RocketMQ's (`DEFAULT_ROCKETMQ_MAX_BODY_BYTES`); give it when the
+    relay sends through another transport than the dispatcher. Bodies RocketMQ would carry as
+    base64 (not NUL-free UTF-8) are counted at their base64 size unless the dispatcher's
+    transport is known not to be RocketMQ.
+
     >>> outbox = Outbox(engine, producer="order-service")          # doctest: +SKIP
     >>> with Session(engine) as s, s.begin():                        # doctest: +SKIP
     ...     s.add(Order(id=42))
     ...     outbox.publish(s, "ORDER_CREATED", {"order_id": 42},
     ...                    biz_type="order", biz_key="42")
+
+    Raises:
+        ConfigError: a bad URL, a producer name that cannot name its receipt topic, or a
+            non-positive `max_body_bytes` / negative `max_retries`.
     """
 
     def __init__(
@@ -62,12 +73,22 @@ class Outbox:
         table: str = DEFAULT_OUTBOX_TABLE,
         max_retries: int = DEFAULT_MAX_RETRIES,
         dispatcher: Dispatcher | None = None,
+        max_body_bytes: int | None = None,
     ) -> None:
         self.engine = make_engine(engine)
-        self.producer = producer
+        self.producer = validation.check_producer(producer)
         self.table = outbox_table(sa.MetaData(), table)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be an integer >= 0, not {max_retries!r}")
         self.max_retries = max_retries
         self.dispatcher = dispatcher
+        transport = dispatcher.sender.transport if dispatcher is not None else None
+        limit = max_body_bytes if max_body_bytes is not None else (
+            transport.max_body_bytes if transport is not None else _rocketmq_limit())
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ConfigError(f"max_body_bytes must be a positive integer, not {limit!r}")
+        self.max_body_bytes = limit
+        self._base64_when_binary = transport is None or transport.scheme == "rocketmq"
 
     def publish(
         self,
@@ -89,18 +110,30 @@ class Outbox:
         sends it. Publishing the same `(biz_type, biz_key)` again returns the first message id
         and writes nothing.
 
+        Every rule a message must meet to be sent is checked here, before anything is written
+        (`outbox_producer.validation`, RocketMQ's rules whatever the transport), so the relay
+        never is the first to find a message that cannot go out.
+
         Raises:
-            PayloadError: the payload is not serializable or a field is too long (nothing is
-                written; raise it out of your transaction to roll the business change back).
+            PayloadError: the payload is not serializable or over `max_body_bytes`; a field is
+                too long or breaks RocketMQ's rules (topic name, tags with `||`, a key with
+                whitespace, a header named like an envelope or RocketMQ property, a bad
+                `delay`). Nothing is written; raise it out of your transaction to roll the
+                business change back.
+            PublishConflict: the `(biz_type, biz_key)` was published before for another
+                topic (the message names that message id and topic); nothing is written.
         """
         body = encode_payload(payload)
-        props = _check_fields(topic, biz_type, biz_key, tags, keys, headers)
+        validation.check_body_size(body, self.max_body_bytes,
+                                   base64_when_binary=self._base64_when_binary)
+        keys_text = _check_fields(topic, biz_type, biz_key, tags, keys)
+        props = validation.check_headers(headers)
         now = utcnow()
-        delay_s = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay or 0)
+        delay_s = validation.delay_seconds(delay, now)
         message_id = new_message_id()
         row = {
             "message_id": message_id, "biz_type": biz_type, "biz_key": biz_key, "topic": topic,
-            "tags": tags, "keys": _keys_text(keys), "headers": props or None, "body": body,
+            "tags": tags, "keys": keys_text, "headers": props or None, "body": body,
             "state": int(OutboxState.PENDING), "retry_count": 0, "max_retries": self.max_retries,
             "next_retry_at": now + dt.timedelta(seconds=delay_s), "lock_version": 0,
             "created_by": self.producer, "updated_by": self.producer,
@@ -118,11 +151,17 @@ class Outbox:
             else:
                 row_id = self._insert(conn, row)
         except IntegrityError:
-            existing = self._existing_id(conn, biz_type, biz_key)
+            existing = self._existing(conn, biz_type, biz_key)
             if existing is None:
                 raise
-            log.info("message %s: %s:%s already published", existing, biz_type, biz_key)
-            return existing
+            existing_id, existing_topic = existing
+            if existing_topic != topic:
+                raise PublishConflict(
+                    f"{biz_type}:{biz_key} was already published as message {existing_id} to "
+                    f"topic {existing_topic!r}, not {topic!r}: nothing written (a business "
+                    "event goes to one topic; use another biz_type or biz_key)") from None
+            log.info("message %s: %s:%s already published", existing_id, biz_type, biz_key)
+            return existing_id
         if isinstance(conn_or_session, Session) and self.dispatcher is not None and delay_s <= 0:
             self._after_commit(conn_or_session, OutboxRow.from_mapping({**row, "id": row_id}))
         log.debug("message %s published to %s", message_id, topic)
@@ -132,16 +171,19 @@ class Outbox:
         result = conn.execute(sa.insert(self.table).values(**row))
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
-    def _existing_id(self, conn: Connection, biz_type: str, biz_key: str) -> str | None:
+    def _existing(self, conn: Connection, biz_type: str, biz_key: str
+                  ) -> tuple[str, str] | None:
+        """(message id, topic) of the row holding the business key."""
         t = self.table
-        query = sa.select(t.c.message_id).where(t.c.biz_type == biz_type, t.c.biz_key == biz_key)
+        query = sa.select(t.c.message_id, t.c.topic).where(t.c.biz_type == biz_type,
+                                                           t.c.biz_key == biz_key)
         if conn.dialect.name in ("mysql", "mariadb"):
             # A locking read sees the latest committed row: under REPEATABLE READ a plain SELECT
             # reads the caller's snapshot, which misses a row committed by a concurrent publish
             # after it was taken (the failed INSERT already holds this shared lock).
             query = query.with_for_update(read=True)
-        found = conn.execute(query).scalar()
-        return str(found) if found is not None else None
+        found = conn.execute(query).first()
+        return (str(found[0]), str(found[1])) if found is not None else None
 
     def _after_commit(self, session: Session, row: OutboxRow) -> None:
         assert self.dispatcher is not None
@@ -176,20 +218,21 @@ def _connection(conn_or_session: Connection | Session) -> Connection:
                        f"{type(conn_or_session).__name__}")
 
 
-def _keys_text(keys: Sequence[str] | str | None) -> str | None:
-    if keys is None:
-        return None
-    items = keys.split() if isinstance(keys, str) else [str(k) for k in keys]
-    return " ".join(items) or None
+def _rocketmq_limit() -> int:
+    """RocketMQ's body limit, the default when no dispatcher says which transport sends."""
+    from consumer_kit.transports.rocketmq.wire import DEFAULT_ROCKETMQ_MAX_BODY_BYTES
+
+    return DEFAULT_ROCKETMQ_MAX_BODY_BYTES
 
 
-def _check_fields(
-    topic: str, biz_type: str, biz_key: str, tags: str | None,
-    keys: Sequence[str] | str | None, headers: Mapping[str, str] | None,
-) -> dict[str, str]:
+def _check_fields(topic: str, biz_type: str, biz_key: str, tags: str | None,
+                  keys: Sequence[str] | str | None) -> str | None:
+    """Check the row's text fields against their columns and RocketMQ's rules; return the
+    KEYS column."""
+    keys_text = validation.keys_text(keys)
     checks = [("topic", topic, TOPIC_LEN), ("biz_type", biz_type, BIZ_TYPE_LEN),
               ("biz_key", biz_key, BIZ_KEY_LEN), ("tags", tags, TAGS_LEN),
-              ("keys", _keys_text(keys), KEYS_LEN)]
+              ("keys", keys_text, KEYS_LEN)]
     for name, value, limit in checks:
         if value is None and name in ("tags", "keys"):
             continue
@@ -197,8 +240,10 @@ def _check_fields(
             raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
         if len(value) > limit:
             raise PayloadError(f"{name} is {len(value)} characters; the column holds {limit}")
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise PayloadError("headers must be a mapping of strings")
-    return {str(k): str(v) for k, v in headers.items()}
+    validation.check_topic(topic)
+    validation.check_tags(tags)
+    for name, value in (("biz_type", biz_type), ("biz_key", biz_key)):
+        if "\x00" in value or "\x01" in value or "\x02" in value:
+            raise PayloadError(f"{name} {value!r} has NUL, \\x01 or \\x02, which RocketMQ "
+                               "cannot carry (it travels in the ckit_biz property)")
+    return keys_text

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -141,10 +142,16 @@ class Relay:
         With `workers > 1` that many loops run on threads of this process; their claims never
         overlap (row locks or claim tokens), so database round trips of one overlap the sends
         and marks of another. The backlog gauges are refreshed when the loops start, every
-        METRICS_INTERVAL (by one loop), and once more when they have all returned."""
+        METRICS_INTERVAL (by one loop), and once more when they have all returned.
+
+        With `once`, FAILED rows (the slow retry) are claimed only when due by the start of
+        the run: one that fails again, due again at once (`failed_retry_after` of 0), waits for
+        the next run, so the run ends."""
+        self.claimer.failed_due_by = utcnow() if once else None
         try:
             return self._run(once, max_batches)
         finally:
+            self.claimer.failed_due_by = None
             self._refresh_metrics()
 
     def _run(self, once: bool, max_batches: int | None) -> RelayResult:

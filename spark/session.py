@@ -3,10 +3,14 @@ driver servers in local mode, and quiet logs."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+from pathlib import Path
 from typing import Any
 
-from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.errors import ConfigError, ReconcileError
+from consumer_kit.core.urls import mask_text
 from consumer_kit.reconcile.model import ReconcileConfig
 from spark.jdbc import JAR_PATTERNS, find_jars
 
@@ -29,6 +33,44 @@ LOOPBACK_DRIVER_CONF = {
 
 
 
+#: Spark's own log configuration when the CLI is not verbose: see the file's comments.
+QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
+
+#: The master URLs SparkSubmit accepts (anything else makes its JVM exit with a stack trace).
+_MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+                     r"(spark|mesos|k8s)://\S+)$")
+
+
+def check_master(master: str | None) -> None:
+    """Refuse a Spark master SparkSubmit would refuse, before any JVM starts.
+
+    Raises:
+        ConfigError: naming `--master` and the accepted forms.
+
+    >>> check_master("local[2]"), check_master("spark://head:7077")
+    (None, None)
+    """
+    if master is not None and not _MASTER.match(master):
+        raise ConfigError(f"--master {master!r} is not a Spark master: use local[*], local[N], "
+                          "spark://HOST:PORT, yarn, k8s://URL or mesos://URL")
+
+
+def quiet_java_options(options: str, *, verbose: bool) -> str:
+    """`spark.driver.extraJavaOptions` with Spark's own log configuration replaced by
+    `QUIET_LOG4J2` unless `verbose` (or the options already name a log4j2 configuration).
+
+    pyspark passes the session's settings to the spark-submit that starts its JVM, which puts
+    the driver's extra Java options on that JVM's command line: the file is read before Spark
+    logs its first line.
+    """
+    if verbose or "log4j2.configurationFile" in options or not QUIET_LOG4J2.is_file():
+        return options
+    path = str(QUIET_LOG4J2)
+    flag = f'-Dlog4j2.configurationFile="{path}"' if " " in path else \
+        f"-Dlog4j2.configurationFile={path}"
+    return f"{options} {flag}".strip()
+
+
 def is_local_master(master: str | None) -> bool:
     """True for `local`, `local[N]`, `local[*]` and `local[N,F]` (a driver-only Spark)."""
     return master is not None and (master == "local" or master.startswith("local["))
@@ -44,8 +86,13 @@ def build_session(config: ReconcileConfig, dialects: set[str]) -> Any:
     """
     from pyspark.sql import SparkSession
 
+    check_master(config.master)
     user = dict(config.spark_conf)
     conf = dict(DEFAULT_SPARK_CONF)
+    # Spark's WARN lines and banner only with -v (the CLI's logging at INFO or below)
+    verbose = logging.getLogger().getEffectiveLevel() <= logging.INFO
+    conf["spark.driver.extraJavaOptions"] = quiet_java_options(
+        conf["spark.driver.extraJavaOptions"], verbose=verbose)
     submitted = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
     if is_local_master(config.master or (_submitted_master() if submitted else None)):
         conf.update(LOOPBACK_DRIVER_CONF)
@@ -59,9 +106,19 @@ def build_session(config: ReconcileConfig, dialects: set[str]) -> Any:
         builder = builder.master(config.master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:  # the JVM's stack trace stays out: its first line is enough
+        raise ReconcileError(f"Spark did not start: {_first_line(exc)}") from None
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def _first_line(exc: Exception) -> str:
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return mask_text(lines[0] if lines else type(exc).__name__)
 
 
 def _submitted_master() -> str | None:

@@ -37,6 +37,10 @@ def test_the_demo_reconciles_with_spark(tmp_path: Path) -> None:
     code, counts, output = run_demo(tmp_path, "--engine", "spark", "--orders", "6")
     assert code == 0, output
     assert counts["repaired"] == 1 and counts["consumed (final)"] == 5
+    # Spark's own start-up noise stays out unless -v
+    from tests.reconcile.test_reconcile_options import SPARK_NOISE
+
+    assert not [n for n in SPARK_NOISE if n in output], output
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import typer
 
 from consumer_kit.cli.output import print_table
-from consumer_kit.cli.runtime import friendly_errors
+from consumer_kit.cli.runtime import friendly_errors, writable_folder
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
+
+ENGINE_CHOICES = ("auto", "spark", "sql")
+REDIS_CHECK_TIMEOUT = 3.0
 
 
 @friendly_errors
@@ -20,10 +26,16 @@ def demo(
                                help="reconciler: spark, sql, or auto (spark when available)"),
 ) -> None:
     """Publish through the outbox, relay, consume with dedupe, ack, reconcile: with duplicates
-    and a lost ack injected on purpose. Exits 1 if any effect was not applied exactly once."""
+    and a lost ack injected on purpose. Exits 1 if any effect was not applied exactly once.
+    Every option is checked before the first step (one line, exit 2)."""
+    chosen = check_engine(engine)
+    if workdir is not None:
+        writable_folder(workdir, option="--dir")
+    if redis:
+        check_redis(redis)
     from consumer_kit.cli.demo_flow import run_demo
 
-    result = run_demo(orders=orders, workdir=workdir, redis_url=redis, engine=engine,
+    result = run_demo(orders=orders, workdir=workdir, redis_url=redis, engine=chosen,
                       say=typer.echo)
     typer.echo("")
     print_table(["", "count", "what it means"], result.rows)
@@ -34,6 +46,60 @@ def demo(
     else:
         typer.echo("CHECK FAILED: the counts above do not add up (see the lines marked)")
         raise typer.Exit(1)
+
+
+def check_engine(choice: str) -> str:
+    """The reconcile engine to use: `auto` is Spark when pyspark, java and the SQLite JDBC
+    driver are all there, else SQL.
+
+    Raises:
+        ConfigError: an unknown choice, or `spark` without what it needs (naming what).
+    """
+    if choice not in ENGINE_CHOICES:
+        raise ConfigError(f"--engine {choice!r}: use one of {', '.join(ENGINE_CHOICES)}")
+    if choice == "sql":
+        return choice
+    missing = _spark_missing()
+    if missing is None:
+        return "spark"
+    if choice == "spark":
+        raise ConfigError(f"--engine spark: {missing} (or use --engine sql)")
+    return "sql"
+
+
+def _spark_missing() -> str | None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed: pip install 'consumer-kit[spark]'"
+    if shutil.which("java") is None:
+        return "no java on PATH"
+    from spark.jdbc import find_jars
+
+    try:
+        find_jars({"sqlite"})
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def check_redis(url: str) -> None:
+    """Ping Redis once, so a bad `--redis` fails before the first step.
+
+    Raises:
+        ConfigError: naming `--redis` (password masked).
+    """
+    import redis as redis_lib
+
+    try:
+        client = redis_lib.Redis.from_url(url, socket_connect_timeout=REDIS_CHECK_TIMEOUT,
+                                          socket_timeout=REDIS_CHECK_TIMEOUT)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (ValueError, redis_lib.RedisError) as exc:
+        raise ConfigError(f"--redis {mask_url(url)}: {type(exc).__name__}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -20,17 +20,20 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.messages import retry_topic
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from consumer_kit.outcome import Outcome
 from consumer_kit.receipts import ReceiptRoute, TopicRoute
-from consumer_kit.transports.base import Transport
 from consumer_kit.transports.running import run_consumer
 from consumer_kit.transports.sql import SqlTransport
 
 DEFAULT_ORDERS = 20
 DUPLICATES = 3
+GROUP = "inventory"
+#: the consumer's whole run, redeliveries included
+CONSUME_SECONDS = 120.0
 
 
 class LossyRoute(ReceiptRoute):
@@ -71,7 +74,20 @@ def run_demo(
     engine: str = "auto",
     say: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Run the demo in `workdir` (a fresh temporary folder by default) and return its summary."""
+    """Run the demo in `workdir` (a fresh temporary folder by default, removed afterwards,
+    also when a step fails) and return its summary. The options are checked by `ckit demo`
+    before this runs."""
+    keep = workdir is not None
+    root = Path(workdir or tempfile.mkdtemp(prefix="ckit-demo-"))
+    try:
+        return _run(root, orders=orders, redis_url=redis_url, engine=engine, say=say)
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(root: Path, *, orders: int, redis_url: str | None, engine: str,
+         say: Callable[[str], None]) -> DemoResult:
     from consumer_kit.core.envelope import to_message
     from consumer_kit.core.rows import OutboxRow
     from consumer_kit.reconcile import GroupSource, ReconcileConfig, run_reconcile
@@ -80,16 +96,14 @@ def run_demo(
     from outbox_producer import Outbox, ReceiptApplier, Relay
     from outbox_producer.receipts.consumer import ReceiptConsumer
 
-    keep = workdir is not None
-    root = Path(workdir or tempfile.mkdtemp(prefix="ckit-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     orders_url = f"sqlite:///{root / 'orders.db'}"
     inventory_url = f"sqlite:///{root / 'inventory.db'}"
     orders_db, inventory_db = make_engine(orders_url), make_engine(inventory_url)
     order_service.setup(orders_db)
     inventory.setup(inventory_db)
-    transport: Transport = SqlTransport(f"sqlite:///{root / 'mq.db'}", create_tables=True,
-                                        retry_delays=(0.2,))
+    transport = SqlTransport(f"sqlite:///{root / 'mq.db'}", create_tables=True,
+                             retry_delays=(0.2,))
     say(f"demo folder: {root}  (orders.db, inventory.db, mq.db: SQLite, no server)")
 
     _step(say, f"order service: {orders} orders, each written with its message in one "
@@ -116,7 +130,9 @@ def run_demo(
     _step(say, "inventory consumer: dedupe, reserve stock, ack back (one ack lost on purpose)")
     route = LossyRoute(TopicRoute(transport), lose)
     app = inventory.make_app(db=inventory_db, transport=transport, redis=redis_url, receipts=route)
-    app.run(burst=True, max_seconds=120)
+    # a burst run also waits for redeliveries still scheduled (with Redis, a duplicate that
+    # finds the first copy's lease held is answered BUSY and comes back as a duplicate)
+    app.run(burst=True, max_seconds=CONSUME_SECONDS)
     app.close()
     counts = app.pipeline().counts
 
@@ -142,8 +158,10 @@ def run_demo(
     consumed = _count_state(orders_db, table, OutboxState.CONSUMED)
     rejected = _count_state(orders_db, table, OutboxState.REJECTED)
     delivered = sum(counts.values())
+    busy = counts[Outcome.BUSY]
     valid = orders - 1
     checks = [
+        _pending_redelivery(transport, GROUP) is None,
         again == rows[0]["message_id"],
         relayed == orders,
         effects == distinct == valid,
@@ -154,7 +172,9 @@ def run_demo(
     result_rows: list[tuple[str, object, str]] = [
         ("published", orders, "outbox rows; publishing order 1 again returned the same id"),
         ("sent by the relay", relayed, "after commit, from the outbox"),
-        ("delivered", delivered, f"including {DUPLICATES} duplicates injected on purpose"),
+        ("delivered", delivered, f"including {DUPLICATES} duplicates injected on purpose"
+         + (f" and {busy} redelivered (the first copy still held its Redis lease)"
+            if busy else "")),
         ("duplicates skipped", counts[Outcome.DUPLICATE], "dedupe on ckit_id: no second effect"),
         ("effects applied", effects, f"stock reservations, one per valid order ({valid})"),
         ("rejected", rejected, "unknown SKU: reason stored, outbox row REJECTED"),
@@ -165,9 +185,17 @@ def run_demo(
     transport.close()
     orders_db.dispose()
     inventory_db.dispose()
-    if not keep:
-        shutil.rmtree(root, ignore_errors=True)
     return DemoResult(result_rows, all(checks), root)
+
+
+def _pending_redelivery(transport: SqlTransport, group: str) -> dt.datetime | None:
+    """When the next redelivery of `group` is due (still waiting in its retry topic)."""
+    m = transport.tables.message
+    with transport.db.engine.connect() as conn:
+        due: dt.datetime | None = conn.execute(
+            sa.select(sa.func.min(m.c.deliver_at)).where(
+                m.c.topic == retry_topic(group), m.c.queue_offset.is_(None))).scalar()
+    return due
 
 
 def _count_state(engine: sa.engine.Engine, table: sa.Table, state: OutboxState) -> int:

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from consumer_kit.cli.runtime import configure_logging
+from consumer_kit.cli.runtime import OneLineGroup, configure_logging
 
 app = typer.Typer(
     name="ckit",
@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineGroup,
 )
 
 SUBCOMMAND_MODULES = (

@@ -150,7 +150,8 @@ def retry_cmd(
     targets: list[str] = typer.Argument(None, metavar="[ID...]", help=TARGETS_HELP),
     state: str | None = typer.Option(None, "--state", help="bulk: rows in this state (name/code)"),
     topic: str | None = typer.Option(None, "--topic", help="bulk: only this topic"),
-    limit: int = typer.Option(ops.DEFAULT_BULK_LIMIT, "--limit", help="bulk: at most N rows"),
+    limit: int = typer.Option(ops.DEFAULT_BULK_LIMIT, "--limit", min=1,
+                              help="bulk: at most N rows"),
     force: bool = typer.Option(False, "--force", help="also re-send SENT and CONSUMED rows"),
     url: str | None = options.url(),
     outbox_table: str = options.outbox_table(),
@@ -221,8 +222,9 @@ def resume_cmd(
 @friendly_errors
 def archive_cmd(
     older_than: str = typer.Option("30d", "--older-than", help="age of the last change, e.g. 30d"),
-    batch: int = typer.Option(ops.DEFAULT_ARCHIVE_BATCH, "--batch", help="rows per transaction"),
-    max_batches: int = typer.Option(ops.DEFAULT_ARCHIVE_MAX_BATCHES, "--max-batches",
+    batch: int = typer.Option(ops.DEFAULT_ARCHIVE_BATCH, "--batch", min=1,
+                              help="rows per transaction"),
+    max_batches: int = typer.Option(ops.DEFAULT_ARCHIVE_MAX_BATCHES, "--max-batches", min=1,
                                     help="stop after N batches (run again for the rest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count the rows, move nothing"),
     url: str | None = options.url(),

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.reconcile import (
     GroupSource,
@@ -64,7 +64,8 @@ def reconcile(
     stuck_after: str = typer.Option(duration_text(DEFAULT_STUCK_AFTER), "--stuck-after",
                                     help="SENT (or leased) longer than this is stuck"),
     max_retries: int | None = typer.Option(
-        None, "--max-retries", help="override every row's max_retries (re-sends allowed)"),
+        None, "--max-retries", min=0,
+        help="override every row's max_retries (re-sends allowed)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="classify and report, write nothing"),
     output: str = typer.Option(DEFAULT_OUTPUT, "--output", "-o",
                                help="folder for summary.json and samples ('' for none)"),
@@ -78,40 +79,53 @@ def reconcile(
         help="processed rows this far before the cutoff are checked for orphans (0 disables)"),
     src: str | None = typer.Option(None, "--src",
                                    help="only processed rows from this producer (ckit_src)"),
-    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, "--batch-size",
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, "--batch-size", min=1,
                                    help="rows per repair statement"),
     fail_on_stuck: int | None = typer.Option(
-        None, "--fail-on-stuck", metavar="N", help="alert when more than N rows are stuck"),
+        None, "--fail-on-stuck", metavar="N", min=0,
+        help="alert when more than N rows are stuck"),
     fail_on_orphans: int | None = typer.Option(
-        None, "--fail-on-orphans", metavar="N", help="alert when more than N orphans"),
+        None, "--fail-on-orphans", metavar="N", min=0, help="alert when more than N orphans"),
     fail_on_conflicts: int | None = typer.Option(
-        None, "--fail-on-conflicts", metavar="N", help="alert when more than N conflicts"),
+        None, "--fail-on-conflicts", metavar="N", min=0,
+        help="alert when more than N conflicts"),
     fail_on_failures: bool = typer.Option(
         True, "--fail-on-failures/--no-fail-on-failures",
         help="alert when rejected, exhausted or unmatched rows are found"),
     json_out: bool = options.json_output(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr"),
 ) -> None:
-    """Compare the outbox with every group's processed table and repair stuck rows."""
+    """Compare the outbox with every group's processed table and repair stuck rows.
+
+    Every option is checked before anything is read or repaired (one line, exit 2)."""
     spark_submit = bool(ctx.obj and ctx.obj.get("spark_submit"))
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine == "spark":
+        from spark.session import check_master
+
+        check_master(master)
+    spark_conf = tuple(_pair(c) for c in conf)
+    output_dir = writable_folder(output, option="--output") if output else None
     config = ReconcileConfig(
         producer_url=require(url, "--url", "CKIT_DB_URL"),
         groups=tuple(GroupSource.parse(g, table=processed_table) for g in group),
         outbox_table=outbox_table,
         receipt_table=receipt_table,
-        stuck_after=parse_duration(stuck_after),
+        stuck_after=parse_duration(stuck_after, option="--stuck-after"),
         max_retries=max_retries,
         dry_run=dry_run,
-        output_dir=Path(output) if output else None,
+        output_dir=output_dir,
         engine=engine,
         master=master or (None if spark_submit else DEFAULT_MASTER),
         thresholds=Thresholds(stuck=fail_on_stuck, orphans=fail_on_orphans,
                               conflicts=fail_on_conflicts, fail_on_failures=fail_on_failures),
-        orphan_window=parse_duration(orphan_window or "0"),
+        orphan_window=parse_duration(orphan_window or "0", option="--orphan-window"),
         src=src,
         batch_size=batch_size,
-        spark_conf=tuple(_pair(c) for c in conf),
+        spark_conf=spark_conf,
     )
+    check_databases(config)
     started = time.monotonic()
 
     def progress(message: str) -> None:
@@ -152,6 +166,22 @@ def print_summary(summary: ReconcileSummary) -> None:
         typer.echo("orphans are reported only: see samples/orphan.jsonl")
 
 
+def check_databases(config: ReconcileConfig) -> None:
+    """Check every database URL (driver installed, SQLite folder there) before the run reads
+    or repairs anything; no connection is made.
+
+    Raises:
+        ConfigError: the first URL that cannot work, naming its option.
+    """
+    urls = [("--url", config.producer_url), *((f"--group {g.name}", g.url)
+                                               for g in config.groups)]
+    for option, url in urls:
+        try:
+            make_engine(url).dispose()
+        except ConfigError as exc:
+            raise ConfigError(f"{option}: {exc}") from None
+
+
 def _pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -167,11 +197,11 @@ def register(app: typer.Typer) -> None:
 def standalone(argv: list[str]) -> int:
     """Run the reconcile command alone (the spark-submit entry): Spark's master comes from
     spark-submit unless `--master` is given. Returns the exit code (2 for a bad option)."""
-    from consumer_kit.cli.runtime import configure_logging
+    from consumer_kit.cli.runtime import OneLineCommand, configure_logging
 
     configure_logging(0)
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(friendly_errors(reconcile))
+    app.command(cls=OneLineCommand)(friendly_errors(reconcile))
     # Standalone mode lets click print a bad option as one `Error:` line and exit 2 (catching
     # `click.ClickException` here would miss typer versions that vendor their own click).
     try:

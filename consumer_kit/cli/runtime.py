@@ -6,11 +6,19 @@ import functools
 import logging
 import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # typer >= 0.2x vendors its own click; older versions use click itself
+    from typer import _click as click
+except ImportError:  # pragma: no cover
+    import click  # type: ignore[no-redef]
 
 from consumer_kit.core.errors import CkitError
 from consumer_kit.core.urls import mask_text
@@ -36,6 +44,51 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     first = " ".join(mask_text(str(message)).split())
     typer.echo(f"error: {first}", err=True)
     raise typer.Exit(code)
+
+
+def _one_line_usage_errors(main: Callable[..., Any], args: Sequence[str] | None,
+                           prog_name: str | None, complete_var: str | None,
+                           standalone_mode: bool, windows_expand_args: bool,
+                           extra: dict[str, Any], prefix: str = "error") -> Any:
+    """Run click's `main` so that its own usage errors (a value out of range, a missing or
+    unknown option) are one `error:` line naming the option and exit 2, like `fail`: click
+    would print the usage and a box of several lines. `ckit` alone still prints the help."""
+    if not standalone_mode:
+        return main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+    try:
+        code = main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        line = " ".join(mask_text(exc.format_message()).split())
+        typer.echo(f"{prefix}: {line}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(EXIT_FAILURE)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+class OneLineGroup(TyperGroup):
+    """The `ckit` group: usage errors as one line (`typer.Typer(cls=OneLineGroup)`)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        return _one_line_usage_errors(super().main, args, prog_name, complete_var,
+                                      standalone_mode, windows_expand_args, extra)
+
+
+class OneLineCommand(TyperCommand):
+    """A single-command app (the spark-submit entry): usage errors as one line, with click's
+    own `Error:` prefix, which scripts around spark-submit match."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        return _one_line_usage_errors(super().main, args, prog_name, complete_var,
+                                      standalone_mode, windows_expand_args, extra, "Error")
 
 
 def friendly_errors(fn: F) -> F:
@@ -109,3 +162,22 @@ def serve_metrics(port: int | None) -> None:
         start_http_server(port, addr="127.0.0.1")
     except OSError as exc:
         raise ConfigError(f"--metrics-port {port}: {exc.strerror or exc}") from None
+
+
+def writable_folder(path: str | Path, *, option: str) -> Path:
+    """`path` as a folder this process can write in, created when missing.
+
+    Raises:
+        ConfigError: naming `option`, when it cannot be created or written (before any work).
+    """
+    from consumer_kit.core.errors import ConfigError
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ckit-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {str(path)!r} is not a writable folder: "
+                          f"{exc.strerror or exc}") from None
+    return folder

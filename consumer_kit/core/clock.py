@@ -7,6 +7,10 @@ import time
 
 from consumer_kit.core.errors import ConfigError
 
+#: Longest duration `parse_duration` accepts: anything longer is a typo, and `now - duration`
+#: must stay a valid date.
+MAX_DURATION = dt.timedelta(days=36525)
+
 
 def utcnow() -> dt.datetime:
     """Return the current UTC time as a naive datetime (what every table stores)."""
@@ -27,17 +31,20 @@ def parse_duration(text: str, *, option: str | None = None) -> dt.timedelta:
     """Parse `30d`, `12h`, `10m`, `45s`, `250ms`, `2w` or a bare number of seconds (>= 0).
 
     Raises:
-        ConfigError: the text is not a finite, non-negative duration (the message names
-            `option` when given).
+        ConfigError: the text is not a finite, non-negative duration of at most 100 years (the
+            message names `option` when given).
 
     >>> parse_duration("10m")
     datetime.timedelta(seconds=600)
     """
     units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
     raw = str(text).strip().lower()
+    what = f"{option} " if option else ""
     for suffix in ("ms", "s", "m", "h", "d", "w", ""):
         number = raw[: len(raw) - len(suffix)] if suffix else raw
         if raw.endswith(suffix) and number.replace(".", "", 1).isdigit():
-            return dt.timedelta(seconds=float(number) * units.get(suffix, 1.0))
-    what = f"{option} " if option else ""
+            seconds = float(number) * units.get(suffix, 1.0)
+            if seconds > MAX_DURATION.total_seconds():
+                raise ConfigError(f"{what}{text!r} is longer than 100 years")
+            return dt.timedelta(seconds=seconds)
     raise ConfigError(f"{what}{text!r} is not a duration (use e.g. 30d, 12h, 10m, 45s, 250ms)")

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.errors import ConfigError, SchemaError
-from consumer_kit.core.urls import mask_url
+from consumer_kit.core.urls import mask_url, remember_secrets
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+#: The driver to name when a URL's default driver is not installed: (backend, module, URL prefix).
+#: PyMySQL is a dependency of consumer-kit; the PostgreSQL ones are optional, first found wins.
+DRIVER_CHOICES = (
+    ("mysql", "pymysql", "mysql+pymysql://"),
+    ("mariadb", "pymysql", "mariadb+pymysql://"),
+    ("postgresql", "psycopg", "postgresql+psycopg://"),
+    ("postgresql", "psycopg2", "postgresql+psycopg2://"),
+    ("postgresql", "pg8000", "postgresql+pg8000://"),
+)
 
 
 def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
@@ -24,13 +36,19 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     """
     if isinstance(url, Engine):
         return url
+    remember_secrets([url])
     try:
         parsed = sa.engine.make_url(url)
     except Exception as exc:
-        raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: {exc}") from None
+        raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: "
+                          f"{mask_url(str(exc))}") from None
+    if parsed.host and "@" in parsed.host:  # the password holds a raw `@`: part of it is "host"
+        raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: its password holds a "
+                          "raw at sign; %-escape it as %40 (and a literal % as %25)")
     backend = parsed.get_backend_name()
     options: dict[str, Any] = {}
     if backend == "sqlite":
+        check_sqlite_path(parsed.database, parsed.query)
         options["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     elif backend in ("mysql", "mariadb"):
         options.update(pool_pre_ping=True, pool_recycle=3600, pool_size=10, max_overflow=20)
@@ -39,10 +57,50 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     try:
         engine = sa.create_engine(parsed, **options)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"database driver missing for {parsed.drivername}: {exc}") from None
+        raise ConfigError(driver_hint(parsed.drivername, exc.name or str(exc))) from None
+    except sa.exc.NoSuchModuleError:
+        raise ConfigError(f"unknown database in URL {mask_url(str(url))!r}: use mysql+pymysql://, "
+                          "postgresql+psycopg:// or sqlite:///path") from None
     if backend == "sqlite":
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def check_sqlite_path(database: str | None, query: Any = None) -> None:
+    """Refuse a SQLite file whose folder does not exist (or that is a folder) before the driver
+    answers "unable to open database file". In-memory databases and `file:` URIs pass.
+
+    Raises:
+        ConfigError: naming the path and what is wrong with it.
+    """
+    if not database or database == ":memory:" or database.startswith("file:") \
+            or (query and str(query.get("uri", "")).lower() in ("true", "1")):
+        return
+    path = Path(database).expanduser()
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise ConfigError(f"SQLite database {database!r}: folder {str(folder)!r} does not exist "
+                          "(create it first)")
+    if path.is_dir():
+        raise ConfigError(f"SQLite database {database!r} is a folder, not a file")
+
+
+def driver_hint(drivername: str, missing: str) -> str:
+    """The one-line message for a URL whose driver module is not installed: which URL prefix to
+    use instead when another driver of that database is installed, else what to install.
+
+    >>> driver_hint("mysql", "MySQLdb")   # doctest: +ELLIPSIS
+    "database driver 'MySQLdb' for mysql:// is not installed: use mysql+pymysql://..."
+    """
+    backend = drivername.split("+", 1)[0]
+    for name, module, prefix in DRIVER_CHOICES:
+        if name == backend and module != missing and importlib.util.find_spec(module):
+            return (f"database driver {missing!r} for {drivername}:// is not installed: use "
+                    f"{prefix}... ({module} is installed)")
+    if backend == "postgresql":
+        return (f"database driver {missing!r} for {drivername}:// is not installed: pip install "
+                "'psycopg[binary]' and use postgresql+psycopg://...")
+    return f"database driver {missing!r} for {drivername}:// is not installed"
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

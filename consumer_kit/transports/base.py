@@ -80,10 +80,12 @@ class Consumer(abc.ABC):
         """Callbacks running right now."""
 
     def ready(self) -> int | None:
-        """Messages deliverable now (not yet handed out), or None when the transport can't tell.
+        """Messages not handed out yet, or None when the transport can't tell: those
+        deliverable now and this group's redeliveries still waiting for their time.
 
-        `ckit consume --burst` exits when this is 0 and nothing is in flight; transports that
-        return None are drained by an idle timeout instead.
+        `ckit consume --burst` exits when this is 0 and nothing is in flight (a burst run waits
+        for its own redeliveries; a message another producer delayed is not waited for);
+        transports that return None are drained by an idle timeout instead.
         """
         return None
 

@@ -180,7 +180,8 @@ class MemoryConsumer(Consumer):
         with self.broker.cond:
             now = time.monotonic()
             self.broker.promote_due(now)
-            count = sum(1 for item in self.broker.retries.get(self.group, []) if item.due <= now)
+            # redeliveries still waiting for their time count too: burst runs wait for them
+            count = len(self.broker.retries.get(self.group, []))
             for sub in self.subscriptions:
                 log_ = self.broker.logs.get(sub.topic, [])
                 start = self.broker.offsets.get((self.group, sub.topic), 0)

@@ -173,12 +173,13 @@ class SqlConsumer(Consumer):
     # -- ready -----------------------------------------------------------------------------------
 
     def ready(self) -> int:
-        """Messages deliverable now and not handed to a callback yet (an over-estimate while
-        other members of the group are busy, or when tags filter messages out)."""
+        """Messages not handed to a callback yet: deliverable now, or redeliveries of this group
+        still waiting for their time (an over-estimate while other members of the group are
+        busy, or when tags filter messages out)."""
         topics = list(self.expressions)
         heads = self.store.queues(topics)
         committed = self.store.committed_offsets(topics)
-        count = self.store.count_due(topics)
+        count = self.store.count_due(topics, waiting=retry_topic(self.group))
         with self._cond:
             buffered = sum(1 for w in self._buffer if w.state.active)
             for key, head in heads.items():

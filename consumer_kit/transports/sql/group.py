@@ -227,14 +227,18 @@ class GroupStore:
             write=False, what="read offsets")
         return {(topic, int(qid)): int(value) for topic, qid, value in rows}
 
-    def count_due(self, topics: Iterable[str]) -> int:
-        """Scheduled messages of `topics` whose effect time has come (not yet in a queue)."""
+    def count_due(self, topics: Iterable[str], *, waiting: str | None = None) -> int:
+        """Scheduled messages of `topics` whose effect time has come (not yet in a queue), plus
+        every scheduled message of topic `waiting` whatever its time (a group's redeliveries)."""
         m = self.t.message
         now = utcnow()
+        due = sa.and_(m.c.topic.in_(sorted(set(topics))), m.c.deliver_at <= now)
+        if waiting is not None:
+            due = sa.or_(due, m.c.topic == waiting)
         return int(self.db.run(lambda conn: conn.execute(
             sa.select(sa.func.count()).select_from(m).where(
-                m.c.topic.in_(sorted(set(topics))), m.c.queue_offset.is_(None),
-                m.c.deliver_at <= now)).scalar_one(), write=False, what="count due messages"))
+                m.c.queue_offset.is_(None), due)).scalar_one(),
+            write=False, what="count due messages"))
 
     def fetch(self, key: QueueKey, start: int, limit: int) -> Sequence[sa.Row[tuple[object, ...]]]:
         """Messages of queue `key` from offset `start`, in offset order."""

@@ -50,11 +50,13 @@ from consumer_kit.transports.base import (
     check_body_size,
     retry_delay,
 )
+from consumer_kit.transports.sql import retention
 from consumer_kit.transports.sql.database import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_UNAVAILABLE_AFTER,
     Database,
 )
+from consumer_kit.transports.sql.retention import PurgeResult
 
 if TYPE_CHECKING:
     from consumer_kit.transports.sql.consumer import SqlConsumer
@@ -368,20 +370,12 @@ class SqlTransport(Transport):
             born_timestamp_ms=to_epoch_ms(r.born_at),
         ) for r in rows]
 
-    def purge(self, before: dt.datetime, *, batch: int = 1000) -> int:
-        """Delete queued messages born before `before` (naive UTC), like RocketMQ's retention;
-        return how many. Scheduled messages (no offset yet) are kept."""
-        m = self.tables.message
-        total = 0
-        while True:
-            ids = self.db.run(lambda conn: conn.execute(
-                sa.select(m.c.id).where(m.c.born_at < before, m.c.queue_offset.is_not(None))
-                .order_by(m.c.id).limit(batch)).scalars().all(),
-                write=False, what="find old messages")
-            if not ids:
-                return total
-            total += self.db.run(functools.partial(_delete_ids, table=m, ids=list(ids)),
-                                 write=True, what="purge")
+    def purge(self, before: dt.datetime, *, batch: int = 1000) -> PurgeResult:
+        """Delete queued messages born before `before` (naive UTC) that every consumer group
+        known for their topic has consumed, like RocketMQ's retention but never ahead of a
+        group; see `consumer_kit.transports.sql.retention`. Scheduled messages are kept."""
+        self.check_schema()
+        return retention.purge(self.db, self.tables, before, batch=batch)
 
     # -- consumers -------------------------------------------------------------------------------
 
@@ -414,10 +408,6 @@ class SqlTransport(Transport):
         for consumer in consumers:
             consumer.shutdown()
         self.db.dispose()
-
-
-def _delete_ids(conn: sa.Connection, *, table: sa.Table, ids: list[int]) -> int:
-    return int(conn.execute(sa.delete(table).where(table.c.id.in_(ids))).rowcount)
 
 
 def _validate_topic(topic: str) -> None:

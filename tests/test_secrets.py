@@ -1,0 +1,132 @@
+"""A password never appears in output or logs, whatever it contains (issue 11, class 3).
+
+The nasty URLs below carry passwords with a space, an escaped and a raw `@`, `:` and `/`, and
+more passwords in the query string; every fragment of them is looked for in what each `ckit`
+command prints (with `-vv`, so the debug log goes through the masking formatter too).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from consumer_kit.cli.runtime import configure_logging
+from consumer_kit.core.urls import mask_text, mask_url, remember_secrets
+from tests.cli import ckit as run_ckit
+
+#: Fragments that must never be printed (each is part of a password below).
+SECRETS = ("p%40ss", "p@ss", "w:rd", "S3cr3t", "Qx2sEcret", "Pw2d", "Pw3d", "sp ace")
+NASTY = ("mysql+pymysql://u:p%40ss w:rd/S3cr3t@127.0.0.1:1/x"
+         "?charset=utf8&password=Qx2sEcret&passwd=Pw2d;pwd=Pw3d")
+NASTY_REDIS = "redis://:p%40ss w:rd@127.0.0.1:1/0?password=Qx2sEcret"
+
+
+def assert_no_secret(text: str) -> None:
+    leaked = [s for s in SECRETS if s in text]
+    assert not leaked, f"leaked {leaked} in:\n{text}"
+
+
+@pytest.mark.parametrize("url", [
+    NASTY, NASTY_REDIS,
+    "mysql+pymysql://u:p@ss w:rd@127.0.0.1/x",  # a raw @ in the password
+    "mysql://u:p?ss S3cr3t@h/db?x=a@b",  # a ? in the password
+    "sql+mysql+pymysql://u:S3cr3t@h/x",
+    "postgresql://u@h/db?PASSWORD=Qx2sEcret",
+    "sqlite:////tmp/x.db?password=sp ace Qx2sEcret",
+])
+def test_mask_url_hides_every_password_form(url: str) -> None:
+    masked = mask_url(url)
+    assert_no_secret(masked)
+    assert "***" in masked
+
+
+def test_mask_url_keeps_what_is_not_secret() -> None:
+    assert mask_url(NASTY) == ("mysql+pymysql://u:***@127.0.0.1:1/x?charset=utf8&password=***"
+                               "&passwd=***;pwd=***")
+    assert mask_url("rocketmq://127.0.0.1:9876") == "rocketmq://127.0.0.1:9876"
+    assert mask_url("sqlite:///a@b:c.db") == "sqlite:///a@b:c.db"
+
+
+@pytest.mark.parametrize("template", [
+    "error: cannot reach {url}: refused",
+    "bad --group 'inv={url}': use NAME=URL",
+    "({url})", "{url}",
+])
+def test_mask_text_hides_passwords_of_urls_inside_free_text(template: str) -> None:
+    assert_no_secret(mask_text(template.format(url=NASTY)))
+
+
+def test_a_password_with_spaces_seen_once_is_masked_wherever_it_shows_up_again() -> None:
+    remember_secrets(["sqlite:////tmp/x.db?password=sp ace Qx2sEcret"])
+    assert_no_secret(mask_text("driver said: password 'sp ace Qx2sEcret' refused"))
+    assert mask_text("rocketmq://127.0.0.1:9876 down; relay relay@vm:1") == \
+        "rocketmq://127.0.0.1:9876 down; relay relay@vm:1"  # a host:port is not a password
+
+
+def test_the_cli_log_formatter_masks_messages_arguments_and_exceptions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Given the CLI's logging
+    configure_logging(2)
+    log = logging.getLogger("consumer_kit.test_secrets")
+    # When a URL is logged in the message, as an argument and in an exception
+    log.info("connecting to " + NASTY)
+    log.debug("retry %s after %s", NASTY, "refused")
+    try:
+        raise RuntimeError(f"cannot open {NASTY}")
+    except RuntimeError:
+        log.exception("failed")
+    # Then
+    err = capsys.readouterr().err
+    assert err.count("***") >= 3
+    assert_no_secret(err)
+
+
+def ckit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ckit -vv ARGS`: the debug log goes through the masking formatter too."""
+    return run_ckit("-vv", *args, env=env)
+
+
+def test_every_command_keeps_passwords_out_of_its_output_and_logs(tmp_path: Path) -> None:
+    # Given SQLite files that work (SQLite ignores a password in the query string) and a MySQL
+    # URL whose server refuses connections
+    ok = f"sqlite:///{tmp_path / 'ok.db'}?password=Qx2sEcret&pwd=Pw3d"
+    mq = f"sql+sqlite:///{tmp_path / 'mq.db'}?password=Qx2sEcret"
+    inventory = f"sqlite:///{tmp_path / 'inv.db'}?passwd=Pw2d"
+    runs = {
+        "db init (works)": ckit("db", "init", "--url", ok),
+        "db init --json (works)": ckit("db", "init", "--url", mq[4:], "--json"),
+        "db init (refused)": ckit("db", "init", "--url", NASTY),
+        "outbox stats": ckit("outbox", "stats", "--url", NASTY),
+        "outbox show": ckit("outbox", "show", "1", "--url", NASTY),
+        "outbox retry": ckit("outbox", "retry", "1", "--url", NASTY),
+        "relay (refused)": ckit("relay", "--url", NASTY, "--transport", mq, "--once"),
+        "relay (works)": ckit("relay", "--url", ok, "--transport", mq, "--once"),
+        "receipts": ckit("receipts", "--url", NASTY, "--transport", mq, "--producer", "o",
+                         "--burst"),
+        "processed purge": ckit("processed", "purge", "--url", NASTY, "--group", "g"),
+        "mq purge": ckit("mq", "purge", "--transport", mq),
+        "reconcile": ckit("reconcile", "--url", NASTY, "--group", f"g={NASTY}", "--engine",
+                          "sql", "-o", ""),
+        "reconcile bad group": ckit("reconcile", "--url", ok, "--group", f"{NASTY}",
+                                    "--engine", "sql", "-o", ""),
+        "consume": ckit("consume", "examples.inventory:app", "--burst",
+                        env={"INVENTORY_DB_URL": NASTY, "CKIT_TRANSPORT": mq}),
+        "consume (redis)": ckit("consume", "examples.inventory:app", "--burst",
+                                env={"INVENTORY_DB_URL": inventory, "CKIT_TRANSPORT": mq,
+                                     "CKIT_REDIS_URL": NASTY_REDIS}),
+        "demo": ckit("demo", "--redis", NASTY_REDIS, "--engine", "sql"),
+        "bad option": ckit("relay", "--url", NASTY, "--transport", mq, "--batch", "0"),
+    }
+    for name, result in runs.items():
+        text = result.stdout + result.stderr
+        assert "Traceback" not in text, f"{name}:\n{text}"
+        assert_no_secret(text)
+    # the failures are the one-line errors, the passes printed their (masked) URLs
+    assert runs["db init (works)"].returncode == 0
+    assert "?password=***&pwd=***" in runs["db init (works)"].stdout
+    assert runs["relay (works)"].returncode == 0
+    assert all(runs[n].returncode == 2 for n in ("db init (refused)", "relay (refused)",
+                                                  "consume", "demo"))
