@@ -110,8 +110,9 @@ class Claimer:
         plan = [("claim", self._sharded([t.c.state == int(OutboxState.PENDING),
                                          t.c.next_retry_at <= now]))]
         if self.retry_failed:
+            failed_by = now if self.failed_due_by is None else min(now, self.failed_due_by)
             plan.append(("claim_failed", self._sharded([t.c.state == int(OutboxState.FAILED),
-                                                        t.c.next_retry_at <= now])))
+                                                        t.c.next_retry_at <= failed_by])))
         plan.append(("reclaim", self._expired(now)))
         return plan
 

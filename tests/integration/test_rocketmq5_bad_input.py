@@ -66,10 +66,12 @@ def one_line(exc: pytest.ExceptionInfo[CkitError]) -> str:
 
 
 def relay_one(db: Db, transport: RocketMQ5Transport, topic: str,
-              payload: object) -> tuple[int, str | None, int]:
-    """Publish one message to `topic` and run the relay once (stopped after 5 s: it waits out a
-    broker outage): (state, fail_reason, retries)."""
-    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+              payload: object, *, max_body_bytes: int | None = None) -> tuple[int, str | None, int]:
+    """Publish one message to `topic` (through an outbox told `max_body_bytes`, when given) and
+    run the relay once (stopped after 5 s: it waits out a broker outage): (state, fail_reason,
+    retries)."""
+    limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, **limit)
     with db.engine.begin() as conn:
         mid = outbox.publish(conn, topic, payload, biz_type="t", biz_key=unique("k"))
     relay = Relay(db.engine, transport, table=db.names.outbox, owner="relay-bad-input")
@@ -165,7 +167,9 @@ def test_a_body_over_the_limit_is_refused_before_sending_and_the_row_fails(
     with pytest.raises(MessageTooLarge) as exc:
         t.send(OutgoingMessage("ckit_smoke", b"x" * (t.max_body_bytes + 1)))
     assert "exceeds the limit" in one_line(exc)
-    state, reason, _ = relay_one(sqlite_db, t, "ckit_smoke", {"x": "y" * t.max_body_bytes})
+    # (stored through an outbox told a larger limit than this transport's: the relay's check)
+    state, reason, _ = relay_one(sqlite_db, t, "ckit_smoke", {"x": "y" * t.max_body_bytes},
+                                 max_body_bytes=8 << 20)
     assert state == int(OutboxState.FAILED)  # retrying cannot help
     assert reason is not None and "exceeds the limit" in reason
 
