@@ -32,7 +32,7 @@ from consumer_kit.processed import ProcessedStore
 from consumer_kit.runner import Activity, run_consumer
 from consumer_kit.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
 from consumer_kit.transports import open_transport
-from consumer_kit.transports.base import ConsumeStatus, Delivery, Transport
+from consumer_kit.transports.base import ConsumeStatus, Delivery, Transport, Verdict
 from consumer_kit.urls import mask_url
 
 log = logging.getLogger("consumer_kit.app")
@@ -234,7 +234,7 @@ class ConsumerApp:
 
     # -- running ---------------------------------------------------------------------------
 
-    def process(self, delivery: Delivery) -> ConsumeStatus:
+    def process(self, delivery: Delivery) -> ConsumeStatus | Verdict:
         """Handle one delivery (the transport callback). Never raises."""
         self.activity.touch()
         return self.pipeline()(delivery)

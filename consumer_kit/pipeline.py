@@ -26,7 +26,7 @@ from consumer_kit.message import Message
 from consumer_kit.outcome import DURABLE, Outcome, Result, broker_status
 from consumer_kit.processed import ProcessedStore
 from consumer_kit.schema import REASON_LEN, ProcessedStatus
-from consumer_kit.transports.base import ConsumeStatus, Delivery
+from consumer_kit.transports.base import ConsumeStatus, Delivery, Verdict
 
 log = logging.getLogger("consumer_kit.pipeline")
 
@@ -64,15 +64,19 @@ class Pipeline:
         self._counts_lock = threading.Lock()
         self._metrics: dict[tuple[Any, str], Any] = {}
 
-    def __call__(self, delivery: Delivery) -> ConsumeStatus:
+    def __call__(self, delivery: Delivery) -> ConsumeStatus | Verdict:
         """The transport callback: every exception is caught (one escaping a ctypes callback
-        would read as CONSUME_SUCCESS in the RocketMQ client: a lost message)."""
+        would read as CONSUME_SUCCESS in the RocketMQ client: a lost message). A retry answers
+        `Verdict(RECONSUME_LATER, reason)`: the reason travels with the retry copy."""
         try:
-            return broker_status(self.process(delivery).outcome)
+            result = self.process(delivery)
         except BaseException:
             log.exception("message %s: pipeline error; reconsume later",
                           getattr(delivery, "broker_message_id", "?"))
             return ConsumeStatus.RECONSUME_LATER
+        if result.outcome is Outcome.RETRY:
+            return Verdict(ConsumeStatus.RECONSUME_LATER, result.reason or "")
+        return broker_status(result.outcome)
 
     def process(self, delivery: Delivery) -> Result:
         """Run the pipeline for one delivery and return its outcome."""

@@ -20,6 +20,8 @@ from consumer_kit.transports.base import (
     SendResult,
     Subscription,
     Transport,
+    Verdict,
+    as_verdict,
 )
 from consumer_kit.urls import mask_url
 
@@ -32,6 +34,8 @@ __all__ = [
     "SendResult",
     "Subscription",
     "Transport",
+    "Verdict",
+    "as_verdict",
     "open_transport",
 ]
 

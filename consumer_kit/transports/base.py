@@ -20,6 +20,9 @@ PROP_SRC = "ckit_src"
 PROP_SENT = "ckit_sent"
 PROP_ENC = "ckit_enc"
 PROP_TRACEPARENT = "traceparent"
+#: Why the previous attempt failed: set by transports on retry copies and dead letters, stripped
+#: from `Delivery.properties` on receive (it arrives as `Delivery.last_error`).
+PROP_REASON = "ckit_reason"
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_RECONSUME_TIMES = 16
@@ -66,7 +69,10 @@ class Delivery:
     """A received message, copied out of the transport's own object (safe to keep).
 
     `keys` is the RocketMQ KEYS string (space separated); `broker_message_id` is the broker's
-    UNIQ_KEY, stable across redeliveries of one send.
+    UNIQ_KEY, stable across redeliveries of one send. `last_error` is the reason the previous
+    attempt failed (empty on a first delivery, or when the callback gave none);
+    `max_reconsume_times` is the group's limit when the transport knows it: this delivery is
+    the last attempt when `reconsume_times >= max_reconsume_times`.
     """
 
     topic: str
@@ -79,6 +85,8 @@ class Delivery:
     queue_id: int = 0
     queue_offset: int = 0
     born_timestamp_ms: int = 0
+    last_error: str = ""
+    max_reconsume_times: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +97,30 @@ class Subscription:
     expression: str = "*"
 
 
-DeliveryCallback = Callable[[Delivery], ConsumeStatus]
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A callback's answer with the reason of a RECONSUME_LATER (it travels with the retry
+    copy and the dead letter, and comes back as `Delivery.last_error`)."""
+
+    status: ConsumeStatus
+    reason: str = ""
+
+
+def as_verdict(answer: ConsumeStatus | Verdict | int) -> Verdict:
+    """A callback's answer as a `Verdict` (a bare status has no reason).
+
+    >>> as_verdict(ConsumeStatus.RECONSUME_LATER)
+    Verdict(status=<ConsumeStatus.RECONSUME_LATER: 1>, reason='')
+
+    Raises:
+        ValueError: an int that is not a `ConsumeStatus`.
+    """
+    if isinstance(answer, Verdict):
+        return answer
+    return Verdict(ConsumeStatus(answer))
+
+
+DeliveryCallback = Callable[[Delivery], ConsumeStatus | Verdict]
 
 
 def tag_matches(expression: str, tags: str | None) -> bool:
@@ -190,7 +221,10 @@ class Transport(abc.ABC):
     ) -> Consumer:
         """Make a consumer of `group` over `subscriptions`; one callback routes every topic.
 
-        The callback may raise: transports treat an exception as RECONSUME_LATER and log it.
+        The callback answers a `ConsumeStatus` or a `Verdict` (RECONSUME_LATER with its
+        reason). It may raise: transports treat an exception as RECONSUME_LATER (the exception
+        is the reason) and log it. A failure never rides on other messages: only the message
+        answered RECONSUME_LATER is redelivered.
         """
 
     def ensure_topic(self, topic: str) -> None:  # noqa: B027 - optional hook

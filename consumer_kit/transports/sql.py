@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from consumer_kit.clock import to_epoch_ms, utcnow
+from consumer_kit.clock import utcnow
 from consumer_kit.errors import ConfigError, DuplicateKey, TransportError
-from consumer_kit.schema import DEFAULT_MQ_PREFIX, KEYS_LEN, TAGS_LEN, TOPIC_LEN
+from consumer_kit.schema import DEFAULT_MQ_PREFIX, KEYS_LEN, REASON_LEN, TAGS_LEN, TOPIC_LEN
 from consumer_kit.transports.base import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_RECONSUME_TIMES,
     DEFAULT_RETRY_DELAYS,
+    PROP_REASON,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
@@ -49,7 +50,7 @@ from consumer_kit.transports.base import (
     retry_topic,
 )
 from consumer_kit.transports.sql_db import DEFAULT_BUSY_TIMEOUT, DEFAULT_UNAVAILABLE_AFTER, Database
-from consumer_kit.transports.sql_schema import mq_tables
+from consumer_kit.transports.sql_schema import mq_tables, row_delivery
 
 if TYPE_CHECKING:
     from consumer_kit.transports.sql_consumer import SqlConsumer
@@ -306,7 +307,8 @@ class SqlTransport(Transport):
 
     def reconsume_later(self, group: str, delivery: Delivery, reason: str) -> None:
         """Re-send `delivery` to `%RETRY%group` with back-off, or to the group's dead letters
-        after `max_reconsume_times` (RocketMQ's RECONSUME_LATER).
+        after `max_reconsume_times` (RocketMQ's RECONSUME_LATER). `reason` (the callback's)
+        travels in the copy's properties as `ckit_reason` and in the dead letter's `reason`.
 
         Raises:
             TransportUnavailable: the database stayed unreachable (the message stays
@@ -314,9 +316,12 @@ class SqlTransport(Transport):
         """
         attempt = delivery.reconsume_times + 1
         born = dt.datetime.fromtimestamp(delivery.born_timestamp_ms / 1000, dt.timezone.utc)
+        properties = dict(delivery.properties)
+        if reason:
+            properties[PROP_REASON] = reason[:REASON_LEN]  # back as last_error (row_delivery)
         common = {
             "uniq_key": delivery.broker_message_id, "tags": delivery.tags or None,
-            "keys": delivery.keys or None, "properties": dict(delivery.properties) or None,
+            "keys": delivery.keys or None, "properties": properties or None,
             "body": delivery.body, "born_at": born.replace(tzinfo=None),
         }
         now = utcnow()
@@ -324,10 +329,11 @@ class SqlTransport(Transport):
             self.db.run(lambda conn: conn.execute(sa.insert(self.tables.dlq), [{
                 **common, "consumer_group": group, "topic": delivery.topic,
                 "queue_id": delivery.queue_id, "reconsume_times": delivery.reconsume_times,
-                "reason": reason[:2000], "moved_at": now,
+                "reason": (reason or "RECONSUME_LATER")[:REASON_LEN], "moved_at": now,
             }]), write=True, what="move a message to the dead letters")
-            log.warning("message %s moved to %%DLQ%%%s after %d reconsumes",
-                        delivery.broker_message_id, group, delivery.reconsume_times)
+            log.warning("message %s moved to %%DLQ%%%s after %d reconsumes: %s",
+                        delivery.broker_message_id, group, delivery.reconsume_times,
+                        reason or "RECONSUME_LATER")
             return
         topic = retry_topic(group)
         count = self.queue_count(topic)
@@ -341,18 +347,16 @@ class SqlTransport(Transport):
                  attempt, delay)
 
     def dead_letters(self, group: str, *, limit: int = 1000) -> list[Delivery]:
-        """Messages of `group` that exhausted their reconsume times (`%DLQ%group`), oldest first."""
+        """Messages of `group` that exhausted their reconsume times (`%DLQ%group`), oldest first;
+        `last_error` is the reason of the last failed attempt."""
         self.check_schema()
         d = self.tables.dlq
         rows = self.db.run(lambda conn: conn.execute(
             sa.select(d).where(d.c.consumer_group == group).order_by(d.c.id).limit(limit)
         ).all(), write=False, what="read dead letters")
-        return [Delivery(
-            topic=r.topic, body=bytes(r.body), broker_message_id=r.uniq_key, tags=r.tags or "",
-            keys=r.keys or "", properties=dict(r.properties or {}),
-            reconsume_times=r.reconsume_times, queue_id=r.queue_id,
-            born_timestamp_ms=to_epoch_ms(r.born_at),
-        ) for r in rows]
+        return [row_delivery(
+            r, topic=r.topic, reconsume_times=r.reconsume_times, queue_offset=0,
+            max_reconsume_times=self.max_reconsume_times) for r in rows]
 
     def purge(self, before: dt.datetime, *, batch: int = 1000) -> int:
         """Delete queued messages born before `before` (naive UTC), like RocketMQ's retention;

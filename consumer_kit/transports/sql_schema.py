@@ -14,9 +14,11 @@ Six tables share one prefix (`TableNames.mq_prefix`, default `ckit_mq`):
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import sqlalchemy as sa
 
+from consumer_kit.clock import to_epoch_ms
 from consumer_kit.errors import ConfigError
 from consumer_kit.identifiers import validate_identifier
 from consumer_kit.schema import (
@@ -30,6 +32,7 @@ from consumer_kit.schema import (
     blob,
     timestamp,
 )
+from consumer_kit.transports.base import PROP_REASON, Delivery
 
 #: 32 hex characters: the broker message id (RocketMQ's UNIQ_KEY), kept by retry copies.
 UNIQ_KEY_LEN = 32
@@ -215,3 +218,13 @@ def mq_tables(prefix: str, metadata: sa.MetaData | None = None) -> MqTables:
         dlq=_dlq(metadata, f"{prefix}_dlq"),
     )
 
+
+def row_delivery(row: Any, **fields: Any) -> Delivery:
+    """A `Delivery` from a message or dead-letter row (`ckit_reason` becomes `last_error`);
+    `fields` gives what the row does not hold the same way in both tables."""
+    properties = dict(row.properties or {})
+    return Delivery(
+        body=bytes(row.body), broker_message_id=row.uniq_key, tags=row.tags or "",
+        keys=row.keys or "", properties=properties,
+        last_error=str(properties.pop(PROP_REASON, "") or ""), queue_id=int(row.queue_id),
+        born_timestamp_ms=to_epoch_ms(row.born_at), **fields)

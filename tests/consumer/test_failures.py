@@ -8,7 +8,7 @@ import pytest
 
 from consumer_kit import Message, Outcome, Reject, Retry
 from consumer_kit.dedupe.keys import lease_key
-from consumer_kit.transports import ConsumeStatus, Delivery
+from consumer_kit.transports import ConsumeStatus, Delivery, Verdict, as_verdict
 from tests.consumer.conftest import Env, add_reservation, delivery
 
 
@@ -23,7 +23,8 @@ def test_a_handler_error_rolls_back_its_writes_and_asks_for_redelivery(env: Env)
         if len(calls) == 1:
             raise RuntimeError("warehouse API timeout")
 
-    assert app.process(delivery("M1")) is ConsumeStatus.RECONSUME_LATER
+    assert app.process(delivery("M1")) == Verdict(ConsumeStatus.RECONSUME_LATER,
+                                                  "RuntimeError: warehouse API timeout")
     assert env.effects() == {}
     assert env.processed() == []
     assert app.process(delivery("M1", reconsume=1)) is ConsumeStatus.CONSUME_SUCCESS
@@ -130,7 +131,7 @@ def test_the_consumer_database_down_means_redelivery_never_an_ack(env: Env) -> N
     def reserve(msg: Message, session: Any) -> None:
         add_reservation(env, session, "A")
 
-    assert app.process(delivery("M1")) is ConsumeStatus.RECONSUME_LATER
+    assert as_verdict(app.process(delivery("M1"))).status is ConsumeStatus.RECONSUME_LATER
     # and the Redis lease was released, not marked done: the redelivery can run
     redis_store = app.pipeline().redis
     assert redis_store is not None and redis_store.flush()
