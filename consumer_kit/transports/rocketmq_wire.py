@@ -17,6 +17,7 @@ from consumer_kit.transports.base import (
     PROP_BIZ,
     PROP_ENC,
     PROP_ID,
+    PROP_REASON,
     PROP_SENT,
     PROP_SRC,
     PROP_TRACEPARENT,
@@ -44,6 +45,8 @@ RESERVED_PROPERTIES = frozenset({
     "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "CLUSTER", "INSTANCE_ID",
     PROP_ENC, PROP_NAMES,
 })
+#: Longest `ckit_reason` carried on a retry copy or dead letter (characters).
+MAX_REASON_CHARS = 500
 _ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _FORBIDDEN_IN_PROPERTY = re.compile("[\x00\x01\x02]")
 
@@ -103,6 +106,18 @@ def check_property(name: str, value: str) -> None:
         raise TransportError(f"property name {name!r} is reserved or malformed for RocketMQ")
 
 
+def clean_reason(reason: str, limit: int = MAX_REASON_CHARS) -> str:
+    """A callback's reason as a property value: the characters RocketMQ cannot carry (NUL ends
+    a C string, \\x01 and \\x02 separate properties) become spaces, and it is cut to `limit`
+    characters (the stored properties of a message must stay under 32 KiB).
+
+    >>> clean_reason("bad\\x00sku\\x02 " + "x" * 600)[:12], len(clean_reason("y" * 600))
+    ('bad sku  xxx', 500)
+    """
+    text = _FORBIDDEN_IN_PROPERTY.sub(" ", reason).strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def translate(exc: Exception, what: str) -> TransportError:
     """Map a rocketmq-client exception to the consumer-kit error hierarchy."""
     text = f"{type(exc).__name__}: {exc}".strip()
@@ -121,14 +136,15 @@ def translate(exc: Exception, what: str) -> TransportError:
 
 def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> dict[str, str]:
     """The non-empty properties of a received message whose names can be known: the envelope,
-    `ckit_enc`, `extra`, and the names its sender listed in `ckit_props` (the 2.0.0 client can
-    only look properties up by name: `lookup(name)` returns a value, `""` when missing).
+    `ckit_enc`, `ckit_reason`, `extra`, and the names its sender listed in `ckit_props` (the
+    2.0.0 client can only look properties up by name: `lookup(name)` returns a value, `""`
+    when missing).
 
     >>> props = {"ckit_id": "1", "ckit_props": "x", "x": "2", "y": "3", "traceparent": ""}
     >>> read_properties(lambda name: props.get(name, ""))
     {'ckit_id': '1', 'x': '2'}
     """
-    names = [*ENVELOPE_PROPERTIES, PROP_ENC, *extra]
+    names = [*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON, *extra]
     listed = lookup(PROP_NAMES)
     if listed:
         names += [n for n in listed.split(",") if n]
@@ -136,11 +152,13 @@ def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> 
 
 
 def make_delivery(*, body: bytes, properties: dict[str, str], **fields: Any) -> Delivery:
-    """A `Delivery` with the transport's own properties removed and a base64 body decoded."""
+    """A `Delivery` with the transport's own properties removed (`ckit_reason` becomes
+    `last_error`) and a base64 body decoded."""
     if properties.pop(PROP_ENC, "") == ENC_BASE64:
         body = base64.b64decode(body)
     properties.pop(PROP_NAMES, None)
-    return Delivery(body=body, properties=properties, **fields)
+    last_error = properties.pop(PROP_REASON, "")
+    return Delivery(body=body, properties=properties, last_error=last_error, **fields)
 
 
 def text(value: bytes | str | None) -> str:

@@ -80,8 +80,9 @@ def mqadmin_send(topic: str, body: dict[str, Any], *, keys: str | None = None,
     proc = subprocess.run(args, capture_output=True, text=True, timeout=ADMIN_TIMEOUT,
                           check=False)
     found = _MSG_ID.search(proc.stdout)
-    assert proc.returncode == 0 and found, f"mqadmin sendMessage failed: {proc.stdout[-500:]} " \
-                                           f"{proc.stderr[-500:]}"
+    if proc.returncode != 0 or not found:
+        causes = [line for line in (proc.stdout + proc.stderr).splitlines() if "Exception" in line]
+        raise AssertionError(f"mqadmin sendMessage failed: {causes[:3] or proc.stdout[-500:]}")
     return found.group(1)
 
 

@@ -12,7 +12,6 @@ pairs differently, so the batches the native client pulls differ.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import json
 import time
@@ -109,16 +108,13 @@ class Scenario:
         (rnd.poison if kind == "poison" else rnd.healthy).append(label)
 
     def send_mqadmin(self, rnd: Round, pairs: list[tuple[int, bool]]) -> None:
-        """Pairs sent by `mqadmin sendMessage` (one JVM each, run side by side)."""
-        jobs = []
+        """Pairs sent by `mqadmin sendMessage` (one JVM each, a few seconds apart)."""
         for i, keys in pairs:
             for kind in ("poison", "healthy"):
                 label = f"r{rnd.number}-{kind[0]}{i}"
-                jobs.append((label, kind, f"admin-{label}" if keys else None))
+                mqadmin_send(self.topic, {"kind": kind, "label": label},
+                             keys=f"admin-{label}" if keys else None, tags="created")
                 (rnd.poison if kind == "poison" else rnd.healthy).append(label)
-        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            list(pool.map(lambda job: mqadmin_send(self.topic, {"kind": job[1], "label": job[0]},
-                                                   keys=job[2], tags="created"), jobs))
 
     def close(self) -> None:
         self.raw.close()
