@@ -22,7 +22,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit.errors import TransportError
+from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription, Verdict
 from consumer_kit.transports.rocketmq import RocketMQTransport
+from consumer_kit.transports.rocketmq_sendback import SentBack
 from tests import services
 from tests.consumer.conftest import Env, _env
 from tests.harnesses.base import wait_for
@@ -51,6 +54,7 @@ class Round:
     how: str
     poison: list[str] = dataclasses.field(default_factory=list)
     healthy: list[str] = dataclasses.field(default_factory=list)
+    ids: dict[str, str] = dataclasses.field(default_factory=dict)  # label -> broker message id
 
     def report(self, effects: collections.Counter[str], dead: collections.Counter[str]) -> str:
         once = sum(1 for h in self.healthy if effects[h] == 1)
@@ -102,9 +106,10 @@ class Scenario:
 
     def send_raw(self, rnd: Round, kind: str, i: int, *, keys: bool) -> None:
         label = f"r{rnd.number}-{kind[0]}{i}"
-        self.raw.send(self.topic, {"kind": kind, "label": label},
-                      keys=f"order-{label}-{uuid.uuid4().hex[:6]}" if keys else None,
-                      tags="created", properties={"x_origin": "java-order-service"})
+        rnd.ids[label] = self.raw.send(
+            self.topic, {"kind": kind, "label": label},
+            keys=f"order-{label}-{uuid.uuid4().hex[:6]}" if keys else None,
+            tags="created", properties={"x_origin": "java-order-service"})
         (rnd.poison if kind == "poison" else rnd.healthy).append(label)
 
     def send_mqadmin(self, rnd: Round, pairs: list[tuple[int, bool]]) -> None:
@@ -112,9 +117,24 @@ class Scenario:
         for i, keys in pairs:
             for kind in ("poison", "healthy"):
                 label = f"r{rnd.number}-{kind[0]}{i}"
-                mqadmin_send(self.topic, {"kind": kind, "label": label},
-                             keys=f"admin-{label}" if keys else None, tags="created")
+                rnd.ids[label] = self._mqadmin_once(label, kind, f"admin-{label}" if keys else None)
                 (rnd.poison if kind == "poison" else rnd.healthy).append(label)
+
+    def _mqadmin_once(self, label: str, kind: str, keys: str | None) -> str:
+        """`mqadmin sendMessage` gives up after 3 s, JVM start included, which a loaded
+        machine overruns: after a failure, send again only when the broker does not have it
+        (a second copy would be a second message, applied twice)."""
+        for _attempt in range(3):
+            try:
+                return mqadmin_send(self.topic, {"kind": kind, "label": label}, keys=keys,
+                                    tags="created")
+            except AssertionError as exc:
+                topic = self.reader.admin.read_topic(self.topic, group=f"{self.group}-check")
+                stored = [m for m in topic if json.loads(m.body)["label"] == label]
+                if stored:
+                    return stored[0].properties["UNIQ_KEY"]
+                print(f"mqadmin sendMessage {label}: {exc}; sending again")
+        raise AssertionError(f"mqadmin sendMessage {label} failed three times")
 
     def close(self) -> None:
         self.raw.close()
@@ -174,5 +194,58 @@ def test_a_poison_message_never_takes_a_healthy_neighbour_to_the_dead_letter_que
         dead_letters = s.reader.dead_letters(s.group)
         assert all("poison pill" in d.last_error for d in dead_letters), \
             [d.last_error for d in dead_letters]
+        # the dead letters are the messages as sent: same id, the foreign property, the topic
+        ids = {label: i for rnd in rounds for label, i in rnd.ids.items()}
+        raw = s.reader.admin.read_topic(f"%DLQ%{s.group}", group=f"{s.group}-dlq-reader")
+        for m in raw:
+            label = json.loads(m.body)["label"]
+            assert m.properties["UNIQ_KEY"] == ids[label]
+            assert m.properties["RETRY_TOPIC"] == s.topic
+            assert m.properties["TAGS"] == "created"
+            assert m.properties.get("x_origin", "java-order-service") == "java-order-service"
+        assert sum("x_origin" in m.properties for m in raw) == len(raw) - 2  # 2 by mqadmin
     finally:
         s.close()
+
+
+def test_when_the_send_back_fails_the_native_redelivery_is_the_last_resort(
+    tmp_path: Path,
+) -> None:
+    # Given: a consumer whose own send-back fails (as with a broker refusing it)
+    services.require("rocketmq", services.ping_rocketmq)
+    tag = uuid.uuid4().hex[:8]
+    transport = RocketMQTransport(services.rocketmq_addr(), producer_group=f"lastresort-{tag}",
+                                  client_log_dir=str(tmp_path / "rocketmq-cpp"))
+    topic, group = f"LASTRESORT_{tag}", f"lastresort-{tag}"
+    transport.admin.create_topic(topic, queues=1)
+    transport.admin.prepare_group(group, retry_max_times=RETRY_MAX_TIMES)
+    calls: list[Delivery] = []
+
+    def handle(d: Delivery) -> Verdict:
+        calls.append(d)
+        if d.reconsume_times == 0:
+            return Verdict(ConsumeStatus.RECONSUME_LATER, "stock service down")
+        return Verdict(ConsumeStatus.CONSUME_SUCCESS)
+
+    consumer = transport.consumer(group, [Subscription(topic)], handle)
+    attempts: list[int] = []
+
+    def refuse(delivery: Delivery, offset: int, reason: str) -> SentBack:
+        attempts.append(offset)
+        raise TransportError("refused by the broker")
+
+    consumer.send_back.send_back = refuse  # type: ignore[method-assign]
+    consumer.start()
+    try:
+        # When
+        transport.send(OutgoingMessage(topic, b'{"n": 1}'))
+        # Then: redelivered by the native client (no reason travels that way), not lost
+        assert wait_for(lambda: len(calls) >= 2, 30.0)
+        time.sleep(QUIET)
+        assert [d.reconsume_times for d in calls] == [0, 1]
+        assert calls[1].broker_message_id == calls[0].broker_message_id
+        assert len(attempts) == 1 and attempts[0] > 0
+        assert transport.dead_letters(group) == []
+    finally:
+        consumer.shutdown()
+        transport.close()
