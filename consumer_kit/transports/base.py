@@ -224,7 +224,8 @@ class Transport(abc.ABC):
         The callback answers a `ConsumeStatus` or a `Verdict` (RECONSUME_LATER with its
         reason). It may raise: transports treat an exception as RECONSUME_LATER (the exception
         is the reason) and log it. A failure never rides on other messages: only the message
-        answered RECONSUME_LATER is redelivered.
+        answered RECONSUME_LATER is redelivered (on an ordered RocketMQ topic the messages
+        behind it in its queue wait for it, by design).
         """
 
     def ensure_topic(self, topic: str) -> None:  # noqa: B027 - optional hook
