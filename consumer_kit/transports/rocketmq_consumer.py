@@ -178,9 +178,9 @@ class RocketMQConsumer(Consumer):
     def _copy(self, handle: Any) -> Delivery:
         """Copy everything out of the C message (valid only during the callback)."""
         msg = native.client().ReceivedMessage(handle)
-
+        reconsume_times = int(msg.reconsume_times)
         values = read_properties(lambda name: text(msg.get_property(name)),
-                                 self.transport.extra_properties)
+                                 self.transport.extra_properties, reason=reconsume_times > 0)
         return make_delivery(
             topic=text(msg.topic),
             body=bytes(msg.body or b""),
@@ -188,7 +188,7 @@ class RocketMQConsumer(Consumer):
             tags=text(msg.tags),
             keys=text(msg.keys),
             properties=values,
-            reconsume_times=int(msg.reconsume_times),
+            reconsume_times=reconsume_times,
             queue_id=int(msg.queue_id),
             queue_offset=int(msg.queue_offset),
             born_timestamp_ms=int(msg.born_timestamp),

@@ -148,10 +148,6 @@ class _Cached:
             self._values[key] = (now, value)
         return value
 
-    def peek(self, key: str) -> Any:
-        with self._lock:
-            hit = self._values.get(key)
-        return None if hit is None else hit[1]
 
 
 class SendBack:
@@ -167,21 +163,21 @@ class SendBack:
         self.group = group
         self.patience = patience
         self._cache = _Cached(cache_seconds)
+        self._limit: int | None = None
         self._next_limit_read = 0.0
 
     def limit(self) -> int | None:
         """The group's `retryMaxTimes` as last read (read again when older than the cache time,
-        at most once per cache time when the broker does not answer); None when unknown."""
-        known = self._cache.peek("limit")
+        at most once per cache time when the broker does not answer); None when unknown.
+        Cheap: called for every delivery."""
         if time.monotonic() >= self._next_limit_read:
             self._next_limit_read = time.monotonic() + self._cache.ttl
             try:
-                known = self._cache.get("limit", lambda: self._group_limit(
-                    next(iter(self._masters().values()))))
+                self._limit = self._group_limit(next(iter(self._masters().values())))
             except TransportError as exc:
                 log.warning("consumer %s: cannot read the group's retryMaxTimes: %s",
                             self.group, exc)
-        return None if known is None else int(known)
+        return self._limit
 
     def send_back(self, delivery: Delivery, commit_log_offset: int, reason: str) -> SentBack:
         """Store the retry copy (or dead letter) of `delivery`, which failed with `reason`.

@@ -134,17 +134,21 @@ def translate(exc: Exception, what: str) -> TransportError:
     return TransportError(f"{what}: {text}")
 
 
-def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> dict[str, str]:
+def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = (), *,
+                    reason: bool = True) -> dict[str, str]:
     """The non-empty properties of a received message whose names can be known: the envelope,
-    `ckit_enc`, `ckit_reason`, `extra`, and the names its sender listed in `ckit_props` (the
-    2.0.0 client can only look properties up by name: `lookup(name)` returns a value, `""`
-    when missing).
+    `ckit_enc`, `ckit_reason` (unless `reason` is false: a first delivery has none, and each
+    lookup is a call into the C library), `extra`, and the names its sender listed in
+    `ckit_props` (the 2.0.0 client can only look properties up by name: `lookup(name)` returns
+    a value, `""` when missing).
 
     >>> props = {"ckit_id": "1", "ckit_props": "x", "x": "2", "y": "3", "traceparent": ""}
     >>> read_properties(lambda name: props.get(name, ""))
     {'ckit_id': '1', 'x': '2'}
     """
-    names = [*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON, *extra]
+    names = [*ENVELOPE_PROPERTIES, PROP_ENC, *extra]
+    if reason:
+        names.append(PROP_REASON)
     listed = lookup(PROP_NAMES)
     if listed:
         names += [n for n in listed.split(",") if n]
