@@ -318,15 +318,19 @@ def consume_rows(transport: RocketMQTransport, engine: sa.engine.Engine, names: 
          lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)[0]),
     ]
     rates: dict[str, list[float]] = collections.defaultdict(list)
+    cpu: dict[str, list[float]] = collections.defaultdict(list)  # less load-sensitive than rate
     for _ in range(args.repeat):
         for label, run in runs:
             topic = f"BENCH_CONSUME_{tag()}"
             fill_topic(transport, topic, n)
+            cpu_before = time.process_time()
             rates[label].append(n / run(topic))
+            cpu[label].append((time.process_time() - cpu_before) / n * 1e6)
     base = statistics.median(rates[runs[0][0]])
     rows: list[list[object]] = [
         [label, f"{statistics.median(r):,.0f}", f"{statistics.median(r) / base:.3f}x",
-         " ".join(f"{x:,.0f}" for x in r)] for label, r in rates.items()]
+         f"{statistics.median(cpu[label]):.0f}", " ".join(f"{x:,.0f}" for x in r)]
+        for label, r in rates.items()]
     return rows, statistics.median(rates[runs[-1][0]])
 
 
@@ -371,7 +375,8 @@ def main() -> None:
                 rows, app_rate = consume_rows(transport, engine, names, args)
                 print(f"\nconsume {n:,} messages already on the broker (median of "
                       f"{args.repeat})")
-                print(table(["path", "msgs/s", "vs raw", "runs"], rows))
+                print(table(["path", "msgs/s", "vs raw", "CPU us/msg", "runs (msgs/s)"],
+                            rows))
             if "poison" in sections:
                 print("\nConsumerApp with poison messages (each fails every time); rate = "
                       "healthy messages applied per second until the last one")
