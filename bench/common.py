@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from consumer_kit.urls import mask_text
+from consumer_kit.core.urls import mask_text
 
 
 def machine_facts(engine: sa.engine.Engine | None = None) -> str:

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_facts, percentile
 from consumer_kit import ConsumerApp, Message
-from consumer_kit.db import make_engine
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.dedupe.keys import done_key
-from consumer_kit.schema import TableNames, build_metadata
 from consumer_kit.transports import Delivery
 
 MYSQL = os.environ.get("CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test")
@@ -137,7 +137,7 @@ def main() -> None:
 
     def make_app(local_cache: int, use_redis: bool = True, group: str = "") -> ConsumerApp:
         app = ConsumerApp(group=group or f"bench-{tag}", db=engine,
-                          redis=client if use_redis else None, ack=None,
+                          redis=client if use_redis else None, receipts=None,
                           transport="memory://bench", processed_table=names.processed,
                           local_cache=local_cache)
 

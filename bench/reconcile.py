@@ -50,9 +50,9 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_facts
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import ack_table, outbox_table, processed_table
-from consumer_kit.urls import mask_text
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
+from consumer_kit.core.urls import mask_text
 
 DEFAULT_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_bench"
 ACK, PROCESSED = "bench_ack", "bench_processed"
@@ -83,7 +83,7 @@ def create_tables(engine: sa.Engine, outbox: str, *, shared: bool) -> None:
     meta = sa.MetaData()
     tables = [outbox_table(meta, outbox)]
     if shared:
-        tables += [ack_table(meta, ACK), processed_table(meta, PROCESSED)]
+        tables += [receipt_table(meta, ACK), processed_table(meta, PROCESSED)]
     for t in tables:
         t.drop(engine, checkfirst=True)
     meta.create_all(engine, tables=tables)
@@ -153,7 +153,7 @@ def reset_window(engine: sa.Engine, outbox: str, rows: int, step: int, now: dt.d
 def run_ckit(url: str, outbox: str, engine_name: str,
              out_dir: str) -> tuple[float, dict[str, Any], str]:
     cmd = ["ckit", "reconcile", "--engine", engine_name, "--url", url,
-           "--group", f"{GROUP}={url}", "--outbox-table", outbox, "--ack-table", ACK,
+           "--group", f"{GROUP}={url}", "--outbox-table", outbox, "--receipt-table", ACK,
            "--processed-table", PROCESSED, "--output", out_dir, "--json", "--quiet",
            "--no-fail-on-failures"]
     shown = mask_text(shlex.join(cmd))
@@ -269,7 +269,7 @@ def explain_lines(conn: sa.Connection, title: str, query: str) -> list[str]:
 
 def ack_index(engine: sa.Engine, now: dt.datetime) -> str:
     """Step 5: EXPLAIN and timings of the large-window ack read on a throwaway 1M-row table."""
-    table = ack_table(sa.MetaData(), ACK_INDEX_TABLE)
+    table = receipt_table(sa.MetaData(), ACK_INDEX_TABLE)
     index = f"ix_{ACK_INDEX_TABLE}_group_acked"
     table.drop(engine, checkfirst=True)
     table.create(engine)
@@ -279,7 +279,7 @@ def ack_index(engine: sa.Engine, now: dt.datetime) -> str:
         with engine.begin() as conn:
             conn.execute(sa.text(
                 f"INSERT INTO {ACK_INDEX_TABLE} (message_id, consumer_group, outcome, reason, "
-                "acked_at) SELECT CONCAT('m', LPAD(seq, 12, '0')), "
+                "received_at) SELECT CONCAT('m', LPAD(seq, 12, '0')), "
                 f"IF(seq % 2 = 0, '{GROUP}', 'billing'), 'consumed', NULL, "
                 ":base + INTERVAL (seq * :step_us) MICROSECOND "
                 f"FROM seq_1_to_{ACK_INDEX_ROWS}"),
@@ -289,8 +289,8 @@ def ack_index(engine: sa.Engine, now: dt.datetime) -> str:
                  f"{ACK_INDEX_SPAN.days} days, groups {GROUP} and billing, filled in "
                  f"{time.monotonic() - began:.1f}s", ""]
         since = sql_literal(now - dt.timedelta(days=1))
-        where = f"WHERE consumer_group IN ('{GROUP}') AND acked_at >= {since}"
-        query = (f"SELECT message_id, consumer_group, outcome, reason, acked_at "
+        where = f"WHERE consumer_group IN ('{GROUP}') AND received_at >= {since}"
+        query = (f"SELECT message_id, consumer_group, outcome, reason, received_at "
                  f"FROM {ACK_INDEX_TABLE} {where}")
         ignored = query.replace(f"FROM {ACK_INDEX_TABLE} ",
                                 f"FROM {ACK_INDEX_TABLE} IGNORE INDEX ({index}) ")
@@ -374,7 +374,7 @@ def main() -> None:
         fill_processed(engine, args.rows, args.step, now)
         print(f"populated {count(engine, PROCESSED)} processed rows in "
               f"{time.monotonic() - began:.1f}s")
-    for index in ack_table(sa.MetaData(), ACK).indexes:  # tables reused from older versions
+    for index in receipt_table(sa.MetaData(), ACK).indexes:  # tables reused from older versions
         index.create(engine, checkfirst=True)
     for size in sizes:
         name = outbox_name(size)
@@ -413,7 +413,7 @@ def main() -> None:
 def report(results: list[tuple[int, str, list[float], dict[str, Any]]], sizes: list[int]) -> None:
     print("## results (wall time of the whole `ckit reconcile` process, median of the runs)")
     print(f"{'table rows':>11} {'engine':>6} {'median s':>8} {'min s':>6} {'window':>7} "
-          f"{'rows read':>10} {'rows/s':>8} {'ack_lost':>8} {'rejected':>8} {'retry':>6} "
+          f"{'rows read':>10} {'rows/s':>8} {'receipt_lost':>8} {'rejected':>8} {'retry':>6} "
           f"{'conflicts':>9}")
     medians: dict[tuple[int, str], float] = {}
     for size, name, walls, s in results:
@@ -422,7 +422,7 @@ def report(results: list[tuple[int, str, list[float], dict[str, Any]]], sizes: l
         read = sum(s["rows_read"].values())
         c = s["classes"]
         print(f"{size:>11} {name:>6} {med:>8.1f} {min(walls):>6.1f} {s['window_rows']:>7} "
-              f"{read:>10} {read / med:>8.0f} {c['ack_lost']['applied']:>8} "
+              f"{read:>10} {read / med:>8.0f} {c['receipt_lost']['applied']:>8} "
               f"{c['rejected']['applied']:>8} {c['retry']['applied']:>6} {s['conflicts']:>9}")
     small = sizes[0]
     spark_small = medians[(small, "spark")]

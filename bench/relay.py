@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_facts, percentile, table
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata, outbox_table
-from consumer_kit.transports.base import OutgoingMessage, SendResult
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.messages import OutgoingMessage, SendResult
+from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Dispatcher, Outbox, Relay
 from outbox_producer.ids import new_message_id
@@ -117,7 +117,7 @@ def main() -> None:
     runs = [(int(b), int(w)) for b, w in (r.split("x") for r in args.runs.split(","))]
     engine = make_engine(args.url)
     names = TableNames(outbox=f"bench_{uuid.uuid4().hex[:6]}_outbox",
-                       outbox_ack=f"bench_{uuid.uuid4().hex[:6]}_ack")
+                       receipts=f"bench_{uuid.uuid4().hex[:6]}_ack")
     metadata = build_metadata(names, include_transport=False)
     metadata.create_all(engine)
     try:

@@ -37,11 +37,10 @@ sys.path.insert(0, str(_HERE.parent))
 import sqlalchemy as sa  # noqa: E402
 
 from bench.common import machine_facts, rss_mb, summary_us, table  # noqa: E402
-from consumer_kit.db import make_engine  # noqa: E402
-from consumer_kit.schema import TableNames, build_metadata, outbox_table  # noqa: E402
+from consumer_kit.core.db import make_engine  # noqa: E402
+from consumer_kit.core.schema import TableNames, build_metadata, outbox_table  # noqa: E402
 from consumer_kit.transports import ConsumeStatus, OutgoingMessage, Subscription  # noqa: E402
-from consumer_kit.transports import rocketmq_native as native  # noqa: E402
-from consumer_kit.transports.rocketmq import RocketMQTransport  # noqa: E402
+from consumer_kit.transports.rocketmq import RocketMQTransport, native  # noqa: E402
 
 BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
 POISON_BODY = b'{"order_id":0,"sku":"POISON","qty":1,"note":"bench"}'
@@ -94,7 +93,7 @@ def transport_send(transport: RocketMQTransport, topic: str, n: int, body: bytes
 
 def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: str, n: int,
                workers: int) -> float:
-    from consumer_kit.clock import utcnow
+    from consumer_kit.core.clock import utcnow
     from outbox_producer import Relay
     from outbox_producer.ids import new_message_id
 
@@ -187,7 +186,7 @@ def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: T
     group = f"bench-app-{tag()}"
     if poisoned:
         transport.admin.prepare_group(group, retry_max_times=POISON_RETRIES)
-    app = ConsumerApp(group=group, db=engine, redis=redis_url, ack=None,
+    app = ConsumerApp(group=group, db=engine, redis=redis_url, receipts=None,
                       processed_table=names.processed, transport=transport, threads=threads)
     applied: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
@@ -358,7 +357,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("HOME", tmp)
         engine = make_engine(args.url)
-        names = TableNames(outbox=f"bench_{tag()}_outbox", outbox_ack=f"bench_{tag()}_ack",
+        names = TableNames(outbox=f"bench_{tag()}_outbox", receipts=f"bench_{tag()}_ack",
                            processed=f"bench_{tag()}_processed")
         metadata = build_metadata(names, include_transport=False)
         metadata.create_all(engine)

@@ -26,8 +26,8 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_facts, table
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata, processed_table
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata, processed_table
 from consumer_kit.transports.sql import SqlTransport
 from outbox_producer import Outbox, Relay
 
@@ -43,7 +43,7 @@ meta = sa.MetaData()
 effects = sa.Table(env["B_EFFECTS"], meta, sa.Column("id", sa.Integer, primary_key=True),
                    sa.Column("n", sa.Integer, nullable=False))
 transport = SqlTransport(env["B_MQ"], table_prefix=env["B_PREFIX"], poll_interval=0.01)
-app = ConsumerApp(group="bench", db=env["B_DB"], redis=None, transport=transport, ack=None,
+app = ConsumerApp(group="bench", db=env["B_DB"], redis=None, transport=transport, receipts=None,
                   processed_table=env["B_PROCESSED"], threads=int(env["B_THREADS"]))
 @app.listener(env["B_TOPIC"])
 def handle(msg, session):
@@ -62,7 +62,7 @@ def run_once(backend: str, consumers: int, messages: int, workdir: Path) -> floa
         mq_url = f"sqlite:///{workdir / f'mq-{tag}.db'}"
     else:
         db_url = mq_url = MYSQL
-    names = TableNames(outbox=f"b{tag}_outbox", outbox_ack=f"b{tag}_ack",
+    names = TableNames(outbox=f"b{tag}_outbox", receipts=f"b{tag}_ack",
                        processed=f"b{tag}_processed")
     engine = make_engine(db_url)
     metadata = build_metadata(names, include_transport=False)

@@ -12,30 +12,33 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.ack_sender import AckRoute, AckSender, SqlRoute, TopicRoute
-from consumer_kit.db import check_tables, make_engine
+from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.errors import ConfigError, DatabaseUnavailable
+from consumer_kit.core.identifiers import validate_identifier
+from consumer_kit.core.messages import Delivery, Verdict
+from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
+from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE
-from consumer_kit.errors import ConfigError, DatabaseUnavailable
-from consumer_kit.identifiers import validate_identifier
 from consumer_kit.listeners import (
+    DEFAULT_TIMEOUT,
     DedupeKey,
     Handler,
     Listener,
     Router,
     check_options,
+    parse_timeout,
     topic_from_name,
     wants_session,
 )
 from consumer_kit.pipeline import Pipeline
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.runner import Activity, run_consumer
-from consumer_kit.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
+from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute, TopicRoute
 from consumer_kit.transports import open_transport
-from consumer_kit.transports.base import ConsumeStatus, Delivery, Transport, Verdict
-from consumer_kit.urls import mask_url
+from consumer_kit.transports.base import Transport
+from consumer_kit.transports.running import Activity, run_consumer
 
-log = logging.getLogger("consumer_kit.app")
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Handler)
 
@@ -44,10 +47,10 @@ DEFAULT_LOCAL_CACHE = 100_000
 
 
 class ConsumerApp:
-    """One consumer group's listeners, with deduplication and acks.
+    """One consumer group's listeners, with deduplication and receipts to the producers.
 
     >>> app = ConsumerApp(group="inventory", db="sqlite:///inventory.db", redis=None,
-    ...                   transport="memory://demo", ack="topic")
+    ...                   transport="memory://demo", receipts="topic")
     >>> @app.listener("ORDER_CREATED", tags="*")
     ... def reserve_stock(msg, session):
     ...     order = msg.json()
@@ -58,9 +61,10 @@ class ConsumerApp:
         redis: URL, client, or None for the database-only configuration.
         transport: transport URL (or object) to consume from; `ckit consume --transport`
             overrides it.
-        ack: `"topic"` (ack messages on the producer's ack topic over the same transport), a
-            SQLAlchemy URL of the producer's database (applied there directly), an `AckRoute`
-            of your own, or None (off).
+        receipts: where receipts to the producers go: `"topic"` (the producer's receipt topic
+            over the same transport, applied by `ckit receipts`), a SQLAlchemy URL of the
+            producer's database (applied there directly), a `ReceiptRoute` of your own, or None
+            (off). Receipts are durable: the processed row owes them until they are delivered.
         permanent_errors: exception types that reject a message instead of retrying it.
     """
 
@@ -71,15 +75,15 @@ class ConsumerApp:
         db: str | Engine,
         redis: str | redis_lib.Redis | None = None,
         transport: str | Transport | None = None,
-        ack: str | AckRoute | None = "topic",
+        receipts: str | ReceiptRoute | None = "topic",
         processed_table: str = DEFAULT_PROCESSED_TABLE,
         permanent_errors: tuple[type[BaseException], ...] = (),
         done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
         lease: dt.timedelta = DEFAULT_LEASE,
         threads: int = DEFAULT_THREADS,
         local_cache: int = DEFAULT_LOCAL_CACHE,
-        ack_outbox_table: str | None = None,
-        ack_table: str | None = None,
+        receipt_outbox_table: str | None = None,
+        receipt_table: str | None = None,
     ) -> None:
         if not group or len(group) > GROUP_LEN:
             raise ConfigError(f"invalid consumer group {group!r}")
@@ -87,18 +91,18 @@ class ConsumerApp:
         self.db = db
         self.redis_config = redis
         self.transport_config = transport
-        self.ack = ack
+        self.receipts = receipts
         self.processed_table = validate_identifier(processed_table)
         self.permanent_errors = tuple(permanent_errors)
         self.done_ttl = done_ttl
         self.lease = lease
         self.threads = threads
         self.local_cache = local_cache
-        self.ack_tables = (ack_outbox_table, ack_table)
+        self.receipt_tables = (receipt_outbox_table, receipt_table)
         self.router = Router()
         self._pipeline: Pipeline | None = None
         self._transport: Transport | None = None
-        self._acks: AckSender | None = None
+        self._receipts: ReceiptSender | None = None
         self._lock = threading.RLock()
         self._redis_from_url: tuple[str, redis_lib.Redis] | None = None
         self.activity = Activity()
@@ -112,6 +116,7 @@ class ConsumerApp:
     def listener(self, topic: str | None = None, /, *, tags: str = "*",
                  dedupe_key: DedupeKey | None = None,
                  permanent: tuple[type[BaseException], ...] = (),
+                 timeout: dt.timedelta | float = DEFAULT_TIMEOUT,
                  **unknown: Any) -> Callable[[F], F]: ...
 
     def listener(self, topic: Any = None, /, **options: Any) -> Any:
@@ -120,12 +125,22 @@ class ConsumerApp:
         Usable bare (`@app.listener`, topic = the function name upper-cased) or with
         arguments. The function stays callable as it was, for tests. Options: `tags`,
         `dedupe_key` (a function `Message -> str` for messages without an outbox id),
-        `permanent` (exception types this listener treats as permanent).
+        `permanent` (exception types this listener treats as permanent), `timeout` (a
+        timedelta or seconds, default 60 s: a handler still running after it is reported, its
+        transaction rolled back when it returns and the message redelivered; its Redis lease
+        is renewed while it runs).
 
         Raises:
-            ConfigError: an unknown option, a duplicate topic/tags, or a bad signature.
+            ConfigError: an unknown option, a bad timeout, an empty topic, a topic and tag
+                another listener already has (it could never be reached).
+            HandlerSignatureError: a signature the framework cannot call, or an async
+                function (not supported yet: refused rather than never awaited).
         """
         check_options(options)
+        if topic is not None and not callable(topic) and (
+                not isinstance(topic, str) or not topic.strip()):
+            raise ConfigError(f"listener topic must be a non-empty string, not {topic!r} "
+                              "(an empty topic could never receive a message)")
         if callable(topic):
             return self._register(topic, None, options)
 
@@ -140,6 +155,7 @@ class ConsumerApp:
             topic=topic or topic_from_name(fn), tags=options.get("tags", "*") or "*", fn=fn,
             wants_session=session, dedupe_key=options.get("dedupe_key"),
             permanent=tuple(options.get("permanent", ())),
+            timeout=parse_timeout(options.get("timeout", DEFAULT_TIMEOUT)),
         ))
         return fn
 
@@ -180,36 +196,38 @@ class ConsumerApp:
             return None
         return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
 
-    def _ack_route(self) -> AckRoute | None:
-        if self.ack is None or isinstance(self.ack, AckRoute):
-            return self.ack
-        if self.ack == "topic":
+    def _receipt_route(self) -> ReceiptRoute | None:
+        if self.receipts is None or isinstance(self.receipts, ReceiptRoute):
+            return self.receipts
+        if self.receipts == "topic":
             return TopicRoute(self.transport())
-        if "://" in self.ack:
-            outbox, acks = self.ack_tables
-            return SqlRoute(self.ack, outbox_table=outbox, ack_table=acks)
-        raise ConfigError(
-            f"invalid ack={mask_url(self.ack)!r}: use 'topic', a database URL or None")
+        if "://" in self.receipts:
+            outbox, receipts = self.receipt_tables
+            return SqlRoute(self.receipts, outbox_table=outbox, receipt_table=receipts)
+        raise ConfigError(f"invalid receipts={mask_url(self.receipts)!r}: use 'topic', the "
+                          "producer's database URL, or None")
 
     def pipeline(self) -> Pipeline:
         """The message pipeline (built on first use)."""
         with self._lock:
             if self._pipeline is None:
-                route = self._ack_route()
-                self._acks = AckSender(route, self.group) if route else None
+                store = ProcessedStore(self.engine, self.group, table=self.processed_table)
+                route = self._receipt_route()
+                self._receipts = ReceiptSender(route, store) if route else None
                 self._pipeline = Pipeline(
-                    group=self.group, engine=self.engine, router=self.router,
-                    store=ProcessedStore(self.engine, self.group, table=self.processed_table),
+                    group=self.group, engine=self.engine, router=self.router, store=store,
                     redis=self._redis(), recent=RecentlyDone(self.local_cache),
-                    acks=self._acks, permanent=self.permanent_errors,
+                    receipts=self._receipts, permanent=self.permanent_errors,
                 )
             return self._pipeline
 
     def check(self) -> None:
-        """Fail fast at start-up: listeners exist, the database and table answer, Redis answers.
+        """Fail fast at start-up: listeners exist, the database and table answer. Redis down
+        is no reason not to start: the processed table decides until it is back (a warning,
+        `ckit_redis_degraded` = 1).
 
         Raises:
-            ConfigError: no listeners, or Redis unreachable.
+            ConfigError: no listeners.
             DatabaseUnavailable: the database cannot be reached.
             SchemaError: the processed table is missing (run `ckit db init`).
         """
@@ -230,11 +248,15 @@ class ConsumerApp:
             except redis_lib.RedisError as exc:
                 config = self.redis_config
                 where = mask_url(config) if isinstance(config, str) else "the given client"
-                raise ConfigError(f"redis at {where} unreachable: {exc}") from None
+                log.warning("group %s: redis at %s unreachable at start (%s); the processed "
+                            "table decides until it is back", self.group, where, exc)
+                redis_store = self.pipeline().redis
+                if redis_store is not None:
+                    redis_store.degrade("start", exc)
 
     # -- running ---------------------------------------------------------------------------
 
-    def process(self, delivery: Delivery) -> ConsumeStatus | Verdict:
+    def process(self, delivery: Delivery) -> Verdict:
         """Handle one delivery (the transport callback). Never raises."""
         self.activity.touch()
         return self.pipeline()(delivery)
@@ -247,8 +269,9 @@ class ConsumerApp:
         stop: threading.Event | None = None,
         max_seconds: float | None = None,
         threads: int | None = None,
-    ) -> None:
-        """Consume until `stop` is set (or, with `burst`, until nothing is left)."""
+    ) -> int:
+        """Consume until `stop` is set, `max_seconds` pass or (with `burst`) nothing is left;
+        return how many handlers were left running at shutdown."""
         self.check()
         source = self.transport(transport)
         for sub in self.router.subscriptions():
@@ -256,17 +279,21 @@ class ConsumerApp:
         self.pipeline()
         consumer = source.consumer(self.group, self.router.subscriptions(), self.process,
                                    threads=threads or self.threads)
-        run_consumer(consumer, stop or threading.Event(), burst=burst, max_seconds=max_seconds,
-                     activity=self.activity)
-        if self._acks is not None:
-            self._acks.flush()
+        left = run_consumer(consumer, stop or threading.Event(), burst=burst,
+                            max_seconds=max_seconds, activity=self.activity)
+        if self._receipts is not None and not self._receipts.flush(owed=burst):
+            log.warning("group %s: receipts still owed at exit; the next start ships them",
+                        self.group)
+        return left
 
     def close(self) -> None:
-        """Flush acks and release connections."""
-        if self._acks is not None:
-            self._acks.close()
-        if self._pipeline is not None and self._pipeline.redis is not None:
-            self._pipeline.redis.close()
+        """Ship the receipts queued (what is left stays owed), release connections."""
+        if self._receipts is not None:
+            self._receipts.close()
+        if self._pipeline is not None:
+            self._pipeline.close()
+            if self._pipeline.redis is not None:
+                self._pipeline.redis.close()
         if self._transport is not None:
             self._transport.close()
         if isinstance(self.db, Engine):

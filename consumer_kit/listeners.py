@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
-from consumer_kit.errors import ConfigError, HandlerSignatureError
+from consumer_kit.core.errors import ConfigError, HandlerSignatureError
+from consumer_kit.core.messages import Subscription, tag_matches
 from consumer_kit.message import Message
-from consumer_kit.transports.base import Subscription, tag_matches
 
 Handler = Callable[..., Any]
 DedupeKey = Callable[[Message], str]
 
-LISTENER_OPTIONS = ("tags", "dedupe_key", "permanent")
+LISTENER_OPTIONS = ("tags", "dedupe_key", "permanent", "timeout")
+#: A handler still running after this long is reported, rolled back and redelivered.
+DEFAULT_TIMEOUT = dt.timedelta(seconds=60)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Listener:
     wants_session: bool
     dedupe_key: DedupeKey | None = None
     permanent: tuple[type[BaseException], ...] = ()
+    timeout: float = DEFAULT_TIMEOUT.total_seconds()
 
     @property
     def name(self) -> str:
@@ -40,6 +45,10 @@ def wants_session(fn: Handler) -> bool:
     Raises:
         HandlerSignatureError: the function cannot be called as `fn(msg)` or `fn(msg, session)`.
     """
+    if _is_async(fn):
+        raise HandlerSignatureError(
+            f"listener {getattr(fn, '__qualname__', fn)} is async: async handlers are not "
+            "supported yet (its coroutine would never run); write it as a plain function")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -54,6 +63,26 @@ def wants_session(fn: Handler) -> bool:
             f"listener {shown} must take (msg) or (msg, session) positional parameters"
         )
     return len(positional) == 2
+
+
+def _is_async(fn: Handler) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - a callable object's own __call__
+    return (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+            or (not inspect.isfunction(fn) and call is not None
+                and (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))))
+
+
+def parse_timeout(value: object) -> float:
+    """A listener `timeout=` (a timedelta or seconds) as positive seconds.
+
+    Raises:
+        ConfigError: not a positive, finite duration.
+    """
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
+            or not math.isfinite(seconds) or seconds <= 0):
+        raise ConfigError(f"listener timeout must be a positive duration, not {value!r}")
+    return float(seconds)
 
 
 def topic_from_name(fn: Handler) -> str:
@@ -71,31 +100,56 @@ def check_options(options: dict[str, Any]) -> None:
 
 
 class Router:
-    """Finds the listener for a message's topic and tags."""
+    """Finds the listener for a message's topic and tags.
+
+    A listener naming tags (`"created"`, `"a || b"`) wins over a `"*"` listener of the same topic
+    whatever the order they were registered in, so every listener can be reached; two listeners
+    claiming the same tag of a topic are refused.
+    """
 
     def __init__(self) -> None:
         self.listeners: list[Listener] = []
 
     def add(self, listener: Listener) -> None:
-        """Register a listener; two listeners may not claim the same topic and tags."""
+        """Register a listener.
+
+        Raises:
+            ConfigError: an empty topic, or a topic and tag another listener already has.
+        """
+        if not listener.topic or not listener.topic.strip():
+            raise ConfigError(f"listener {listener.name} has an empty topic")
+        mine = _tags(listener.tags)
         for other in self.listeners:
-            if other.topic == listener.topic and other.tags == listener.tags:
-                raise ConfigError(f"topic {listener.topic!r} tags {listener.tags!r} already has "
-                                  f"listener {other.name}")
+            if other.topic != listener.topic:
+                continue
+            theirs = _tags(other.tags)
+            shared = mine & theirs
+            if shared:
+                raise ConfigError(
+                    f"topic {listener.topic!r} tag(s) {', '.join(sorted(shared))} already has "
+                    f"listener {other.name}; {listener.name} could never receive them")
         self.listeners.append(listener)
 
     def find(self, topic: str, tags: str) -> Listener | None:
-        """The first listener of `topic` whose tag expression matches `tags`."""
+        """The listener of `topic` naming `tags`, else its `"*"` listener."""
+        fallback = None
         for listener in self.listeners:
-            if listener.topic == topic and tag_matches(listener.tags, tags):
+            if listener.topic != topic:
+                continue
+            if listener.tags.strip() == "*":
+                fallback = listener
+            elif tag_matches(listener.tags, tags):
                 return listener
-        return None
+        return fallback
 
     def subscriptions(self) -> list[Subscription]:
         """One subscription per topic, tag expressions merged (`*` wins)."""
         merged: dict[str, set[str]] = {}
         for listener in self.listeners:
-            merged.setdefault(listener.topic, set()).update(
-                t.strip() for t in listener.tags.split("||"))
+            merged.setdefault(listener.topic, set()).update(_tags(listener.tags))
         return [Subscription(topic, "*" if "*" in tags else " || ".join(sorted(tags)))
                 for topic, tags in merged.items()]
+
+
+def _tags(expression: str) -> set[str]:
+    return {t.strip() for t in (expression or "*").split("||") if t.strip()} or {"*"}

@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumer_kit.control import InvalidBody
-from consumer_kit.transports.base import PROP_BIZ, PROP_ID, PROP_SENT, PROP_SRC, Delivery
+from consumer_kit.core.envelope import (
+    PROP_BIZ,
+    PROP_ID,
+    PROP_RESEND,
+    PROP_SENT,
+    PROP_SRC,
+    dedupe_id,
+)
+from consumer_kit.core.messages import Delivery
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,18 +36,21 @@ class Message:
     reconsume_times: int
     broker_message_id: str
     producer: str | None
+    #: why the previous attempt failed ("" on a first delivery)
+    last_error: str = ""
+    #: True when a RECONSUME_LATER now sends the message to the group's dead letters
+    last_attempt: bool = False
 
     @classmethod
     def from_delivery(cls, delivery: Delivery) -> Message:
         """Build a message (dedupe id by the envelope's rules) from a transport delivery."""
-        keys = tuple(delivery.keys.split())
         props = dict(delivery.properties)
-        dedupe = props.get(PROP_ID) or (keys[0] if keys else "") or delivery.broker_message_id
-        return cls(id=dedupe, topic=delivery.topic, tags=delivery.tags, keys=keys,
-                   body=delivery.body, properties=props,
+        return cls(id=dedupe_id(delivery), topic=delivery.topic, tags=delivery.tags,
+                   keys=tuple(delivery.keys.split()), body=delivery.body, properties=props,
                    reconsume_times=delivery.reconsume_times,
                    broker_message_id=delivery.broker_message_id,
-                   producer=props.get(PROP_SRC) or None)
+                   producer=props.get(PROP_SRC) or None, last_error=delivery.last_error,
+                   last_attempt=delivery.last_attempt)
 
     def with_id(self, dedupe_id: str) -> Message:
         """A copy with another dedupe id (a listener's own `dedupe_key`)."""
@@ -49,6 +60,12 @@ class Message:
     def is_outbox(self) -> bool:
         """True when the message came through an outbox (it carries `ckit_id`)."""
         return PROP_ID in self.properties
+
+    @property
+    def resend(self) -> bool:
+        """True for a re-send of an outbox row that went out before (an operator retry, a
+        reconciler re-send): the producer waits for a receipt even if we processed it."""
+        return self.properties.get(PROP_RESEND) == "1"
 
     @property
     def biz(self) -> str | None:

@@ -1,39 +1,35 @@
-"""The per-message pipeline (DESIGN.md, "Consumer half"): dedupe key, Redis claim, handler and
-processed row in one transaction, done marker, lease release, ack, broker status."""
+"""The per-message pipeline: dedupe id, Redis claim, handler and processed row in one
+transaction, done marker, lease release, receipt, broker ack (docs/architecture.md, "The path
+of one message").
+"""
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import threading
 import time
-import traceback
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from consumer_kit import metrics
-from consumer_kit.ack_sender import AckSender
-from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
+from consumer_kit.core.receipt import Receipt, ReceiptOutcome
+from consumer_kit.core.schema import ProcessedStatus
+from consumer_kit.deadline import Watchdog
 from consumer_kit.dedupe import Claim, RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.tokens import new_token
+from consumer_kit.handling import Handling
 from consumer_kit.listeners import Listener, Router
 from consumer_kit.message import Message
-from consumer_kit.outcome import DURABLE, Outcome, Result, broker_status
+from consumer_kit.outcome import Outcome, Result, broker_ack
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.schema import REASON_LEN, ProcessedStatus
-from consumer_kit.transports.base import ConsumeStatus, Delivery, Verdict
+from consumer_kit.receipts import ReceiptSender
 
-log = logging.getLogger("consumer_kit.pipeline")
-
-#: errors that can never succeed on redelivery
-DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
-    InvalidBody, json.JSONDecodeError, UnicodeDecodeError,
-)
+log = logging.getLogger(__name__)
 
 
 class Pipeline:
@@ -48,7 +44,7 @@ class Pipeline:
         store: ProcessedStore,
         redis: RedisDedupe | None = None,
         recent: RecentlyDone | None = None,
-        acks: AckSender | None = None,
+        receipts: ReceiptSender | None = None,
         permanent: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.group = group
@@ -57,143 +53,113 @@ class Pipeline:
         self.store = store
         self.redis = redis
         self.recent = recent or RecentlyDone()
-        self.acks = acks
-        self.permanent = DEFAULT_PERMANENT + tuple(permanent)
+        self.receipts = receipts
+        self.handling = Handling(engine, store, permanent=permanent)
+        renew_every = redis.lease_ms / 3000 if redis is not None else 60.0
+        self.watchdog = Watchdog(renew_every=renew_every, name=f"ckit-watchdog-{group}")
         #: outcomes so far (for `ckit consume` and the demo's summary)
         self.counts: collections.Counter[Outcome] = collections.Counter()
         self._counts_lock = threading.Lock()
         self._metrics: dict[tuple[Any, str], Any] = {}
 
-    def __call__(self, delivery: Delivery) -> ConsumeStatus | Verdict:
+    def __call__(self, delivery: Delivery) -> Verdict:
         """The transport callback: every exception is caught (one escaping a ctypes callback
-        would read as CONSUME_SUCCESS in the RocketMQ client: a lost message). A retry answers
-        `Verdict(RECONSUME_LATER, reason)`: the reason travels with the retry copy."""
+        would read as CONSUME_SUCCESS in the RocketMQ client: a lost message)."""
         try:
-            result = self.process(delivery)
-        except BaseException:
+            return broker_ack(self.process(delivery))
+        except BaseException as exc:
             log.exception("message %s: pipeline error; reconsume later",
                           getattr(delivery, "broker_message_id", "?"))
-            return ConsumeStatus.RECONSUME_LATER
-        if result.outcome is Outcome.RETRY:
-            return Verdict(ConsumeStatus.RECONSUME_LATER, result.reason or "")
-        return broker_status(result.outcome)
+            return Verdict(ConsumeStatus.RECONSUME_LATER, f"pipeline error: {exc!r}")
 
     def process(self, delivery: Delivery) -> Result:
         """Run the pipeline for one delivery and return its outcome."""
         msg = Message.from_delivery(delivery)
+        receipt = self.receipts is not None and msg.producer is not None and msg.is_outbox
         listener = self.router.find(msg.topic, msg.tags)
         if listener is None:
-            return self._finish(msg, "", self._reject(
-                msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}"))
+            return self._finish(msg, "", receipt, self.handling.reject(
+                msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}",
+                receipt=receipt))
         if listener.dedupe_key is not None:
             try:
                 msg = msg.with_id(str(listener.dedupe_key(msg)))
             except Exception as exc:
-                return self._finish(msg, "", self._reject(
-                    msg, f"dedupe_key failed: {type(exc).__name__}: {exc}"))
+                return self._finish(msg, "", receipt, self.handling.reject(
+                    msg, f"dedupe_key failed: {type(exc).__name__}: {exc}", receipt=receipt))
         if not msg.id:
             msg = msg.with_id("noid-" + hashlib.sha1(msg.topic.encode() + msg.body).hexdigest())
-            return self._finish(msg, "", self._reject(
-                msg, "message has no id (no ckit_id, KEYS or broker id)"))
+            return self._finish(msg, "", receipt, self.handling.reject(
+                msg, "message has no id (no ckit_id, KEYS or broker id)", receipt=receipt))
         if msg.id in self.recent:
-            return self._count(msg, Result(Outcome.DUPLICATE, "seen by this process"))
+            return self._duplicate(msg, receipt, "seen by this process")
         token = new_token()
         claim = self.redis.claim(msg.id, token) if self.redis else Claim.UNAVAILABLE
         if claim is Claim.DUPLICATE:
             self.recent.add(msg.id)
-            return self._count(msg, Result(Outcome.DUPLICATE, "done in redis"))
+            return self._duplicate(msg, receipt, "done in redis")
         if claim is Claim.BUSY:
             return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
         try:
-            result = self._run(listener, msg)
+            result = self._run(listener, msg, token, receipt)
         except BaseException:  # SystemExit from a handler: free the lease for the redelivery
             if self.redis is not None:
                 self.redis.release(msg.id, token)
             raise
-        return self._finish(msg, token, result)
+        if result.outcome is Outcome.RETRY and msg.last_attempt:
+            result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)
+        return self._finish(msg, token, receipt, result)
 
-    def _run(self, listener: Listener, msg: Message) -> Result:
+    def _run(self, listener: Listener, msg: Message, token: str, receipt: bool) -> Result:
+        redis = self.redis
+        renew = ((lambda: redis.renew(msg.id, token)) if redis is not None and token
+                 else None)
+        key = self.watchdog.watch(msg.id, listener.name, listener.timeout, renew=renew)
         started = time.perf_counter()
+
+        def past_deadline() -> bool:
+            return time.perf_counter() - started > listener.timeout
+
         try:
-            if listener.wants_session:
-                return self._run_in_transaction(listener, msg)
-            return self._run_then_record(listener, msg)
+            return self.handling.run(listener, msg, receipt=receipt, past_deadline=past_deadline)
         finally:
+            if self.watchdog.done(key):
+                self._metric(metrics.HANDLER_TIMEOUTS, msg.topic).inc()
             self._metric(metrics.HANDLER_SECONDS, msg.topic).observe(
                 time.perf_counter() - started)
 
-    def _run_in_transaction(self, listener: Listener, msg: Message) -> Result:
-        try:
-            with self.engine.connect() as conn:
-                tx = conn.begin()
-                try:
-                    if not self.store.insert(conn, msg, ProcessedStatus.SUCCEEDED):
-                        tx.rollback()
-                        return Result(Outcome.DUPLICATE, "processed row exists")
-                    with Session(bind=conn) as session:
-                        listener.fn(msg, session)
-                        session.flush()
-                    tx.commit()
-                except BaseException:
-                    if tx.is_active:
-                        tx.rollback()
-                    raise
-        except Exception as exc:
-            return self._failure(listener, msg, exc)
-        return Result(Outcome.SUCCEEDED)
+    def _duplicate(self, msg: Message, receipt: bool, why: str) -> Result:
+        """A message processed already. A re-send (`ckit_resend`) means the producer is waiting
+        for a receipt: owe it again, durably, before the broker is acked."""
+        if receipt and msg.resend and self.receipts is not None and msg.producer:
+            try:
+                status = self.store.requeue_receipt(msg.id)
+            except DBAPIError as exc:
+                return self._count(msg, Result(
+                    Outcome.RETRY, f"database unavailable to owe the receipt again: {exc.orig}"))
+            if status is not None:
+                self.receipts.put(msg.producer, _receipt(self.group, msg.id, status, None))
+        return self._count(msg, Result(Outcome.DUPLICATE, why))
 
-    def _run_then_record(self, listener: Listener, msg: Message) -> Result:
-        try:
-            if self.store.status(msg.id) is not None:
-                return Result(Outcome.DUPLICATE, "processed row exists")
-            listener.fn(msg)
-        except Exception as exc:
-            return self._failure(listener, msg, exc)
-        try:
-            if not self.store.record(msg, ProcessedStatus.SUCCEEDED):
-                log.warning("message %s: processed concurrently by another consumer "
-                            "(a handler without a session is at-least-once)", msg.id)
-        except DBAPIError as exc:
-            return Result(Outcome.RETRY, f"database unavailable after the handler: {exc.orig}")
-        return Result(Outcome.SUCCEEDED)
-
-    def _failure(self, listener: Listener, msg: Message, exc: Exception) -> Result:
-        if isinstance(exc, Reject):
-            return self._reject(msg, exc.reason)
-        if isinstance(exc, self.permanent + listener.permanent):
-            return self._reject(msg, f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, Retry):
-            wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
-            return Result(Outcome.RETRY, exc.reason + wish)
-        if isinstance(exc, DBAPIError):
-            return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
-        log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, listener.name,
-                    "".join(traceback.format_exception(exc)).rstrip())
-        return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
-
-    def _reject(self, msg: Message, reason: str) -> Result:
-        """Record FAILED with the reason (durably) before the broker is acked."""
-        try:
-            if not self.store.record(msg, ProcessedStatus.FAILED, reason[:REASON_LEN]):
-                return Result(Outcome.DUPLICATE, "processed row exists")
-        except DBAPIError as exc:
-            return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
-        return Result(Outcome.REJECTED, reason)
-
-    def _finish(self, msg: Message, token: str, result: Result) -> Result:
-        durable = result.outcome in DURABLE
+    def _finish(self, msg: Message, token: str, receipt: bool, result: Result) -> Result:
+        outcome = result.outcome
+        done = outcome is Outcome.SUCCEEDED or (outcome is Outcome.DUPLICATE
+                                                and not result.may_run_again)
         if self.redis is not None and token:
-            if durable:
+            if done:
                 self.redis.finish(msg.id, token)
-            else:
+            else:  # a rejection may run again (an operator retry): never "done"
                 self.redis.release(msg.id, token)
-        if durable:
+        if done:
             self.recent.add(msg.id)
-        if self.acks is not None and msg.producer and msg.is_outbox:
-            if result.outcome is Outcome.SUCCEEDED:
-                self.acks.put(msg.producer, msg.id, "consumed")
-            elif result.outcome is Outcome.REJECTED:
-                self.acks.put(msg.producer, msg.id, "rejected", result.reason)
+        if outcome is Outcome.DUPLICATE:
+            return self._duplicate(msg, receipt, result.reason or "duplicate")
+        if receipt and self.receipts is not None and msg.producer:
+            if outcome is Outcome.SUCCEEDED:
+                self.receipts.put(msg.producer, Receipt(msg.id, self.group))
+            elif outcome in (Outcome.REJECTED, Outcome.DEAD_LETTER):
+                self.receipts.put(msg.producer, _receipt(
+                    self.group, msg.id, ProcessedStatus.FAILED, result.reason))
         return self._count(msg, result)
 
     def _count(self, msg: Message, result: Result) -> Result:
@@ -207,11 +173,15 @@ class Pipeline:
             log.debug("message %s duplicate: %s", msg.id, result.reason)
         elif outcome is Outcome.BUSY:
             log.info("message %s busy: %s", msg.id, result.reason)
-        elif outcome is Outcome.REJECTED:
-            log.warning("message %s rejected: %s", msg.id, result.reason)
+        elif outcome in (Outcome.REJECTED, Outcome.DEAD_LETTER):
+            log.warning("message %s %s: %s", msg.id, outcome.value, result.reason)
         else:
             log.info("message %s reconsume later: %s", msg.id, result.reason)
         return result
+
+    def close(self) -> None:
+        """Stop the watchdog (the receipt sender and Redis are closed by their owner)."""
+        self.watchdog.stop()
 
     def _metric(self, metric: Any, topic: str) -> Any:
         """`metric.labels(group, topic)`, looked up once per (metric, topic): `labels()` takes
@@ -222,10 +192,18 @@ class Pipeline:
         return child
 
 
+def _receipt(group: str, message_id: str, status: ProcessedStatus, reason: str | None
+             ) -> Receipt:
+    if status is ProcessedStatus.SUCCEEDED:
+        return Receipt(message_id, group)
+    return Receipt(message_id, group, ReceiptOutcome.REJECTED, reason)
+
+
 _OUTCOME_COUNTERS = {
     Outcome.SUCCEEDED: metrics.CONSUMED,
     Outcome.DUPLICATE: metrics.DUPLICATES,
     Outcome.BUSY: metrics.BUSY,
     Outcome.REJECTED: metrics.REJECTED,
     Outcome.RETRY: metrics.RETRIED,
+    Outcome.DEAD_LETTER: metrics.DEAD_LETTERED,
 }

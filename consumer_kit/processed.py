@@ -1,22 +1,33 @@
-"""The processed-messages table: the truth for deduplication (eventsourcing's tracking record).
+"""The processed-messages table: the truth for deduplication (eventsourcing's tracking record),
+and the consumer's receipt outbox.
 
 With a session, the processed row is inserted first, inside the handler's own transaction: a
 second consumer's insert of the same `(group, message_id)` waits on the row lock and then fails
-with a unique clash, so exactly one business transaction commits.
+with a unique clash, so exactly one business transaction commits. FAILED (rejected) and
+DEAD_LETTERED rows record no effect: a DEAD_LETTERED message delivered again (replayed from the
+dead letters) runs again, and so does a rejected one when it is a re-send of its outbox row
+(`ckit outbox retry`); a plain broker redelivery of a rejection stays a duplicate. The run
+takes the row over with a guarded UPDATE in the handler's transaction.
+
+A row whose message came from an outbox (`src` set) carries `receipt_due_at`: the receipt to
+the producer is owed from then, committed with the handler's writes. `consumer_kit.receipts`
+ships it and clears the column; a restarted consumer finds what is still owed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import enum
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from consumer_kit.clock import utcnow
-from consumer_kit.message import Message
-from consumer_kit.schema import (
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
     TAGS_LEN,
@@ -24,6 +35,39 @@ from consumer_kit.schema import (
     ProcessedStatus,
     processed_table,
 )
+from consumer_kit.message import Message
+
+#: The shortest window `purge` may be given without `force` (`ckit processed purge`): the
+#: Redis done TTL, well past the broker's redelivery horizon (RocketMQ's 16 retries span about
+#: 5 h) and the relay's retries; purged earlier, a late duplicate would be applied again.
+PURGE_FLOOR = dt.timedelta(days=7)
+
+
+class Claim(enum.Enum):
+    """What `ProcessedStore.claim` found for a message."""
+
+    NEW = "new"              # no row: inserted in the caller's transaction
+    RERUN = "rerun"          # a row without effect that may run again: take it with `rerun`
+    DONE = "done"            # processed already: a duplicate
+    DECIDED = "decided"      # rejected already, and this is no re-send: a duplicate too
+
+
+def may_run_again(status: ProcessedStatus, msg: Message) -> bool:
+    """Whether a message with a processed row of `status` runs its handler again: a dead
+    letter always (nothing decided it), a rejection only when the producer re-sent it."""
+    return (status is ProcessedStatus.DEAD_LETTERED
+            or (status is ProcessedStatus.FAILED and msg.resend))
+
+
+@dataclasses.dataclass(frozen=True)
+class OwedReceipt:
+    """A receipt the processed table says is still owed to a producer."""
+
+    message_id: str
+    producer: str
+    status: ProcessedStatus
+    error: str | None
+    due_at: dt.datetime
 
 
 class ProcessedStore:
@@ -34,10 +78,21 @@ class ProcessedStore:
         self.engine = engine
         self.group = group
         self.table = processed_table(sa.MetaData(), table)
-        # built once: executing it with a parameter dict skips per-message value coercion
-        self._insert = sa.insert(self.table)
+        t = self.table
+        mine = (t.c.consumer_group == group) & (t.c.message_id == sa.bindparam("b_id"))
+        # built once: executing them with parameter dicts skips per-message statement building
+        self._insert = sa.insert(t)
+        self._status = sa.select(t.c.status).where(mine)
+        self._rerun = (sa.update(t).where(mine, t.c.status.in_(
+            [ProcessedStatus.FAILED.value, ProcessedStatus.DEAD_LETTERED.value]))
+                       .values(status=sa.bindparam("b_status"), error=sa.bindparam("b_error"),
+                               attempts=t.c.attempts + 1, processed_at=sa.bindparam("b_now"),
+                               receipt_due_at=sa.bindparam("b_due"), receipt_attempts=0))
+        self._requeue = (sa.update(t).where(mine, t.c.src.is_not(None))
+                         .values(receipt_due_at=sa.bindparam("b_now")))
 
-    def _row(self, msg: Message, status: ProcessedStatus, error: str | None) -> dict[str, Any]:
+    def _row(self, msg: Message, status: ProcessedStatus, error: str | None,
+             receipt: bool) -> dict[str, Any]:
         now = utcnow()
         return {
             "consumer_group": self.group, "message_id": msg.id[:MESSAGE_ID_LEN],
@@ -45,43 +100,127 @@ class ProcessedStore:
             "broker_message_id": msg.broker_message_id[:MESSAGE_ID_LEN] or None,
             "src": msg.producer, "status": status.value, "attempts": msg.reconsume_times + 1,
             "error": error, "first_seen_at": now, "processed_at": now,
+            "receipt_due_at": now if receipt and msg.producer else None, "receipt_attempts": 0,
         }
 
-    def insert(self, conn: Connection, msg: Message, status: ProcessedStatus,
-               error: str | None = None) -> bool:
-        """Insert the row in `conn`'s transaction; False when it exists (a duplicate).
+    def claim(self, conn: Connection, msg: Message, status: ProcessedStatus,
+              error: str | None = None, *, receipt: bool = False) -> Claim:
+        """Insert the row for `msg` in `conn`'s transaction, or say what is there.
 
-        On a clash the caller must roll its transaction back. The clash is confirmed on a
-        connection of its own: PostgreSQL has aborted `conn`'s transaction by then.
+        NEW: inserted. RERUN or DONE: nothing written, and the caller must roll its transaction
+        back (PostgreSQL has aborted it); for RERUN it runs the message again in a fresh
+        transaction that starts with `rerun`. The existing row is read on a connection of its
+        own.
         """
         try:
-            conn.execute(self._insert, self._row(msg, status, error))
+            conn.execute(self._insert, self._row(msg, status, error, receipt))
+            return Claim.NEW
         except IntegrityError:
-            if self.status(msg.id) is None:
+            found = self.status(msg.id)
+            if found is None:
                 raise
-            return False
-        return True
+            if may_run_again(found, msg):
+                return Claim.RERUN
+            return Claim.DONE if found is ProcessedStatus.SUCCEEDED else Claim.DECIDED
 
-    def record(self, msg: Message, status: ProcessedStatus, error: str | None = None) -> bool:
-        """Insert the row in a transaction of its own; False when it already existed."""
-        with self.engine.connect() as conn, conn.begin() as tx:
-            if self.insert(conn, msg, status, error):
-                return True
-            tx.rollback()
-        return False
+    def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
+              error: str | None = None, *, receipt: bool = False) -> bool:
+        """Take a FAILED or DEAD_LETTERED row over in `conn`'s transaction (it holds the row
+        lock until commit); False when it changed meanwhile (another consumer's run won)."""
+        now = utcnow()
+        return bool(conn.execute(self._rerun, {
+            "b_id": msg.id[:MESSAGE_ID_LEN], "b_status": status.value, "b_error": error,
+            "b_now": now, "b_due": now if receipt and msg.producer else None}).rowcount)
+
+    def record(self, msg: Message, status: ProcessedStatus, error: str | None = None, *,
+               receipt: bool = False) -> bool:
+        """Write the row in a transaction of its own (a rejection, a dead letter, a handler
+        without a session); a row that may run again is taken over. False when the message is
+        processed already."""
+        with self.engine.connect() as conn:
+            with conn.begin() as tx:
+                claim = self.claim(conn, msg, status, error, receipt=receipt)
+                if claim is Claim.NEW:
+                    return True
+                tx.rollback()
+            if claim in (Claim.DONE, Claim.DECIDED):
+                return False
+            with conn.begin():
+                return self.rerun(conn, msg, status, error, receipt=receipt)
 
     def status(self, message_id: str) -> ProcessedStatus | None:
         """The recorded (committed) status of `message_id` for this group, or None."""
-        t = self.table
-        query = sa.select(t.c.status).where(t.c.consumer_group == self.group,
-                                            t.c.message_id == message_id[:MESSAGE_ID_LEN])
         with self.engine.connect() as conn:
-            found = conn.execute(query).scalar()
+            found = conn.execute(self._status, {"b_id": message_id[:MESSAGE_ID_LEN]}).scalar()
         return ProcessedStatus(found) if found else None
+
+    # -- the receipt outbox -------------------------------------------------------------------
+
+    def requeue_receipt(self, message_id: str) -> ProcessedStatus | None:
+        """Owe the receipt of `message_id` again (a re-sent message: the producer is waiting);
+        return the row's status, None when there is no row or no producer to answer."""
+        with self.engine.begin() as conn:
+            params = {"b_id": message_id[:MESSAGE_ID_LEN], "b_now": utcnow()}
+            if not conn.execute(self._requeue, params).rowcount:
+                return None
+            found = conn.execute(self._status, params).scalar()
+        return ProcessedStatus(found) if found else None
+
+    def claim_owed(self, *, due_before: dt.datetime, hold: dt.timedelta, limit: int
+                   ) -> list[OwedReceipt]:
+        """Receipts owed since before `due_before`, oldest first, each pushed `hold` into the
+        future (so other consumers of the group, and the next scan, leave them to us for that
+        long) with a guarded UPDATE: a row re-queued meanwhile is not taken."""
+        t = self.table
+        now = utcnow()
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                sa.select(t.c.message_id, t.c.src, t.c.status, t.c.error, t.c.receipt_due_at)
+                .where(t.c.consumer_group == self.group, t.c.receipt_due_at <= due_before)
+                .order_by(t.c.receipt_due_at).limit(limit)).all()
+            taken = []
+            for r in rows:
+                moved = conn.execute(sa.update(t).where(
+                    t.c.consumer_group == self.group, t.c.message_id == r.message_id,
+                    t.c.receipt_due_at == r.receipt_due_at).values(receipt_due_at=now + hold))
+                if moved.rowcount and r.src:
+                    taken.append(OwedReceipt(r.message_id, r.src, ProcessedStatus(r.status),
+                                             r.error, r.receipt_due_at))
+        return taken
+
+    def receipts_sent(self, message_ids: Sequence[str]) -> int:
+        """Nothing is owed for these any more (one UPDATE)."""
+        t = self.table
+        if not message_ids:
+            return 0
+        with self.engine.begin() as conn:
+            return int(conn.execute(sa.update(t).where(
+                t.c.consumer_group == self.group, t.c.message_id.in_(list(message_ids)),
+                t.c.receipt_due_at.is_not(None)).values(receipt_due_at=None)).rowcount)
+
+    def receipts_failed(self, message_ids: Sequence[str], retry_at: dt.datetime) -> None:
+        """Delivery failed: owe them again from `retry_at`, one attempt more."""
+        t = self.table
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(t).where(
+                t.c.consumer_group == self.group, t.c.message_id.in_(list(message_ids)),
+                t.c.receipt_due_at.is_not(None)).values(
+                receipt_due_at=retry_at, receipt_attempts=t.c.receipt_attempts + 1))
+
+    def owed(self) -> int:
+        """Receipts still owed by this group (the `(consumer_group, receipt_due_at)` index)."""
+        t = self.table
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(t).where(
+                t.c.consumer_group == self.group, t.c.receipt_due_at.is_not(None))).scalar()
+                or 0)
+
+    # -- retention ----------------------------------------------------------------------------
 
     def purge(self, older_than: dt.timedelta, *, batch: int = 1000,
               max_batches: int | None = None) -> int:
-        """Delete this group's rows processed before `now - older_than`, in bounded batches."""
+        """Delete this group's rows processed before `now - older_than`, in bounded batches;
+        rows whose receipt is still owed are kept."""
         t = self.table
         horizon = utcnow() - older_than
         deleted = batches = 0
@@ -89,11 +228,13 @@ class ProcessedStore:
             with self.engine.begin() as conn:
                 keys = conn.execute(
                     sa.select(t.c.message_id).where(t.c.consumer_group == self.group,
-                                                    t.c.processed_at < horizon).limit(batch)
+                                                    t.c.processed_at < horizon,
+                                                    t.c.receipt_due_at.is_(None)).limit(batch)
                 ).scalars().all()
                 if not keys:
                     break
                 deleted += conn.execute(sa.delete(t).where(
-                    t.c.consumer_group == self.group, t.c.message_id.in_(keys))).rowcount
+                    t.c.consumer_group == self.group, t.c.message_id.in_(keys),
+                    t.c.receipt_due_at.is_(None))).rowcount
             batches += 1
         return deleted

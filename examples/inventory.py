@@ -3,9 +3,9 @@
     INVENTORY_DB_URL=sqlite:///inventory.db CKIT_TRANSPORT=sql+sqlite:///ckit-mq.db \\
         ckit consume examples.inventory:app --burst
 
-Redis is optional (CKIT_REDIS_URL); without it the processed table alone dedupes. Acks go back
-on the producer's ack topic (`ckit acks --producer order-service` applies them), or straight into
-the producer's database when CKIT_ACK is its URL.
+Redis is optional (CKIT_REDIS_URL); without it the processed table alone dedupes. Receipts go
+back on the producer's receipt topic (`ckit receipts --producer order-service` applies them), or
+straight into the producer's database when CKIT_RECEIPTS is its URL.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from consumer_kit import ConsumerApp, Message, Reject
-from consumer_kit.schema import build_metadata
+from consumer_kit.core.schema import build_metadata
 
 metadata = sa.MetaData()
 reservations = sa.Table(
@@ -41,9 +41,12 @@ def reserve_stock(msg: Message, session: Session) -> None:
         order_id=order["order_id"], sku=order["sku"], qty=order["qty"]))
 
 
-def make_app(*, db: Any, transport: Any, redis: Any = None, ack: Any = "topic") -> ConsumerApp:
-    """The inventory consumer group wired to the given database, transport, Redis, ack route."""
-    inventory = ConsumerApp(group="inventory", db=db, redis=redis, transport=transport, ack=ack)
+def make_app(*, db: Any, transport: Any, redis: Any = None, receipts: Any = "topic"
+             ) -> ConsumerApp:
+    """The inventory consumer group wired to the given database, transport, Redis and receipt
+    route."""
+    inventory = ConsumerApp(group="inventory", db=db, redis=redis, transport=transport,
+                            receipts=receipts)
     inventory.listener("ORDER_CREATED", tags="created")(reserve_stock)
     return inventory
 
@@ -58,7 +61,7 @@ app = make_app(
     db=os.environ.get("INVENTORY_DB_URL", "sqlite:///inventory.db"),
     redis=os.environ.get("CKIT_REDIS_URL") or None,
     transport=os.environ.get("CKIT_TRANSPORT", "sql+sqlite:///ckit-mq.db"),
-    ack=os.environ.get("CKIT_ACK", "topic") or None,
+    receipts=os.environ.get("CKIT_RECEIPTS", "topic") or None,
 )
 
 if __name__ == "__main__":  # python -m examples.inventory: create the tables

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from consumer_kit.db import make_engine
-from consumer_kit.schema import build_metadata
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import build_metadata
 from consumer_kit.transports import open_transport
 from outbox_producer import Dispatcher, Outbox
 

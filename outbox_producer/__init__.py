@@ -1,36 +1,34 @@
 """The producer half of consumer-kit: the transactional outbox (local message table).
 
->>> from outbox_producer import Outbox, Relay, Dispatcher, AckApplier, Ack
+Imports only `consumer_kit.core` and `consumer_kit.transports`: an upstream service that only
+publishes loads no consumer module, no Redis client and no consumer metric.
+
+>>> from outbox_producer import Outbox, Relay, Dispatcher, ReceiptApplier
 """
 
 from __future__ import annotations
 
-from consumer_kit.schema import AckOutcome, OutboxState
-from outbox_producer.acks import Ack, AckApplier, AckResult, ack_topic, decode_acks, encode_acks
+from consumer_kit.core.receipt import Receipt, ReceiptOutcome, receipt_topic
+from consumer_kit.core.states import OutboxState
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import Shard
 from outbox_producer.dispatcher import Dispatcher
-from outbox_producer.errors import AckError, BrokerUnavailable, OutboxError, PayloadError
 from outbox_producer.outbox import Outbox
+from outbox_producer.receipts import ReceiptApplier, ReceiptConsumer, ReceiptResult
 from outbox_producer.relay import Relay, RelayResult
 
 __all__ = [
-    "Ack",
-    "AckApplier",
-    "AckError",
-    "AckOutcome",
-    "AckResult",
     "Backoff",
-    "BrokerUnavailable",
     "Dispatcher",
     "Outbox",
-    "OutboxError",
     "OutboxState",
-    "PayloadError",
+    "Receipt",
+    "ReceiptApplier",
+    "ReceiptConsumer",
+    "ReceiptOutcome",
+    "ReceiptResult",
     "Relay",
     "RelayResult",
     "Shard",
-    "ack_topic",
-    "decode_acks",
-    "encode_acks",
+    "receipt_topic",
 ]

@@ -7,6 +7,8 @@ import datetime as dt
 import random
 from collections.abc import Sequence
 
+from consumer_kit.core.errors import ConfigError
+
 #: 1 s, 5 s, 30 s, 1 min, 5 min, then 10 min steps (the source documents' 1/5/30/60... scaled).
 DEFAULT_SCHEDULE: tuple[float, ...] = (1, 5, 30, 60, 300, 600)
 DEFAULT_JITTER = 0.2
@@ -22,9 +24,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if not self.schedule or any(s < 0 for s in self.schedule):
-            raise ValueError("back-off schedule needs at least one non-negative step")
+            raise ConfigError("back-off schedule needs at least one non-negative step")
         if not 0 <= self.jitter < 1:
-            raise ValueError("jitter must be in [0, 1)")
+            raise ConfigError("jitter must be in [0, 1)")
 
     def delay(self, retry_count: int) -> dt.timedelta:
         """Delay before the next attempt after `retry_count` failures (0-based)."""

@@ -1,4 +1,4 @@
-"""Claiming due outbox rows under a lease: SKIP LOCKED where the database has it, else an
+"""Claiming due outbox rows under a send lease: SKIP LOCKED where the database has it, else an
 optimistic claim with a unique token (xxl-mq's NEW -> RUNNING lock by update)."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.clock import utcnow
-from consumer_kit.db import supports_skip_locked
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import supports_skip_locked
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.rows import SEND_COLUMNS, OutboxRow
+from consumer_kit.core.states import OutboxState
+from consumer_kit.core.transitions import Ids, Versions, Where, cas
 
 _CLAIM_SEQ = itertools.count(1)
 
 #: How long a claim holds a row in SENDING; an expired lease is reclaimed by any relay.
 DEFAULT_LEASE = dt.timedelta(seconds=30)
 
-#: Columns a sender needs; the body is the big one, and it is read once, at claim time.
-SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",
-                "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
 
 
 def default_owner(kind: str) -> str:
@@ -42,19 +42,19 @@ class Shard:
 
     @classmethod
     def parse(cls, text: str) -> Shard:
-        """Parse `i/N`, e.g. `0/4`; raise `ValueError` with the expected form."""
+        """Parse `i/N`, e.g. `0/4`; raise `ConfigError` with the expected form."""
         try:
             index, total = (int(p) for p in text.split("/"))
         except ValueError:
-            raise ValueError(f"invalid shard {text!r}: use i/N, e.g. 0/4") from None
+            raise ConfigError(f"invalid --shard {text!r}: use i/N, e.g. 0/4") from None
         if total < 1 or not 0 <= index < total:
-            raise ValueError(f"invalid shard {text!r}: need 0 <= i < N")
+            raise ConfigError(f"invalid --shard {text!r}: need 0 <= i < N")
         return cls(index, total)
 
 
 @dataclasses.dataclass
 class Claimer:
-    """Claims due rows of one outbox table and sets them SENDING with a lease."""
+    """Claims due rows of one outbox table and sets them SENDING under a send lease."""
 
     engine: Engine
     table: sa.Table
@@ -65,108 +65,118 @@ class Claimer:
 
     def __post_init__(self) -> None:
         self.skip_locked = supports_skip_locked(self.engine)
+        self._columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state",
+                                                            "last_attempt_at")]
 
-    def _due_states(self) -> list[int]:
+    def _sharded(self, clauses: list[Any]) -> list[Any]:
+        if self.shard is not None:
+            clauses.append(self.table.c.id % self.shard.total == self.shard.index)
+        return clauses
+
+    def _due(self, now: dt.datetime) -> list[Any]:
+        t = self.table
         states = [int(OutboxState.PENDING)]
         if self.retry_failed:
             states.append(int(OutboxState.FAILED))
-        return states
+        return self._sharded([t.c.state.in_(states), t.c.next_retry_at <= now])
 
-    def _where(self, now: dt.datetime) -> list[Any]:
+    def _expired(self, now: dt.datetime) -> list[Any]:
         t = self.table
-        clauses: list[Any] = [t.c.state.in_(self._due_states()), t.c.next_retry_at <= now]
-        if self.shard is not None:
-            clauses.append(t.c.id % self.shard.total == self.shard.index)
-        return clauses
+        return self._sharded([t.c.state == int(OutboxState.SENDING), t.c.lease_until < now])
 
-    def _expired_where(self, now: dt.datetime) -> list[Any]:
-        t = self.table
-        clauses: list[Any] = [t.c.state == int(OutboxState.SENDING), t.c.lease_until < now]
-        if self.shard is not None:
-            clauses.append(t.c.id % self.shard.total == self.shard.index)
-        return clauses
-
-    def claim(self, batch: int) -> list[dict[str, Any]]:
+    def claim(self, batch: int) -> list[OutboxRow]:
         """Claim up to `batch` due rows (and SENDING rows whose lease expired); return them."""
         now = utcnow()
         if self.skip_locked:
             return self._claim_locked(batch, now)
         return self._claim_optimistic(batch, now)
 
-    def _claim_values(self, now: dt.datetime, token: str) -> dict[str, Any]:
-        t = self.table
-        return {
-            "state": int(OutboxState.SENDING), "lease_owner": token,
-            "lease_until": now + self.lease, "lock_version": t.c.lock_version + 1,
-            "last_attempt_at": now, "gmt_modified": now, "updated_by": self.owner[:128],
-        }
+    def _values(self, now: dt.datetime, token: str) -> dict[str, Any]:
+        return {"lease_owner": token, "lease_until": now + self.lease, "last_attempt_at": now}
 
-    def _claim_locked(self, batch: int, now: dt.datetime) -> list[dict[str, Any]]:
+    def _claim_all(self, conn: sa.Connection, states: dict[int, int], guard: Any,
+                   now: dt.datetime, token: str) -> None:
+        """One compare-and-set per claim transition: from PENDING, FAILED (slow retry) and
+        SENDING (an expired lease)."""
+        for state, name in _CLAIMS.items():
+            if states.get(state):
+                cas(conn, self.table, name, guard(state), now=now, by=self.owner,
+                    values=self._values(now, token))
+
+    def _claim_locked(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
         t = self.table
-        cols = [t.c[name] for name in SEND_COLUMNS]
         with self.engine.begin() as conn:
             rows = conn.execute(
-                sa.select(*cols).where(*self._where(now)).order_by(t.c.next_retry_at)
+                sa.select(*self._columns).where(*self._due(now)).order_by(t.c.next_retry_at)
                 .limit(batch).with_for_update(skip_locked=True)
             ).mappings().all()
             if len(rows) < batch:
                 rows = [*rows, *conn.execute(
-                    sa.select(*cols).where(*self._expired_where(now))
+                    sa.select(*self._columns).where(*self._expired(now))
                     .limit(batch - len(rows)).with_for_update(skip_locked=True)
                 ).mappings().all()]
             if not rows:
                 return []
-            ids = [r["id"] for r in rows]
-            conn.execute(sa.update(t).where(t.c.id.in_(ids))
-                         .values(**self._claim_values(now, self.owner)))
-        return [{**r, "lock_version": r["lock_version"] + 1} for r in rows]
+            by_state: dict[int, list[int]] = {}
+            for r in rows:
+                by_state.setdefault(int(r["state"]), []).append(int(r["id"]))
+            self._claim_all(conn, {s: len(ids) for s, ids in by_state.items()},
+                            lambda state: Ids(by_state[state]), now, self.owner)
+        return [OutboxRow.from_mapping(r).next_version() for r in rows]
 
-    def _claim_optimistic(self, batch: int, now: dt.datetime) -> list[dict[str, Any]]:
+    def _claim_optimistic(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
         t = self.table
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
-            ids = list(conn.execute(
-                sa.select(t.c.id).where(*self._where(now)).order_by(t.c.next_retry_at).limit(batch)
-            ).scalars())
-            if len(ids) < batch:
-                ids += conn.execute(
-                    sa.select(t.c.id).where(*self._expired_where(now)).limit(batch - len(ids))
-                ).scalars().all()
-            if not ids:
+            found = list(conn.execute(
+                sa.select(t.c.id, t.c.state, t.c.last_attempt_at).where(*self._due(now))
+                .order_by(t.c.next_retry_at).limit(batch)).all())
+            if len(found) < batch:
+                found += conn.execute(
+                    sa.select(t.c.id, t.c.state, t.c.last_attempt_at)
+                    .where(*self._expired(now)).limit(batch - len(found))).all()
+            if not found:
                 return []
-            # the WHERE repeats the due condition: a row claimed by someone else meanwhile is
-            # no longer due, so it is not taken twice
-            due = sa.or_(sa.and_(*self._where(now)), sa.and_(*self._expired_where(now)))
-            conn.execute(sa.update(t).where(t.c.id.in_(ids), due)
-                         .values(**self._claim_values(now, token)))
+            ids = [int(r.id) for r in found]
+            states: dict[int, int] = {}
+            for r in found:
+                states[int(r.state)] = states.get(int(r.state), 0) + 1
+            # each guard repeats the due condition: a row claimed by someone else meanwhile
+            # is no longer due, so it is not taken twice
+            due = {int(OutboxState.PENDING): self._due(now), int(OutboxState.FAILED):
+                   self._due(now), int(OutboxState.SENDING): self._expired(now)}
+            self._claim_all(conn, states, lambda state: Where([t.c.id.in_(ids), *due[state]]),
+                            now, token)
             rows = conn.execute(
-                sa.select(*[t.c[n] for n in SEND_COLUMNS])
+                sa.select(*self._columns)
                 .where(t.c.lease_owner == token, t.c.state == int(OutboxState.SENDING))
             ).mappings().all()
-        return [dict(r) for r in rows]
+        before = {int(r.id): r.last_attempt_at is not None for r in found}
+        return [OutboxRow.from_mapping(r, sent_before=before.get(int(r["id"]), True))
+                for r in rows]
 
-    def claim_ids(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def claim_rows(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on
-        state and each row's `(id, lock_version)`; rows the relay took first are skipped.
-        Returns the rows claimed, with their new `lock_version`."""
+        each row's `(id, lock_version)`; rows a relay took first are skipped. Returns the rows
+        claimed, at their new `lock_version`."""
         if not rows:
             return []
         t = self.table
         now = utcnow()
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
-            claimed = conn.execute(
-                sa.update(t).where(
-                    sa.tuple_(t.c.id, t.c.lock_version).in_(
-                        [(r["id"], r["lock_version"]) for r in rows]),
-                    t.c.state == int(OutboxState.PENDING))
-                .values(**self._claim_values(now, token))
-            ).rowcount
+            claimed = cas(conn, t, "claim", Versions([(r.id, r.lock_version) for r in rows]),
+                          now=now, by=self.owner, values=self._values(now, token))
             if claimed == len(rows):
-                mine = {r["id"] for r in rows}
+                mine = {r.id for r in rows}
             else:
                 mine = set(conn.execute(
-                    sa.select(t.c.id).where(t.c.id.in_([r["id"] for r in rows]),
+                    sa.select(t.c.id).where(t.c.id.in_([r.id for r in rows]),
                                             t.c.lease_owner == token)
                 ).scalars())
-        return [{**r, "lock_version": r["lock_version"] + 1} for r in rows if r["id"] in mine]
+        return [r.next_version() for r in rows if r.id in mine]
+
+
+#: The claim transition for each state a claimable row can be in.
+_CLAIMS = {int(OutboxState.PENDING): "claim", int(OutboxState.FAILED): "claim_failed",
+           int(OutboxState.SENDING): "reclaim"}

@@ -10,21 +10,21 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.batching import BatchWorker
-from consumer_kit.db import make_engine, read_committed
-from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
+from consumer_kit.core.batching import BatchWorker
+from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.errors import CkitError
+from consumer_kit.core.rows import OutboxRow
+from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
-from outbox_producer.errors import BrokerUnavailable
 from outbox_producer.sender import Sender
 
-log = logging.getLogger("consumer_kit.outbox.dispatcher")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 100
 DEFAULT_QUEUE_SIZE = 10_000
@@ -53,7 +53,7 @@ class Dispatcher:
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
         self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
-        self.worker: BatchWorker[dict[str, Any]] = BatchWorker(
+        self.worker: BatchWorker[OutboxRow] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
     def start(self) -> Dispatcher:
@@ -61,13 +61,13 @@ class Dispatcher:
         self.worker.start()
         return self
 
-    def submit(self, rows: Sequence[dict[str, Any]]) -> None:
+    def submit(self, rows: Sequence[OutboxRow]) -> None:
         """Queue committed rows for sending. Never blocks: when the queue is full the rows are
         left PENDING for the relay (logged)."""
         for row in rows:
             if not self.worker.submit(row):
                 log.warning("message %s: dispatcher queue full, left for the relay",
-                            row["message_id"])
+                            row.message_id)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every submitted row was handled; True when the queue drained in time."""
@@ -77,13 +77,16 @@ class Dispatcher:
         """Send what is queued (up to `timeout`), then stop the worker."""
         self.worker.close(timeout)
 
-    def _handle(self, batch: list[dict[str, Any]]) -> None:
+    def _handle(self, batch: list[OutboxRow]) -> None:
         try:
-            claimed = self.claimer.claim_ids(batch)
+            claimed = self.claimer.claim_rows(batch)
             if claimed:
-                self.sender.send_rows(claimed)
-        except BrokerUnavailable as exc:  # the unsent rows are PENDING again: the relay has them
-            log.warning("dispatcher: %s", exc)
+                stats = self.sender.send_rows(claimed)
+                if stats.outage:  # the unsent rows are PENDING again: the relay has them
+                    log.warning("dispatcher: %s", stats.outage)
+        except CkitError as exc:  # e.g. the transport's tables are missing: rows left as they
+            log.error("dispatcher: batch of %d left PENDING for the relay (first message %s): "
+                      "%s", len(batch), batch[0].message_id, exc)
         except Exception:  # the rows stay PENDING or SENDING under a lease: the relay has them
             log.exception("dispatcher: batch of %d left for the relay (first message %s)",
-                          len(batch), batch[0]["message_id"])
+                          len(batch), batch[0].message_id)

@@ -6,16 +6,16 @@ import sqlalchemy as sa
 from prometheus_client import Counter, Gauge
 from sqlalchemy.engine import Engine
 
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import OPEN_STATES, OutboxState
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.states import OPEN_STATES, OutboxState
 
 SENT = Counter("ckit_outbox_sent", "Outbox messages the broker accepted")
 RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retry")
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
-ACKS = Counter("ckit_outbox_acks", "Acks applied to the outbox", ["outcome"])
+RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])
 OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
-                       "Age of the oldest SENT row still waiting for its ack")
+                       "Age of the oldest SENT row still waiting for its receipts")
 
 
 def refresh_backlog(engine: Engine, table: sa.Table) -> None:

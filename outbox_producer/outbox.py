@@ -12,26 +12,27 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.schema import (
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import PayloadError
+from consumer_kit.core.rows import OutboxRow
+from consumer_kit.core.schema import (
     BIZ_KEY_LEN,
     BIZ_TYPE_LEN,
     DEFAULT_OUTBOX_TABLE,
     KEYS_LEN,
     TAGS_LEN,
     TOPIC_LEN,
-    OutboxState,
     outbox_table,
 )
-from outbox_producer.errors import PayloadError
+from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import new_message_id
 from outbox_producer.payload import encode_payload
 
 if TYPE_CHECKING:
     from outbox_producer.dispatcher import Dispatcher
 
-log = logging.getLogger("consumer_kit.outbox")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RETRIES = 10
 _SESSION_KEY = "ckit_outbox_pending"
@@ -123,7 +124,7 @@ class Outbox:
             log.info("message %s: %s:%s already published", existing, biz_type, biz_key)
             return existing
         if isinstance(conn_or_session, Session) and self.dispatcher is not None and delay_s <= 0:
-            self._after_commit(conn_or_session, {**row, "id": row_id})
+            self._after_commit(conn_or_session, OutboxRow.from_mapping({**row, "id": row_id}))
         log.debug("message %s published to %s", message_id, topic)
         return message_id
 
@@ -142,7 +143,7 @@ class Outbox:
         found = conn.execute(query).scalar()
         return str(found) if found is not None else None
 
-    def _after_commit(self, session: Session, row: dict[str, Any]) -> None:
+    def _after_commit(self, session: Session, row: OutboxRow) -> None:
         assert self.dispatcher is not None
         session.info.setdefault(_SESSION_KEY, []).append((self.dispatcher, row))
 
@@ -150,10 +151,10 @@ class Outbox:
 @sa.event.listens_for(Session, "after_commit")
 def _hand_over_after_commit(session: Session) -> None:
     """After the outermost commit: give the session's published rows to their dispatchers."""
-    pending: list[tuple[Dispatcher, dict[str, Any]]] | None = session.info.pop(_SESSION_KEY, None)
+    pending: list[tuple[Dispatcher, OutboxRow]] | None = session.info.pop(_SESSION_KEY, None)
     if not pending:
         return
-    by_dispatcher: dict[int, tuple[Dispatcher, list[dict[str, Any]]]] = {}
+    by_dispatcher: dict[int, tuple[Dispatcher, list[OutboxRow]]] = {}
     for dispatcher, row in pending:
         by_dispatcher.setdefault(id(dispatcher), (dispatcher, []))[1].append(row)
     for dispatcher, rows in by_dispatcher.values():
@@ -171,7 +172,8 @@ def _connection(conn_or_session: Connection | Session) -> Connection:
         return conn_or_session.connection()
     if isinstance(conn_or_session, Connection):
         return conn_or_session
-    raise TypeError("publish() needs the caller's SQLAlchemy Connection or Session")
+    raise PayloadError("publish() needs the caller's SQLAlchemy Connection or Session, not "
+                       f"{type(conn_or_session).__name__}")
 
 
 def _keys_text(keys: Sequence[str] | str | None) -> str | None:

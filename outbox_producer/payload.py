@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from outbox_producer.errors import PayloadError
+from consumer_kit.core.errors import PayloadError
 
 
 def _default(value: Any) -> Any:

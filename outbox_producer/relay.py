@@ -12,16 +12,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from consumer_kit.db import make_engine, read_committed
-from consumer_kit.schema import DEFAULT_OUTBOX_TABLE, outbox_table
+from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, default_owner
-from outbox_producer.errors import BrokerUnavailable
 from outbox_producer.sender import Sender, SendStats
 
-log = logging.getLogger("consumer_kit.outbox.relay")
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 200
 DEFAULT_IDLE_SLEEP = 0.5
@@ -29,6 +29,8 @@ DEFAULT_IDLE_SLEEP = 0.5
 METRICS_INTERVAL = 30.0
 #: wait after a database or broker outage: doubles up to the cap
 OUTAGE_BACKOFF = (0.5, 30.0)
+#: `run(once=True)` gives up (result.gave_up) after an outage this long, so `--once` ends
+DEFAULT_ONCE_OUTAGE_LIMIT = 30.0
 
 
 class RateLimiter:
@@ -53,12 +55,15 @@ class RelayResult:
     batches: int = 0
     stats: SendStats = dataclasses.field(default_factory=SendStats)
     errors: int = 0
+    #: with `once`: the outage that outlasted `once_outage_limit` (the run stopped early)
+    gave_up: str | None = None
 
     def add(self, other: RelayResult) -> None:
         """Accumulate another loop's totals."""
         self.batches += other.batches
         self.stats.add(other.stats)
         self.errors += other.errors
+        self.gave_up = self.gave_up or other.gave_up
 
 
 class Relay:
@@ -87,11 +92,13 @@ class Relay:
         idle_sleep: float = DEFAULT_IDLE_SLEEP,
         owner: str | None = None,
         workers: int = 1,
+        once_outage_limit: float = DEFAULT_ONCE_OUTAGE_LIMIT,
     ) -> None:
         if batch < 1 or workers < 1:
-            raise ValueError("batch and workers must be at least 1")
-        if max_rate is not None and max_rate <= 0:
-            raise ValueError("max_rate must be positive")
+            raise ConfigError("batch and workers must be at least 1")
+        if max_rate is not None and not (0 < max_rate < float("inf")):
+            raise ConfigError(f"max_rate must be a positive finite number, not {max_rate}")
+        self.once_outage_limit = once_outage_limit
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = owner or default_owner("relay")
@@ -126,7 +133,8 @@ class Relay:
 
     def run(self, *, once: bool = False, max_batches: int | None = None) -> RelayResult:
         """Loop until `stop()` (or, with `once`, until nothing is due). Outages of the database
-        or broker are logged and waited out with a doubling back-off. A broker outage puts the
+        or broker are logged and waited out with a doubling back-off (with `once`, for at most
+        `once_outage_limit` seconds: then `gave_up` says why). A broker outage puts the
         batch's unsent rows back to PENDING without counting a retry; after a database outage
         claimed rows keep their lease and are reclaimed when it expires, so nothing is lost.
 
@@ -161,25 +169,37 @@ class Relay:
     def _loop(self, once: bool, max_batches: int | None) -> RelayResult:
         result = RelayResult()
         outage_wait = OUTAGE_BACKOFF[0]
+        outage_since: float | None = None
         while not self.stopping.is_set():
             self._refresh_metrics_when_due()
             if max_batches is not None and result.batches >= max_batches:
                 break
+            what = None
             try:
                 stats = self.step()
-            except (DBAPIError, BrokerUnavailable) as exc:
+            except DBAPIError as exc:
+                stats = None
+                what = "database error: " + (
+                    str(exc.orig).splitlines()[0] if exc.orig else str(exc))
+            if stats is not None and stats.outage:
+                result.batches += 1
+                result.stats.add(stats)
+                what = stats.outage
+            if what is not None:
                 result.errors += 1
-                if isinstance(exc, BrokerUnavailable):
-                    result.stats.add(exc.stats)
-                    what = str(exc)
-                else:
-                    what = "database error: " + (
-                        str(exc.orig).splitlines()[0] if exc.orig else str(exc))
+                now = time.monotonic()
+                outage_since = outage_since if outage_since is not None else now
+                if once and now - outage_since >= self.once_outage_limit:
+                    result.gave_up = what
+                    log.error("relay %s: gave up after %.0fs of outage (--once): %s",
+                              self.owner, now - outage_since, what)
+                    break
                 log.warning("relay %s: %s; retry in %.1fs", self.owner, what, outage_wait)
                 self.stopping.wait(outage_wait)
                 outage_wait = min(outage_wait * 2, OUTAGE_BACKOFF[1])
                 continue
             outage_wait = OUTAGE_BACKOFF[0]
+            outage_since = None
             if stats is None:
                 if once:
                     break

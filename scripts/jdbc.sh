@@ -3,21 +3,22 @@
 #
 # usage: scripts/jdbc.sh [install|jars|check]   (default: install)
 #
-#   install  apt-get install libmariadb-java libxerial-sqlite-jdbc-java (apt-get update only when
-#            needed) and print the resolved jar paths, one per line
+#   install  apt-get install libmariadb-java libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
+#            (apt-get update only when needed) and print the resolved jar paths, one per line
 #   jars     print the resolved jar paths as ONE comma-separated line on stdout (for spark.jars /
 #            CKIT_JDBC_JARS); installs the packages first when they are missing
 #   check    open an in-memory SQLite connection (and MariaDB ckit_test when it is up) through the
-#            drivers with `java`, to prove the jars and sqlite's JNI library load
+#            drivers with `java`, to prove the jars and sqlite's JNI library load; load pgJDBC
 #
 # All messages go to stderr; stdout carries only the paths.
 set -euo pipefail
 
-readonly PACKAGES=(libmariadb-java libxerial-sqlite-jdbc-java)
+readonly PACKAGES=(libmariadb-java libxerial-sqlite-jdbc-java libpostgresql-jdbc-java)
 readonly JAVA_DIR=/usr/share/java
 # First existing name wins for each driver; symlinks are resolved to the real file.
 readonly MARIADB_NAMES=(mariadb-java-client.jar)
 readonly SQLITE_NAMES=(sqlite-jdbc.jar xerial-sqlite-jdbc.jar)
+readonly POSTGRES_NAMES=(postgresql.jar)
 
 LOG_TAG=jdbc
 # shellcheck source=scripts/lib.sh
@@ -38,6 +39,7 @@ resolve() {
 jar_paths() {
   resolve "${MARIADB_NAMES[@]}"
   resolve "${SQLITE_NAMES[@]}"
+  resolve "${POSTGRES_NAMES[@]}"
 }
 
 cmd_install() {
@@ -78,6 +80,8 @@ public class JdbcCheck {
     try (Connection c = DriverManager.getConnection("jdbc:sqlite::memory:")) {
       System.err.println("[jdbc] sqlite driver ok: SQLite " + one(c, "select sqlite_version()"));
     }
+    Class.forName("org.postgresql.Driver");
+    System.err.println("[jdbc] postgresql driver loads");
     Class.forName("org.mariadb.jdbc.Driver");
     try (Socket s = new Socket("127.0.0.1", 3306)) {
       // a server is listening: try the test account too

@@ -3,7 +3,8 @@
 #
 # usage: scripts/setup.sh
 #
-# Steps: python-deps.sh, mariadb.sh, redis.sh, jdbc.sh, librocketmq.sh and `rocketmq.sh start`.
+# Steps: python-deps.sh, mariadb.sh, postgres.sh, redis.sh, jdbc.sh, librocketmq.sh and
+# `rocketmq.sh start`.
 # One line per step with its duration; a step's own output goes to a log file, whose tail is
 # printed when the step fails.
 # Writes the service addresses to .ckit-test.env at the repo root (source it; nothing is exported
@@ -49,12 +50,14 @@ step() {
 }
 
 write_env() {
-  local jars=$1 tmp
+  local jars=$1 pg_url=$2 pg_url2=$3 tmp
   tmp=$(mktemp "${ENV_FILE}.XXXXXX")
   cat >"$tmp" <<EOF
 # Written by scripts/setup.sh: addresses of the local test services (fixed test credentials).
 CKIT_TEST_MYSQL_URL=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test
 CKIT_TEST_MYSQL_URL2=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test2
+CKIT_TEST_PG_URL=${pg_url}
+CKIT_TEST_PG_URL2=${pg_url2}
 CKIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0
 CKIT_TEST_ROCKETMQ=127.0.0.1:9876
 CKIT_JDBC_JARS=${jars}
@@ -80,6 +83,7 @@ main() {
 
   step python-deps bash "${SCRIPTS}/python-deps.sh"
   step mariadb bash "${SCRIPTS}/mariadb.sh"
+  step postgres bash "${SCRIPTS}/postgres.sh"
   step redis bash "${SCRIPTS}/redis.sh"
   step jdbc bash "${SCRIPTS}/jdbc.sh"
   step librocketmq bash "${SCRIPTS}/librocketmq.sh"
@@ -88,7 +92,11 @@ main() {
   local jars
   jars=$(bash "${SCRIPTS}/jdbc.sh" jars 2>>"${LOG_DIR}/jdbc.log" 9>&-) \
     || { echo "setup: could not resolve the JDBC jars (see ${LOG_DIR}/jdbc.log)" >&2; exit 1; }
-  write_env "$jars"
+  local pg_url pg_url2
+  pg_url=$(bash "${SCRIPTS}/postgres.sh" url ckit_test 2>>"${LOG_DIR}/postgres.log" 9>&-) \
+    && pg_url2=$(bash "${SCRIPTS}/postgres.sh" url ckit_test2 2>>"${LOG_DIR}/postgres.log" 9>&-) \
+    || { echo "setup: could not read the PostgreSQL port (see ${LOG_DIR}/postgres.log)" >&2; exit 1; }
+  write_env "$jars" "$pg_url" "$pg_url2"
   printf 'setup: wrote %s; all done in %ss\n' "${ENV_FILE#"$ROOT"/}" \
     "$(awk -v a="$total" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
 }

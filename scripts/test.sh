@@ -3,9 +3,10 @@
 #
 # usage: scripts/test.sh [PYTEST_ARGS...]
 #
-# Runs scripts/setup.sh, loads .ckit-test.env, then `ruff check .`, `mypy` (configured in
-# pyproject.toml) and `python -m pytest -q -ra PYTEST_ARGS...` from the repo root. All three run;
-# the exit code is pytest's, or 1 when pytest passed but ruff or mypy failed.
+# Runs scripts/setup.sh, loads .ckit-test.env, then `ruff check .`, `mypy`, `lint-imports` (the
+# import contracts; all configured in pyproject.toml) and `python -m pytest -q -ra PYTEST_ARGS...`
+# from the repo root. All run; the exit code is pytest's, or 1 when pytest passed but a check
+# failed.
 # Environment: PYTHON (interpreter, default python3); CI=true turns "service not up" skips into
 #   failures (see tests/services.py).
 set -euo pipefail
@@ -33,6 +34,10 @@ echo "== ruff check ."
 
 echo "== mypy"
 "$PYTHON" -m mypy || failed+=(mypy)
+
+echo "== lint-imports (the layers of docs/architecture.md)"
+"$PYTHON" -c "from importlinter.cli import lint_imports_command; lint_imports_command()" \
+  || failed+=(lint-imports)
 
 echo "== pytest -q -ra $*"
 pytest_rc=0

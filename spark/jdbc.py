@@ -13,16 +13,21 @@ import glob
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import make_url
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.urls import mask_url
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
 
 SQLITE_DRIVER = "org.sqlite.JDBC"
 MARIADB_DRIVER = "org.mariadb.jdbc.Driver"
+POSTGRES_DRIVER = "org.postgresql.Driver"
 JAVA_DIR = "/usr/share/java"
-JAR_PATTERNS = {"mysql": "mariadb-java-client*.jar", "sqlite": "sqlite-jdbc*.jar"}
+JAR_PATTERNS = {"mysql": "mariadb-java-client*.jar", "sqlite": "sqlite-jdbc*.jar",
+                "postgresql": "postgresql.jar"}
 JARS_ENV = "CKIT_JDBC_JARS"
 DEFAULT_FETCH_SIZE = 10_000
 
@@ -53,7 +58,8 @@ def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> Jdb
     `sqlite:///path` -> `jdbc:sqlite:/abs/path`; `mysql+pymysql://u:pw@h:p/db` (any MySQL or
     MariaDB driver) -> `jdbc:mysql://h:p/db?permitMysqlScheme` with the MariaDB Connector/J
     driver (the `jdbc:mysql:` scheme selects Spark's MySQL dialect; Connector/J 3 accepts it only
-    with `permitMysqlScheme`, 2.x ignores the flag).
+    with `permitMysqlScheme`, 2.x ignores the flag); `postgresql+psycopg://u:pw@h:p/db` (any
+    PostgreSQL driver) -> `jdbc:postgresql://h:p/db` with pgJDBC.
 
     Raises:
         ConfigError: in-memory SQLite (a JVM cannot share it) or an unsupported backend.
@@ -84,8 +90,19 @@ def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> Jdb
             props["password"] = str(url.password)
         return JdbcSource(url=jdbc_url, properties=props, dialect="mysql",
                           display=f"{jdbc_url} user={url.username or ''}")
-    raise ConfigError(f"the Spark engine reads SQLite and MySQL/MariaDB only, not {backend!r} "
-                      f"({mask_url(sqlalchemy_url)}); use --engine sql")
+    if backend == "postgresql":
+        host = url.host or "127.0.0.1"
+        port = url.port or 5432
+        jdbc_url = f"jdbc:postgresql://{host}:{port}/{url.database or ''}"
+        props = {"driver": POSTGRES_DRIVER, "fetchsize": str(fetch_size)}
+        if url.username:
+            props["user"] = url.username
+        if url.password is not None:
+            props["password"] = str(url.password)
+        return JdbcSource(url=jdbc_url, properties=props, dialect="postgresql",
+                          display=f"{jdbc_url} user={url.username or ''}")
+    raise ConfigError(f"the Spark engine reads SQLite, MySQL/MariaDB and PostgreSQL only, not "
+                      f"{backend!r} ({mask_url(sqlalchemy_url)}); use --engine sql")
 
 
 def find_jars(dialects: set[str], *, env: dict[str, str] | None = None) -> list[str]:
@@ -110,7 +127,8 @@ def find_jars(dialects: set[str], *, env: dict[str, str] | None = None) -> list[
         if not found:
             raise ConfigError(
                 f"no JDBC driver for {dialect} ({JAVA_DIR}/{JAR_PATTERNS[dialect]}): run "
-                f"scripts/jdbc.sh (apt-installs libmariadb-java and libxerial-sqlite-jdbc-java), "
+                f"scripts/jdbc.sh (apt-installs libmariadb-java, libxerial-sqlite-jdbc-java and "
+                f"libpostgresql-jdbc-java), "
                 f"set {JARS_ENV}, or pass --conf spark.jars.packages=... on a cluster")
         jars.append(os.path.realpath(found[0]))
     return sorted(set(jars))
@@ -138,5 +156,13 @@ def require_literal(value: str, what: str) -> str:
 
 def timestamp_literal(value: dt.datetime) -> str:
     """A naive-UTC datetime as `'YYYY-MM-DD HH:MM:SS.ffffff'`: compares correctly with MariaDB
-    DATETIME(6) and with the text SQLAlchemy stores in SQLite."""
+    DATETIME(6), PostgreSQL TIMESTAMP and the text SQLAlchemy stores in SQLite."""
     return f"'{value.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+
+
+def compiled(select: sa.Select[Any], dialect: str, *, alias: str) -> str:
+    """`(SELECT ...) alias`: a SQLAlchemy select compiled for `dialect` (`mysql`, `sqlite`)
+    with its values as literals, the form Spark's JDBC `dbtable` option takes."""
+    engine_dialect = mysql.dialect() if dialect == "mysql" else sqlite.dialect()
+    text = str(select.compile(dialect=engine_dialect, compile_kwargs={"literal_binds": True}))
+    return f"({' '.join(text.split())}) {alias}"

@@ -1,7 +1,9 @@
-"""The Spark engine's reads: partitioned JDBC reads of the window, the evidence and the orphans.
+"""The Spark source's reads: partitioned JDBC reads of the window, the evidence and the orphans.
 
-Every query is built from validated identifiers and `spark.jdbc.literal`s (Spark's JDBC reader
-takes no bind parameters); every count and bound comes from a cheap indexed query on the driver.
+Spark's JDBC reader takes no bind parameters, so each subquery is the shared SQLAlchemy select of
+`consumer_kit.reconcile.conditions` compiled with literal values (`spark.jdbc.compiled`); the
+per-partition predicates carry only validated names and `spark.jdbc.literal`s. Every count and
+bound comes from a cheap indexed query on the driver.
 """
 
 from __future__ import annotations
@@ -13,25 +15,29 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from consumer_kit.reconcile.model import ReconcileConfig
-from consumer_kit.reconcile.queries import window_conditions
-from consumer_kit.schema import OutboxState, outbox_table
-from spark.jdbc import JdbcSource, literal, require_literal, timestamp_literal
+from consumer_kit.core.schema import outbox_table, processed_table
+from consumer_kit.reconcile.conditions import (
+    WINDOW_COLUMNS,
+    processed_window_select,
+    window_conditions,
+    window_select,
+)
+from consumer_kit.reconcile.model import GroupSource, ReconcileConfig
+from spark.jdbc import JdbcSource, compiled, literal, require_literal, timestamp_literal
 
 ROWS_PER_PARTITION = 50_000
 MIN_ROWS_PER_PARTITION = 2_000
 MAX_PARTITIONS = 64
 MIN_IDS_PER_PREDICATE = 1_000
-WINDOW_COLUMNS = ("id", "message_id", "topic", "state", "retry_count", "max_retries",
-                  "lock_version", "sent_at", "lease_until")
 #: SQLite's JDBC metadata maps BIGINT/DATETIME badly; timestamps are read as text everywhere.
 WINDOW_SCHEMA = ("id BIGINT, state INT, retry_count INT, max_retries INT, lock_version INT, "
                  "sent_at STRING, lease_until STRING")
-ACK_QUERY = "(SELECT message_id, consumer_group, outcome, reason, acked_at FROM {table}) a"
+RECEIPT_QUERY = ("(SELECT message_id, consumer_group, outcome, reason, received_at "
+                 "FROM {table}) a")
 PROCESSED_QUERY = ("(SELECT message_id, consumer_group, status, error, processed_at "
                    "FROM {table}) p")
 EVIDENCE_SCHEMA = ("message_id STRING, grp STRING, processed_status STRING, "
-                   "processed_error STRING, ack_outcome STRING, ack_reason STRING")
+                   "processed_error STRING, receipt_outcome STRING, receipt_reason STRING")
 
 
 def partitions_for(rows: int, parallelism: int = 1) -> int:
@@ -93,22 +99,15 @@ def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt
     union SENDING with a lease expired before the cutoff (usually a handful of rows).
 
     Called only when `bounds` holds at least one row."""
-    cols = ", ".join(WINDOW_COLUMNS)
-    cut = timestamp_literal(cutoff)
+    outbox = outbox_table(sa.MetaData(), config.outbox_table)
     cores = int(spark.sparkContext.defaultParallelism)
     frames = []
-    sent = bounds["sent"]
-    if sent.rows:
-        query = (f"(SELECT {cols} FROM {config.outbox_table} "
-                 f"WHERE state = {int(OutboxState.SENT)} AND sent_at < {cut}) w")
-        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
-            "id", sent.min_id, sent.max_id + 1, partitions_for(sent.rows, cores))))
-    sending = bounds["sending"]
-    if sending.rows:
-        query = (f"(SELECT {cols} FROM {config.outbox_table} "
-                 f"WHERE state = {int(OutboxState.SENDING)} AND lease_until < {cut}) ws")
-        frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
-            "id", sending.min_id, sending.max_id + 1, partitions_for(sending.rows))))
+    for part, spread in (("sent", cores), ("sending", 1)):
+        found = bounds[part]
+        if found.rows:
+            query = compiled(window_select(outbox, part, cutoff), src.dialect, alias=f"w_{part}")
+            frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
+                "id", found.min_id, found.max_id + 1, partitions_for(found.rows, spread))))
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
@@ -127,14 +126,14 @@ def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:
 
 def read_evidence_by_ids(spark: Any, config: ReconcileConfig, producer: JdbcSource,
                          groups: dict[str, JdbcSource], ids: Sequence[str]) -> Any:
-    """Ack rows and each group's processed rows for the window's (safe) message ids."""
+    """Receipt rows and each group's processed rows for the window's (safe) message ids."""
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     frames = []
     if ids:
         preds = id_predicates("message_id", ids, f"consumer_group IN ({names})")
-        acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
-                         schema="acked_at STRING", predicates=preds)
-        frames.append(_ack_evidence(acks))
+        receipts = jdbc_read(spark, producer, RECEIPT_QUERY.format(table=config.receipt_table),
+                         schema="received_at STRING", predicates=preds)
+        frames.append(_receipt_evidence(receipts))
         for group in config.groups:
             prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
             processed = jdbc_read(spark, groups[group.name],
@@ -149,13 +148,13 @@ def read_evidence_by_range(spark: Any, config: ReconcileConfig, producer: JdbcSo
                            groups: dict[str, JdbcSource], since: dt.datetime,
                            until: dt.datetime) -> Any:
     """Evidence for a large window: processed rows with `processed_at >= since` read in time
-    slices (the `processed_at` index), acks with `acked_at >= since`; joined in Spark."""
+    slices (the `processed_at` index), receipts with `received_at >= since`; joined in Spark."""
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     slices = time_slices(since, until, MAX_PARTITIONS // 4 or 1)
-    acks = jdbc_read(spark, producer, ACK_QUERY.format(table=config.ack_table),
-                     schema="acked_at STRING", predicates=[
-        f"consumer_group IN ({names}) AND acked_at >= {timestamp_literal(since)}"])
-    frames = [_ack_evidence(acks)]
+    receipts = jdbc_read(spark, producer, RECEIPT_QUERY.format(table=config.receipt_table),
+                     schema="received_at STRING", predicates=[
+        f"consumer_group IN ({names}) AND received_at >= {timestamp_literal(since)}"])
+    frames = [_receipt_evidence(receipts)]
     for group in config.groups:
         prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
         processed = jdbc_read(spark, groups[group.name],
@@ -179,17 +178,14 @@ def time_slices(since: dt.datetime, until: dt.datetime, count: int) -> list[str]
     return clauses
 
 
-def read_processed_window(spark: Any, src: JdbcSource, config: ReconcileConfig, table: str,
-                          group: str, topics: Sequence[str], since: dt.datetime,
-                          until: dt.datetime, rows: int) -> Any:
-    """A group's processed rows with `since <= processed_at < until` (the orphan scan)."""
-    conds = [f"consumer_group = {require_literal(group, 'consumer group')}"]
-    if config.src:
-        conds.append(f"src = {require_literal(config.src, 'producer name (--src)')}")
-    if topics:
-        conds.append("topic IN (" + ", ".join(require_literal(t, "topic") for t in topics) + ")")
-    query = (f"(SELECT message_id, topic, status, processed_at FROM {table} "
-             f"WHERE {' AND '.join(conds)}) pw")
+def read_processed_window(spark: Any, src: JdbcSource, config: ReconcileConfig,
+                          group: GroupSource, since: dt.datetime, until: dt.datetime,
+                          rows: int) -> Any:
+    """A group's processed rows of the orphan scan's window (`processed_window_select`), read
+    in `processed_at` slices."""
+    processed = processed_table(sa.MetaData(), group.table)
+    query = compiled(processed_window_select(processed, group, since=since, until=until,
+                                             src=config.src), src.dialect, alias="pw")
     slices = time_slices(since, until, partitions_for(rows))
     slices[-1] += f" AND processed_at < {timestamp_literal(until)}"
     return jdbc_read(spark, src, query, schema="processed_at STRING", predicates=slices)
@@ -203,8 +199,8 @@ def read_outbox_ids_since(spark: Any, engine: sa.Engine, src: JdbcSource,
         lo, hi, count = conn.execute(
             sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count())
             .where(t.c.gmt_create >= since)).one()
-    query = (f"(SELECT id, message_id FROM {config.outbox_table} "
-             f"WHERE gmt_create >= {timestamp_literal(since)}) ob")
+    query = compiled(sa.select(t.c.id, t.c.message_id).where(t.c.gmt_create >= since),
+                     src.dialect, alias="ob")
     return jdbc_read(spark, src, query, schema="id BIGINT",
                      partition=("id", int(lo or 0), int(hi or 0) + 1,
                                 partitions_for(int(count or 0)))).select("message_id")
@@ -219,15 +215,15 @@ def split_safe(ids: Sequence[str]) -> tuple[list[str], list[str]]:
     return safe, unsafe
 
 
-def _ack_evidence(frame: Any) -> Any:
-    """Ack rows in the evidence schema (`EVIDENCE_SCHEMA`)."""
+def _receipt_evidence(frame: Any) -> Any:
+    """Receipt rows in the evidence schema (`EVIDENCE_SCHEMA`)."""
     from pyspark.sql import functions as F
 
     return frame.select(
         "message_id", F.col("consumer_group").alias("grp"),
         F.lit(None).cast("string").alias("processed_status"),
         F.lit(None).cast("string").alias("processed_error"),
-        F.col("outcome").alias("ack_outcome"), F.col("reason").alias("ack_reason"))
+        F.col("outcome").alias("receipt_outcome"), F.col("reason").alias("receipt_reason"))
 
 
 def _processed_evidence(frame: Any, group: str) -> Any:
@@ -237,8 +233,8 @@ def _processed_evidence(frame: Any, group: str) -> Any:
     return frame.select(
         "message_id", F.lit(group).alias("grp"),
         F.col("status").alias("processed_status"), F.col("error").alias("processed_error"),
-        F.lit(None).cast("string").alias("ack_outcome"),
-        F.lit(None).cast("string").alias("ack_reason"))
+        F.lit(None).cast("string").alias("receipt_outcome"),
+        F.lit(None).cast("string").alias("receipt_reason"))
 
 
 def _union(spark: Any, frames: list[Any]) -> Any:

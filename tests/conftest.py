@@ -1,6 +1,6 @@
-"""Shared fixtures: a database parametrized over SQLite and real MariaDB, Redis, transports.
+"""Shared fixtures: a database parametrized over SQLite, real MariaDB and real PostgreSQL.
 
-Each test gets its own table names, so tests on the shared MariaDB never see each other's rows.
+Each test gets its own table names, so tests on the shared servers never see each other's rows.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
 from tests import services
 
 
@@ -36,16 +36,36 @@ class Db:
 
 def unique_names(prefix: str = "t") -> TableNames:
     tag = uuid.uuid4().hex[:8]
-    return TableNames(outbox=f"{prefix}{tag}_outbox", outbox_ack=f"{prefix}{tag}_ack",
+    return TableNames(outbox=f"{prefix}{tag}_outbox", receipts=f"{prefix}{tag}_ack",
                       processed=f"{prefix}{tag}_processed", mq_prefix=f"{prefix}{tag}_mq")
 
 
-def _make_db(kind: str, tmp_path: Path, prefix: str = "t") -> Iterator[Db]:
+def database_url(kind: str, tmp_path: Path, second: bool = False) -> str:
+    """The URL of a `sqlite` file in `tmp_path` or of the real `mariadb` / `postgresql` test
+    database (`second`: the other database of that server), after `services.require` for it."""
     if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ckit.db'}"
-    else:
-        services.require("mariadb", services.ping_mysql)
-        url = services.mysql_url()
+        return f"sqlite:///{tmp_path / ('ckit2.db' if second else 'ckit.db')}"
+    if kind == "mariadb":
+        url = services.mysql_url2() if second else services.mysql_url()
+        services.require("mariadb", lambda: services.ping_mysql(url))
+        return url
+    if kind == "postgresql":
+        url = services.pg_url2() if second else services.pg_url()
+        services.require("postgresql", lambda: services.ping_postgres(url))
+        return url
+    raise ValueError(f"unknown database kind {kind!r}")
+
+
+#: The kinds every database-parametrized fixture runs on, each real server with its marker.
+DB_KINDS = [
+    "sqlite",
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+]
+
+
+def _make_db(kind: str, tmp_path: Path, prefix: str = "t") -> Iterator[Db]:
+    url = database_url(kind, tmp_path)
     engine = make_engine(url)
     names = unique_names(prefix)
     metadata = build_metadata(names, include_transport=False)
@@ -57,9 +77,9 @@ def _make_db(kind: str, tmp_path: Path, prefix: str = "t") -> Iterator[Db]:
         engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.fixture(params=DB_KINDS)
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Db]:
-    """The producer/consumer tables on SQLite and on real MariaDB."""
+    """The producer/consumer tables on SQLite, real MariaDB and real PostgreSQL."""
     yield from _make_db(request.param, tmp_path)
 
 
@@ -73,3 +93,11 @@ def sqlite_db(tmp_path: Path) -> Iterator[Db]:
 def mariadb(tmp_path: Path) -> Iterator[Db]:
     """The tables on real MariaDB only."""
     yield from _make_db("mariadb", tmp_path)
+
+
+@pytest.fixture(params=[pytest.param("mariadb", marks=pytest.mark.mariadb),
+                        pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def server_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Db]:
+    """The tables on each real database server (MariaDB, PostgreSQL): concurrency and isolation
+    tests that SQLite's single writer cannot show."""
+    yield from _make_db(request.param, tmp_path)

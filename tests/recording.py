@@ -6,15 +6,15 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-from consumer_kit.errors import TransportUnavailable
-from consumer_kit.transports.base import (
-    Consumer,
+from consumer_kit.core.errors import TransportUnavailable
+from consumer_kit.core.messages import (
+    Delivery,
     DeliveryCallback,
     OutgoingMessage,
     SendResult,
     Subscription,
-    Transport,
 )
+from consumer_kit.transports.base import Consumer, Transport
 from consumer_kit.transports.memory import MemoryTransport
 
 
@@ -43,6 +43,9 @@ class RecordingTransport(Transport):
     def consumer(self, group: str, subscriptions: Sequence[Subscription],
                  callback: DeliveryCallback, *, threads: int = 1) -> Consumer:
         return self.inner.consumer(group, subscriptions, callback, threads=threads)
+
+    def dead_letters(self, group: str) -> list[Delivery]:
+        return self.inner.dead_letters(group)
 
     def counts(self) -> Counter[str]:
         with self.lock:

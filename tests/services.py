@@ -1,7 +1,8 @@
 """Where the real test services are, and how tests make sure they are up.
 
-`scripts/setup.sh` installs and starts MariaDB, Redis and (when its scripts are present) RocketMQ
-on loopback and writes their addresses to `.ckit-test.env`; `scripts/test.sh` exports that file.
+`scripts/setup.sh` installs and starts MariaDB, PostgreSQL, Redis and (when its scripts are
+present) RocketMQ on loopback and writes their addresses to `.ckit-test.env`; `scripts/test.sh`
+exports that file.
 The getters below read those variables and fall back to the same defaults, so a bare `pytest`
 works after `scripts/setup.sh` too.
 
@@ -20,6 +21,8 @@ import pytest
 
 DEFAULT_MYSQL_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"
 DEFAULT_MYSQL_URL2 = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test2"
+DEFAULT_PG_URL = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"
+DEFAULT_PG_URL2 = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test2"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ROCKETMQ = "127.0.0.1:9876"
 
@@ -39,6 +42,16 @@ def mysql_url() -> str:
 def mysql_url2() -> str:
     """SQLAlchemy URL of the second MariaDB test database (`CKIT_TEST_MYSQL_URL2`)."""
     return _env("CKIT_TEST_MYSQL_URL2", DEFAULT_MYSQL_URL2)
+
+
+def pg_url() -> str:
+    """SQLAlchemy URL of the main PostgreSQL test database (`CKIT_TEST_PG_URL`)."""
+    return _env("CKIT_TEST_PG_URL", DEFAULT_PG_URL)
+
+
+def pg_url2() -> str:
+    """SQLAlchemy URL of the second PostgreSQL test database (`CKIT_TEST_PG_URL2`)."""
+    return _env("CKIT_TEST_PG_URL2", DEFAULT_PG_URL2)
 
 
 def redis_url() -> str:
@@ -91,6 +104,23 @@ def ping_mysql(url: str | None = None) -> None:
         engine.dispose()
 
 
+def ping_postgres(url: str | None = None) -> None:
+    """Connect to PostgreSQL (default: `pg_url()`) and run SELECT 1; raise when that fails."""
+    import sqlalchemy as sa
+    from sqlalchemy.pool import NullPool
+
+    engine = sa.create_engine(
+        url or pg_url(),
+        poolclass=NullPool,
+        connect_args={"connect_timeout": int(CONNECT_TIMEOUT_S)},
+    )
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1")).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def ping_redis(url: str | None = None) -> None:
     """PING Redis (default: `redis_url()`); raise when it does not answer."""
     import redis
@@ -127,7 +157,10 @@ __all__ = [
     "is_ci",
     "mysql_url",
     "mysql_url2",
+    "pg_url",
+    "pg_url2",
     "ping_mysql",
+    "ping_postgres",
     "ping_redis",
     "ping_rocketmq",
     "redis_url",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from consumer_kit.batching import BatchWorker
+from consumer_kit.core.batching import BatchWorker
 
 
 def test_items_are_handled_in_batches_of_at_most_max_batch_and_flush_waits() -> None:

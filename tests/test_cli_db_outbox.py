@@ -1,4 +1,5 @@
-"""`ckit db` and `ckit outbox` through typer's CliRunner, on SQLite (the `sqlite_db` fixture).
+"""`ckit db` and `ckit outbox` through typer's CliRunner: usage mistakes on SQLite (`sqlite_db`),
+commands that read or move rows on SQLite, MariaDB and PostgreSQL (`db`).
 
 User mistakes must end in one `error:` line and a non-zero exit, never a traceback or a password.
 """
@@ -16,8 +17,8 @@ import sqlalchemy as sa
 from typer.testing import CliRunner, Result
 
 from consumer_kit.cli.main import app
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
 from tests.conftest import Db
 
@@ -63,12 +64,12 @@ def state_of(db: Db, row_id: int) -> OutboxState:
 
 
 def opts(db: Db) -> list[str]:
-    return ["--url", db.url, "--table", db.names.outbox]
+    return ["--url", db.url, "--outbox-table", db.names.outbox]
 
 
 def retry_opts(db: Db) -> list[str]:
     """`retry` also deletes the re-queued rows' ack rows: it needs the ack table too."""
-    return [*opts(db), "--ack-table", db.names.outbox_ack]
+    return [*opts(db), "--receipt-table", db.names.receipts]
 
 
 # -------------------------------------------------------------------------------------------- db
@@ -121,7 +122,7 @@ def test_every_command_without_a_url_says_so_in_one_line(command: list[str]) -> 
 
 def test_the_url_can_come_from_ckit_db_url(sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKIT_DB_URL", sqlite_db.url)
-    result = ckit("outbox", "stats", "--table", sqlite_db.names.outbox)
+    result = ckit("outbox", "stats", "--outbox-table", sqlite_db.names.outbox)
     assert result.exit_code == 0, result.output
 
 
@@ -133,56 +134,56 @@ def test_outbox_commands_never_print_the_password(command: list[str]) -> None:
 
 
 def test_a_bad_table_name_is_one_error_line(sqlite_db: Db) -> None:
-    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "x; drop table")
+    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--outbox-table", "x; drop table")
     assert_one_error_line(result, 2, "invalid")
 
 
-def test_a_missing_table_points_at_ckit_db_init(sqlite_db: Db) -> None:
-    result = ckit("outbox", "stats", "--url", sqlite_db.url, "--table", "nope")
+def test_a_missing_table_points_at_ckit_db_init(db: Db) -> None:
+    result = ckit("outbox", "stats", "--url", db.url, "--outbox-table", "nope")
     assert_one_error_line(result, 2, "ckit db init")
 
 
-def test_stats_prints_every_state_and_the_total(sqlite_db: Db) -> None:
+def test_stats_prints_every_state_and_the_total(db: Db) -> None:
     # Given two FAILED rows and a CONSUMED row
-    insert(sqlite_db, OutboxState.FAILED)
-    insert(sqlite_db, OutboxState.FAILED)
-    insert(sqlite_db, OutboxState.CONSUMED)
+    insert(db, OutboxState.FAILED)
+    insert(db, OutboxState.FAILED)
+    insert(db, OutboxState.CONSUMED)
     # When
-    table = ckit("outbox", "stats", *opts(sqlite_db))
-    as_json = json.loads(ckit("outbox", "stats", *opts(sqlite_db), "--json").stdout)
+    table = ckit("outbox", "stats", *opts(db))
+    as_json = json.loads(ckit("outbox", "stats", *opts(db), "--json").stdout)
     # Then
     assert table.exit_code == 0 and "total: 3" in table.stdout and "SUSPENDED" in table.stdout
     assert as_json["counts"]["FAILED"] == 2 and as_json["counts"]["PENDING"] == 0
 
 
-def test_show_prints_a_message_by_id_and_fails_for_an_unknown_one(sqlite_db: Db) -> None:
-    row = insert(sqlite_db, OutboxState.SENT)
-    args = [*opts(sqlite_db), "--ack-table", sqlite_db.names.outbox_ack]
+def test_show_prints_a_message_by_id_and_fails_for_an_unknown_one(db: Db) -> None:
+    row = insert(db, OutboxState.SENT)
+    args = [*opts(db), "--receipt-table", db.names.receipts]
     shown = ckit("outbox", "show", row["message_id"], *args)
     data = json.loads(ckit("outbox", "show", row["biz_key"], *args, "--json").stdout)
     missing = ckit("outbox", "show", "nothing-here", *args)
-    assert shown.exit_code == 0 and "SENT (2)" in shown.stdout and "acks: none" in shown.stdout
+    assert shown.exit_code == 0 and "SENT (2)" in shown.stdout and "receipts: none" in shown.stdout
     assert data[0]["message"]["message_id"] == row["message_id"]
     assert_one_error_line(missing, 1, "no message with message_id or biz_key 'nothing-here'")
 
 
-def test_retry_by_id_requeues_and_a_refusal_exits_1(sqlite_db: Db) -> None:
-    failed = insert(sqlite_db, OutboxState.FAILED)
-    consumed = insert(sqlite_db, OutboxState.CONSUMED)
-    ok = ckit("outbox", "retry", str(failed["id"]), *retry_opts(sqlite_db))
-    refused = ckit("outbox", "retry", consumed["message_id"], *retry_opts(sqlite_db))
-    forced = ckit("outbox", "retry", consumed["message_id"], "--force", *retry_opts(sqlite_db))
+def test_retry_by_id_requeues_and_a_refusal_exits_1(db: Db) -> None:
+    failed = insert(db, OutboxState.FAILED)
+    consumed = insert(db, OutboxState.CONSUMED)
+    ok = ckit("outbox", "retry", str(failed["id"]), *retry_opts(db))
+    refused = ckit("outbox", "retry", consumed["message_id"], *retry_opts(db))
+    forced = ckit("outbox", "retry", consumed["message_id"], "--force", *retry_opts(db))
     assert ok.exit_code == 0 and "retry: 1 changed, 0 refused" in ok.stdout
     assert refused.exit_code == 1 and "--force" in refused.stdout
     assert forced.exit_code == 0
-    assert state_of(sqlite_db, failed["id"]) is OutboxState.PENDING
-    assert state_of(sqlite_db, consumed["id"]) is OutboxState.PENDING
+    assert state_of(db, failed["id"]) is OutboxState.PENDING
+    assert state_of(db, consumed["id"]) is OutboxState.PENDING
 
 
-def test_bulk_retry_takes_state_topic_and_limit(sqlite_db: Db) -> None:
-    rows = [insert(sqlite_db, OutboxState.FAILED, topic="A") for _ in range(3)]
+def test_bulk_retry_takes_state_topic_and_limit(db: Db) -> None:
+    rows = [insert(db, OutboxState.FAILED, topic="A") for _ in range(3)]
     result = ckit("outbox", "retry", "--state", "failed", "--topic", "A", "--limit", "2",
-                  *retry_opts(sqlite_db), "--json")
+                  *retry_opts(db), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["changed"] == [r["id"] for r in rows[:2]]
 
@@ -192,29 +193,29 @@ def test_bulk_retry_of_consumed_rows_needs_force(sqlite_db: Db) -> None:
     assert_one_error_line(result, 2, "--force")
 
 
-def test_bulk_retry_of_sent_rows_needs_force(sqlite_db: Db) -> None:
-    row = insert(sqlite_db, OutboxState.SENT)
-    result = ckit("outbox", "retry", "--state", "SENT", *retry_opts(sqlite_db))
+def test_bulk_retry_of_sent_rows_needs_force(db: Db) -> None:
+    row = insert(db, OutboxState.SENT)
+    result = ckit("outbox", "retry", "--state", "SENT", *retry_opts(db))
     assert_one_error_line(result, 2, "--force")
-    assert state_of(sqlite_db, row["id"]) is OutboxState.SENT
-    forced = ckit("outbox", "retry", "--state", "SENT", "--force", *retry_opts(sqlite_db))
+    assert state_of(db, row["id"]) is OutboxState.SENT
+    forced = ckit("outbox", "retry", "--state", "SENT", "--force", *retry_opts(db))
     assert forced.exit_code == 0, forced.output
-    assert state_of(sqlite_db, row["id"]) is OutboxState.PENDING
+    assert state_of(db, row["id"]) is OutboxState.PENDING
 
 
-def test_retry_deletes_the_ack_rows_of_the_rows_it_requeues(sqlite_db: Db) -> None:
+def test_retry_deletes_the_ack_rows_of_the_rows_it_requeues(db: Db) -> None:
     # Given a REJECTED row with the rejecting group's ack row, in a custom ack table
-    row = insert(sqlite_db, OutboxState.REJECTED)
-    tables = ops.OutboxTables.from_names(sqlite_db.names)
-    with sqlite_db.engine.begin() as conn:
-        conn.execute(sa.insert(tables.ack).values(
+    row = insert(db, OutboxState.REJECTED)
+    tables = ops.OutboxTables.from_names(db.names)
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(tables.receipts).values(
             message_id=row["message_id"], consumer_group="stock", outcome="rejected",
-            acked_at=utcnow()))
+            received_at=utcnow()))
     # When
-    result = ckit("outbox", "retry", str(row["id"]), *retry_opts(sqlite_db))
+    result = ckit("outbox", "retry", str(row["id"]), *retry_opts(db))
     # Then
     assert result.exit_code == 0, result.output
-    assert sqlite_db.count(sqlite_db.names.outbox_ack) == 0
+    assert db.count(db.names.receipts) == 0
 
 
 def test_retry_with_an_unknown_state_lists_the_valid_ones(sqlite_db: Db) -> None:
@@ -232,26 +233,27 @@ def test_retry_usage_mistakes_are_one_error_line(
     assert_one_error_line(ckit("outbox", "retry", *args, *opts(sqlite_db)), 2, message)
 
 
-def test_suspend_then_resume(sqlite_db: Db) -> None:
-    row = insert(sqlite_db)
-    suspended = ckit("outbox", "suspend", str(row["id"]), *opts(sqlite_db))
-    held = state_of(sqlite_db, row["id"])
-    again = ckit("outbox", "suspend", str(row["id"]), *opts(sqlite_db))
-    resumed = ckit("outbox", "resume", str(row["id"]), *opts(sqlite_db))
+def test_suspend_then_resume(db: Db) -> None:
+    row = insert(db)
+    suspended = ckit("outbox", "suspend", str(row["id"]), *opts(db))
+    held = state_of(db, row["id"])
+    again = ckit("outbox", "suspend", str(row["id"]), *opts(db))
+    resumed = ckit("outbox", "resume", str(row["id"]), *opts(db))
     assert suspended.exit_code == 0 and held is OutboxState.SUSPENDED
     assert again.exit_code == 1 and "SUSPENDED" in again.stdout
-    assert resumed.exit_code == 0 and state_of(sqlite_db, row["id"]) is OutboxState.PENDING
+    assert resumed.exit_code == 0 and state_of(db, row["id"]) is OutboxState.PENDING
 
 
-def test_archive_moves_old_consumed_rows(sqlite_db: Db) -> None:
-    old = insert(sqlite_db, OutboxState.CONSUMED, gmt_create=utcnow() - dt.timedelta(days=40))
-    recent = insert(sqlite_db, OutboxState.CONSUMED)
-    dry = ckit("outbox", "archive", "--older-than", "30d", "--dry-run", *opts(sqlite_db))
-    result = ckit("outbox", "archive", "--older-than", "30d", "--batch", "10", *opts(sqlite_db))
+def test_archive_moves_old_consumed_rows(db: Db) -> None:
+    old = insert(db, OutboxState.CONSUMED, gmt_create=utcnow() - dt.timedelta(days=40))
+    recent = insert(db, OutboxState.CONSUMED)
+    dry = ckit("outbox", "archive", "--older-than", "30d", "--dry-run", *retry_opts(db))
+    result = ckit("outbox", "archive", "--older-than", "30d", "--batch", "10",
+                  *retry_opts(db))
     assert dry.exit_code == 0 and dry.stdout.startswith("1 rows")
     assert result.exit_code == 0 and "archived 1 rows in 1 batches" in result.stdout
-    tables = ops.OutboxTables.from_names(sqlite_db.names)
-    with sqlite_db.engine.connect() as conn:
+    tables = ops.OutboxTables.from_names(db.names)
+    with db.engine.connect() as conn:
         assert list(conn.scalars(sa.select(tables.archive.c.id))) == [old["id"]]
         assert list(conn.scalars(sa.select(tables.outbox.c.id))) == [recent["id"]]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,10 +15,12 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
-from consumer_kit.errors import ConfigError
-from consumer_kit.schema import OutboxState, build_metadata, outbox_table, processed_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import build_metadata, outbox_table, processed_table
+from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import open_transport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,14 +41,31 @@ def test_an_unknown_transport_scheme_is_one_clear_error() -> None:
     assert "unknown transport URL" in result.output
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def test_relay_finishes_its_batch_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'orders.db'}"
     build_metadata().create_all(make_engine(db))
+    build_metadata().create_all(make_engine(f"sqlite:///{tmp_path / 'mq.db'}"))
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "consumer_kit.cli.main", "relay", "--url", db, "--transport",
-         f"sql+sqlite:///{tmp_path / 'mq.db'}", "--json"],
+         f"sql+sqlite:///{tmp_path / 'mq.db'}", "--json", "--metrics-port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # running, idle
+    # running and idle, its signal handlers installed (they come before the metrics server)
+    assert wait_for(lambda: port_answers(port), 60)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -99,6 +118,32 @@ def test_processed_purge_deletes_only_old_rows_of_the_group(tmp_path: Path) -> N
     with engine.connect() as conn:
         left = sorted(conn.execute(sa.select(table.c.message_id)).scalars())
     assert left == ["b", "c"]
+
+
+def test_processed_purge_under_the_safety_floor_needs_force_and_keeps_owed_receipts(
+        tmp_path: Path) -> None:
+    # Given rows processed an hour ago, one of them still owing its receipt
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    engine = make_engine(url)
+    table = processed_table(sa.MetaData())
+    table.create(engine)
+    hour_ago = utcnow() - dt.timedelta(hours=1)
+    with engine.begin() as conn:
+        for mid, owed in (("done", None), ("owing", hour_ago)):
+            conn.execute(sa.insert(table).values(
+                consumer_group="inventory", message_id=mid, topic="T", status="SUCCEEDED",
+                attempts=1, first_seen_at=hour_ago, processed_at=hour_ago, src="orders",
+                receipt_due_at=owed))
+    args = ["processed", "purge", "--url", url, "--group", "inventory", "--older-than", "0s"]
+    # When purged under the floor, without and then with --force
+    refused = CliRunner().invoke(app, args)
+    forced = CliRunner().invoke(app, [*args, "--force"])
+    # Then the first deleted nothing and said why in one line; the second kept the owing row
+    assert refused.exit_code == 2 and "safety floor of 7 days" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    assert forced.exit_code == 0 and "deleted 1 processed rows" in forced.output
+    with engine.connect() as conn:
+        assert list(conn.execute(sa.select(table.c.message_id)).scalars()) == ["owing"]
 
 
 def test_publish_then_consume_with_a_missing_processed_table_names_db_init(tmp_path: Path

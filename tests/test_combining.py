@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from consumer_kit.combining import CombinedSendError, Combiner
+from consumer_kit.core.errors import CkitError
 from consumer_kit.dedupe import tokens
+from consumer_kit.dedupe.combining import CombinedSendError, Combiner
 
 DEADLINE = 10.0
 
@@ -176,7 +177,7 @@ def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_
 
 def test_a_send_returning_the_wrong_number_of_results_is_an_error() -> None:
     combiner: Combiner[int, int] = Combiner(lambda items: [])
-    with pytest.raises(RuntimeError, match="0 results for 1 items"):
+    with pytest.raises(CkitError, match="0 results for 1 items"):
         combiner.call(1)
 
 

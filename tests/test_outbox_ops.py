@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.schema import OutboxState, TableNames
-from outbox_producer import archive, ops
+from consumer_kit.core.errors import ArchiveBusy, ConfigError
+from consumer_kit.core.schema import TableNames
+from consumer_kit.core.states import OutboxState
+from outbox_producer import ops
+from outbox_producer.ops import archiving as archive
+from outbox_producer.ops import commands
 from tests.conftest import Db
 
 NOW = dt.datetime(2026, 1, 15, 12, 0, 0)
@@ -57,8 +60,8 @@ def get(db: Db, row_id: int) -> dict[str, Any]:
 
 def ack(db: Db, message_id: str, group: str, outcome: str = "consumed") -> None:
     with db.engine.begin() as conn:
-        conn.execute(sa.insert(tables(db).ack).values(
-            message_id=message_id, consumer_group=group, outcome=outcome, acked_at=NOW))
+        conn.execute(sa.insert(tables(db).receipts).values(
+            message_id=message_id, consumer_group=group, outcome=outcome, received_at=NOW))
 
 
 # ----------------------------------------------------------------------------------------- stats
@@ -114,7 +117,7 @@ def test_show_finds_a_message_by_message_id_with_its_ack_rows(db: Db) -> None:
     [view] = ops.show(db.engine, tables(db), row["message_id"])
     # Then
     assert view.row["id"] == row["id"] and view.state is OutboxState.SENT
-    assert [a["consumer_group"] for a in view.acks] == ["billing", "stock"]
+    assert [a["consumer_group"] for a in view.receipts] == ["billing", "stock"]
     assert view.to_dict()["message"]["body"] == '{"n": 1}'
 
 
@@ -196,17 +199,18 @@ def test_retry_of_sent_rows_needs_force_even_when_asked_for_by_state(db: Db) -> 
 
 def test_a_retried_rejected_row_becomes_consumed_on_the_new_ack(db: Db) -> None:
     # Given a row that the inventory group rejected (its ack row stored)
-    from outbox_producer import Ack, AckApplier, AckOutcome
+    from consumer_kit.core.receipt import ReceiptOutcome
+    from outbox_producer import Receipt, ReceiptApplier
 
     row = insert(db, OutboxState.SENT)
-    acks = AckApplier(db.engine, table=db.names.outbox, ack_table_name=db.names.outbox_ack)
-    acks.apply([Ack(row["message_id"], "inventory", AckOutcome.REJECTED, "sku unknown")])
+    acks = ReceiptApplier(db.engine, table=db.names.outbox, receipt_table_name=db.names.receipts)
+    acks.apply([Receipt(row["message_id"], "inventory", ReceiptOutcome.REJECTED, "sku unknown")])
     assert get(db, row["id"])["state"] == OutboxState.REJECTED
     # When an operator re-queues it, and the re-send is consumed by the same group
     result = ops.retry(db.engine, tables(db), [row["id"]])
     with db.engine.connect() as conn:
-        left = conn.scalar(sa.select(sa.func.count()).select_from(tables(db).ack))
-    applied = acks.apply([Ack(row["message_id"], "inventory")])
+        left = conn.scalar(sa.select(sa.func.count()).select_from(tables(db).receipts))
+    applied = acks.apply([Receipt(row["message_id"], "inventory")])
     # Then the old reject no longer decides: the row is CONSUMED
     assert result.changed == [row["id"]] and left == 0
     assert (applied.recorded, applied.consumed) == (1, 1)
@@ -221,7 +225,7 @@ def test_a_refused_retry_keeps_the_ack_rows(db: Db) -> None:
     refused = ops.retry(db.engine, tables(db), [row["id"]])
     # Then its ack row is still there
     [view] = ops.show(db.engine, tables(db), row["message_id"])
-    assert refused.changed == [] and [a["consumer_group"] for a in view.acks] == ["stock"]
+    assert refused.changed == [] and [a["consumer_group"] for a in view.receipts] == ["stock"]
 
 
 def test_retry_counts_a_conflict_when_the_row_moved_after_it_was_read(
@@ -230,16 +234,16 @@ def test_retry_counts_a_conflict_when_the_row_moved_after_it_was_read(
     # Given a FAILED row that a relay bumps right after the operator command read it
     row = insert(db, OutboxState.FAILED)
     outbox = tables(db).outbox
-    real_load = ops._load
+    real_one = commands.one
 
-    def load_then_concurrent_write(conn: Any, table: sa.Table, targets: Any) -> Any:
-        loaded = real_load(conn, table, targets)
+    def read_then_concurrent_write(conn: Any, table: sa.Table, ident: str, cols: Any) -> Any:
+        loaded = real_one(conn, table, ident, cols)
         with db.engine.begin() as other:
             other.execute(sa.update(outbox).where(outbox.c.id == row["id"])
                           .values(lock_version=outbox.c.lock_version + 1))
         return loaded
 
-    monkeypatch.setattr(ops, "_load", load_then_concurrent_write)
+    monkeypatch.setattr(commands, "one", read_then_concurrent_write)
     # When
     result = ops.retry(db.engine, tables(db), [row["id"]])
     # Then the compare-and-set did not overwrite it
@@ -378,7 +382,7 @@ def test_a_second_archive_run_on_the_same_table_is_refused_while_one_runs(db: Db
     insert(db, OutboxState.CONSUMED, gmt_create=NOW - dt.timedelta(days=40))
     # Given a run holding the lock (from another connection)
     with archive._single_instance(db.engine, tables(db).outbox.name), \
-            pytest.raises(archive.ArchiveBusy, match="another"):
+            pytest.raises(ArchiveBusy, match="another"):
         # When a second run starts, then it is refused
         archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
     # And once the first is done, a run goes through

@@ -10,9 +10,9 @@ from pathlib import Path
 import typer
 
 from consumer_kit.app import ConsumerApp
-from consumer_kit.cli.common import friendly_errors, transport_option
-from consumer_kit.cli.signals import on_shutdown
-from consumer_kit.errors import ConfigError
+from consumer_kit.cli import options
+from consumer_kit.cli.runtime import friendly_errors, on_shutdown, serve_metrics
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.outcome import Outcome
 
 
@@ -40,29 +40,32 @@ def load_app(target: str) -> ConsumerApp:
 @friendly_errors
 def consume(
     app_path: str = typer.Argument(..., metavar="MODULE:APP", help="e.g. examples.inventory:app"),
-    transport: str | None = transport_option(),
-    burst: bool = typer.Option(False, "--burst", help="drain what is there, then exit"),
+    transport: str | None = options.transport(),
+    burst: bool = options.burst(),
     threads: int | None = typer.Option(None, "--threads", min=1, help="consumer threads"),
-    metrics_port: int | None = typer.Option(None, "--metrics-port",
-                                            help="serve Prometheus metrics on this port"),
+    metrics_port: int | None = options.metrics_port(),
     max_seconds: float | None = typer.Option(None, "--max-seconds",
                                              help="stop after this long (tests, demos)"),
 ) -> None:
     """Run the app's listeners: dedupe, handle, ack. SIGTERM/SIGINT finish in-flight messages."""
     app = load_app(app_path)
-    if metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr="127.0.0.1")
+    source = app.transport(transport)
+    if not source.shared_across_processes:
+        raise ConfigError(f"ckit consume cannot use {source.scheme}:// (it reaches only its "
+                          "own process): use sql+<db-url> or rocketmq://host:port")
+    serve_metrics(metrics_port)
     stop = threading.Event()
     on_shutdown(stop.set)
     try:
-        app.run(transport=transport, burst=burst, stop=stop, threads=threads,
-                max_seconds=max_seconds)
+        left = app.run(transport=transport, burst=burst, stop=stop, threads=threads,
+                       max_seconds=max_seconds)
     finally:
         app.close()
     counts = app.pipeline().counts
     typer.echo("  ".join(f"{o.value}={counts[o]}" for o in Outcome))
+    if left:
+        typer.echo(f"left {left} handler(s) running at exit: their transactions did not "
+                   "commit and the broker redelivers their messages", err=True)
 
 
 def register(app: typer.Typer) -> None:

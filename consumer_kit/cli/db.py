@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from consumer_kit.cli.common import db_url_option, friendly_errors, json_option, print_json, require
-from consumer_kit.db import make_engine
-from consumer_kit.ddl import DIALECTS, init_db, render_ddl, schema_metadata
-from consumer_kit.schema import (
-    DEFAULT_ACK_TABLE,
-    DEFAULT_MQ_PREFIX,
-    DEFAULT_OUTBOX_TABLE,
-    DEFAULT_PROCESSED_TABLE,
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json
+from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.ddl import DIALECTS, init_db, render_ddl, schema_metadata
+from consumer_kit.core.schema import (
     TableNames,
 )
-from consumer_kit.urls import mask_url
+from consumer_kit.core.urls import mask_url
 
 db_app = typer.Typer(help="Database schema: create the tables or print their DDL.",
                      no_args_is_help=True)
@@ -22,32 +20,25 @@ db_app = typer.Typer(help="Database schema: create the tables or print their DDL
 
 def table_names(outbox: str, ack: str, processed: str, mq_prefix: str) -> TableNames:
     """Validated table names from the options (`ConfigError` on a bad identifier)."""
-    return TableNames(outbox=outbox, outbox_ack=ack, processed=processed, mq_prefix=mq_prefix)
+    return TableNames(outbox=outbox, receipts=ack, processed=processed, mq_prefix=mq_prefix)
 
 
-OUTBOX_OPT = typer.Option(DEFAULT_OUTBOX_TABLE, "--outbox-table", envvar="CKIT_OUTBOX_TABLE",
-                          help="outbox table name (its archive is <name>_archive)")
-ACK_OPT = typer.Option(DEFAULT_ACK_TABLE, "--ack-table", envvar="CKIT_ACK_TABLE",
-                       help="outbox ack table name")
-PROCESSED_OPT = typer.Option(DEFAULT_PROCESSED_TABLE, "--processed-table",
-                             envvar="CKIT_PROCESSED_TABLE", help="processed table name")
-MQ_PREFIX_OPT = typer.Option(DEFAULT_MQ_PREFIX, "--mq-prefix", envvar="CKIT_MQ_PREFIX",
-                             help="name prefix of the SQL transport's tables")
+
 
 
 @db_app.command("init")
 @friendly_errors
 def init_cmd(
-    url: str | None = db_url_option(),
-    outbox_table: str = OUTBOX_OPT,
-    ack_table: str = ACK_OPT,
-    processed_table: str = PROCESSED_OPT,
-    mq_prefix: str = MQ_PREFIX_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    processed_table: str = options.processed_table(),
+    mq_prefix: str = options.mq_prefix(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Create every missing table and index (idempotent: existing tables are left alone)."""
     url = require(url, "--url", "CKIT_DB_URL")
-    names = table_names(outbox_table, ack_table, processed_table, mq_prefix)
+    names = table_names(outbox_table, receipt_table, processed_table, mq_prefix)
     engine = make_engine(url)
     try:
         created = init_db(engine, names)
@@ -68,13 +59,13 @@ def init_cmd(
 @friendly_errors
 def ddl_cmd(
     dialect: str = typer.Option("mysql", "--dialect", help=f"one of {', '.join(DIALECTS)}"),
-    outbox_table: str = OUTBOX_OPT,
-    ack_table: str = ACK_OPT,
-    processed_table: str = PROCESSED_OPT,
-    mq_prefix: str = MQ_PREFIX_OPT,
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    processed_table: str = options.processed_table(),
+    mq_prefix: str = options.mq_prefix(),
 ) -> None:
     """Print the CREATE TABLE / CREATE INDEX statements of every table for a dialect."""
-    names = table_names(outbox_table, ack_table, processed_table, mq_prefix)
+    names = table_names(outbox_table, receipt_table, processed_table, mq_prefix)
     typer.echo(render_ddl(dialect, names), nl=False)
 
 

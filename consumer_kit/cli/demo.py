@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from consumer_kit.cli.common import friendly_errors, print_table
+from consumer_kit.cli.output import print_table
+from consumer_kit.cli.runtime import friendly_errors
 
 
 @friendly_errors
@@ -20,7 +21,7 @@ def demo(
 ) -> None:
     """Publish through the outbox, relay, consume with dedupe, ack, reconcile: with duplicates
     and a lost ack injected on purpose. Exits 1 if any effect was not applied exactly once."""
-    from consumer_kit.demo import run_demo
+    from consumer_kit.cli.demo_flow import run_demo
 
     result = run_demo(orders=orders, workdir=workdir, redis_url=redis, engine=engine,
                       say=typer.echo)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import typer
 
-from consumer_kit.cli.common import configure_logging
+from consumer_kit.cli.runtime import configure_logging
 
 app = typer.Typer(
     name="ckit",
@@ -17,7 +19,7 @@ app = typer.Typer(
 )
 
 SUBCOMMAND_MODULES = (
-    "db", "outbox", "relay", "acks", "consume", "processed", "mq", "reconcile", "demo",
+    "db", "outbox", "relay", "receipts", "consume", "processed", "mq", "reconcile", "demo",
 )
 
 
@@ -33,8 +35,14 @@ for _name in SUBCOMMAND_MODULES:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Output piped into a reader that stops early (`| head`) ends
+    quietly instead of with a BrokenPipeError traceback."""
+    try:
+        app()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        sys.exit(1)
 
 
 if __name__ == "__main__":

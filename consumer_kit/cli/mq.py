@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from consumer_kit.cli.common import friendly_errors, print_json, require, transport_option
-from consumer_kit.clock import parse_duration, utcnow
-from consumer_kit.errors import ConfigError
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json
+from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.core.clock import parse_duration, utcnow
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.transports import open_transport
 from consumer_kit.transports.sql import SqlTransport
 
@@ -16,7 +18,7 @@ mq_app = typer.Typer(help="the SQL transport's message tables", no_args_is_help=
 @mq_app.command("purge")
 @friendly_errors
 def purge(
-    transport: str | None = transport_option(),
+    transport: str | None = options.transport(),
     older_than: str = typer.Option("3d", "--older-than",
                                    help="delete messages stored before now minus this"),
     batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),

@@ -14,39 +14,30 @@ import sqlalchemy as sa
 import typer
 from sqlalchemy.engine import Engine
 
-from consumer_kit.cli.common import (
-    db_url_option,
-    fail,
-    friendly_errors,
-    json_option,
-    print_json,
-    print_table,
-    require,
-)
-from consumer_kit.clock import parse_duration
-from consumer_kit.db import make_engine
-from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, OutboxState, TableNames
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json, print_table
+from consumer_kit.cli.runtime import fail, friendly_errors, require
+from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
+from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
-from outbox_producer.archive import archive as archive_rows
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox. Exit 1 when a requested row was refused, 2 on bad usage.",
     no_args_is_help=True,
 )
 
-TABLE_OPT = typer.Option(DEFAULT_OUTBOX_TABLE, "--table", envvar="CKIT_OUTBOX_TABLE",
-                         help="outbox table name")
-ACK_TABLE_OPT = typer.Option(DEFAULT_ACK_TABLE, "--ack-table", envvar="CKIT_ACK_TABLE",
-                             help="ack table name")
-TARGETS_HELP = "row ids (digits) or message ids"
+TARGETS_HELP = "id:N, msg:MESSAGE_ID, biz:KEY, or a bare value when it names one row one way"
 
 
-def _tables(table: str, ack_table: str = DEFAULT_ACK_TABLE) -> ops.OutboxTables:
-    return ops.OutboxTables.from_names(TableNames(outbox=table, outbox_ack=ack_table))
+def _tables(outbox_table: str, receipt_table: str = DEFAULT_RECEIPT_TABLE
+            ) -> ops.OutboxTables:
+    return ops.OutboxTables.from_names(TableNames(outbox=outbox_table, receipts=receipt_table))
 
 
-def _outbox(table: str) -> sa.Table:
-    return _tables(table).outbox
+def _outbox(outbox_table: str) -> sa.Table:
+    return _tables(outbox_table).outbox
 
 
 def _engine(url: str | None) -> Engine:
@@ -54,8 +45,9 @@ def _engine(url: str | None) -> Engine:
 
 
 def _targets(values: Sequence[str]) -> list[int | str]:
-    """Digits are row ids; anything else is a message id (outbox message ids are ULIDs/UUIDs)."""
-    return [int(v) if v.isdigit() else v for v in values]
+    """Arguments as given: `outbox_producer.ops.resolve` reads `id:N`, `msg:ID`, `biz:KEY` or a
+    bare value the same way for every command."""
+    return list(values)
 
 
 def _age(seconds: float | None) -> str:
@@ -65,13 +57,14 @@ def _age(seconds: float | None) -> str:
 @outbox_app.command("stats")
 @friendly_errors
 def stats_cmd(
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
     lag_window: str = typer.Option("1h", "--lag-window", help="lag over rows sent this recently"),
-    as_json: bool = json_option(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Counts per state, oldest PENDING and SENT ages, sent-to-consumed lag p50/p95/max."""
-    result = ops.stats(_engine(url), _outbox(table), lag_window=parse_duration(lag_window))
+    result = ops.stats(_engine(url), _outbox(outbox_table),
+                       lag_window=parse_duration(lag_window, option="--lag-window"))
     if as_json:
         print_json(result.to_dict())
         return
@@ -104,13 +97,13 @@ BODY_PREVIEW = 200
 @friendly_errors
 def show_cmd(
     ident: str = typer.Argument(..., metavar="MESSAGE_ID|BIZ_KEY"),
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
-    ack_table: str = ACK_TABLE_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """One message by message id, else every message with that biz key, with its ack rows."""
-    views = ops.show(_engine(url), _tables(table, ack_table), ident)
+    views = ops.show(_engine(url), _tables(outbox_table, receipt_table), ident)
     if not views:
         fail(f"no message with message_id or biz_key {ident!r}", code=1)
     if as_json:
@@ -131,11 +124,11 @@ def show_cmd(
         more = f" ... ({len(body)} chars)" if len(body) > BODY_PREVIEW else ""
         typer.echo(f"{'headers'.ljust(width)}  {message.get('headers')}")
         typer.echo(f"{'body'.ljust(width)}  {body[:BODY_PREVIEW]}{more}")
-        typer.echo("acks:" if view.acks else "acks: none")
-        if view.acks:
-            print_table(["consumer_group", "outcome", "acked_at", "reason"],
-                        [(a["consumer_group"], a["outcome"], a["acked_at"], a["reason"])
-                         for a in view.acks])
+        typer.echo("receipts:" if view.receipts else "receipts: none")
+        if view.receipts:
+            print_table(["consumer_group", "outcome", "received_at", "reason"],
+                        [(a["consumer_group"], a["outcome"], a["received_at"], a["reason"])
+                         for a in view.receipts])
 
 
 def _report(result: ops.TransitionResult, as_json: bool) -> None:
@@ -159,10 +152,10 @@ def retry_cmd(
     topic: str | None = typer.Option(None, "--topic", help="bulk: only this topic"),
     limit: int = typer.Option(ops.DEFAULT_BULK_LIMIT, "--limit", help="bulk: at most N rows"),
     force: bool = typer.Option(False, "--force", help="also re-send SENT and CONSUMED rows"),
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
-    ack_table: str = ACK_TABLE_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Re-queue FAILED/SUSPENDED/REJECTED rows as PENDING with retry_count 0, due now.
 
@@ -177,7 +170,7 @@ def retry_cmd(
     if topic is not None and state is None:
         fail("--topic needs --state")
     engine = _engine(url)
-    tables = _tables(table, ack_table)
+    tables = _tables(outbox_table, receipt_table)
     if state is None:
         _report(ops.retry(engine, tables, _targets(targets), force=force), as_json)
         return
@@ -204,24 +197,24 @@ def _move(
 @friendly_errors
 def suspend_cmd(
     targets: list[str] = typer.Argument(..., metavar="ID...", help=TARGETS_HELP),
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Hold PENDING, FAILED (and SENDING rows whose lease expired) in SUSPENDED."""
-    _move(ops.suspend, targets, url, table, as_json)
+    _move(ops.suspend, targets, url, outbox_table, as_json)
 
 
 @outbox_app.command("resume")
 @friendly_errors
 def resume_cmd(
     targets: list[str] = typer.Argument(..., metavar="ID...", help=TARGETS_HELP),
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Put SUSPENDED rows back to PENDING, due now."""
-    _move(ops.resume, targets, url, table, as_json)
+    _move(ops.resume, targets, url, outbox_table, as_json)
 
 
 @outbox_app.command("archive")
@@ -232,18 +225,19 @@ def archive_cmd(
     max_batches: int = typer.Option(ops.DEFAULT_ARCHIVE_MAX_BATCHES, "--max-batches",
                                     help="stop after N batches (run again for the rest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count the rows, move nothing"),
-    url: str | None = db_url_option(),
-    table: str = TABLE_OPT,
-    as_json: bool = json_option(),
+    url: str | None = options.url(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    as_json: bool = options.json_output(),
 ) -> None:
     """Move CONSUMED and REJECTED rows last changed before the horizon into <table>_archive.
 
     Bounded batches, one transaction each; one run per table at a time (a second run exits 2).
     """
-    horizon = parse_duration(older_than)
+    horizon = parse_duration(older_than, option="--older-than")
     engine = _engine(url)
-    tables = _tables(table)
-    result = archive_rows(engine, tables, horizon, batch=batch, max_batches=max_batches,
+    tables = _tables(outbox_table, receipt_table)
+    result = ops.archive(engine, tables, horizon, batch=batch, max_batches=max_batches,
                          dry_run=dry_run)
     if as_json:
         data: dict[str, Any] = result.to_dict()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from consumer_kit.cli.common import db_url_option, friendly_errors, print_json, require
-from consumer_kit.clock import parse_duration
-from consumer_kit.db import check_tables, make_engine
-from consumer_kit.processed import ProcessedStore
-from consumer_kit.schema import DEFAULT_PROCESSED_TABLE
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json
+from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.processed import PURGE_FLOOR, ProcessedStore
 
 processed_app = typer.Typer(help="the consumer's processed-messages table", no_args_is_help=True)
 
@@ -16,21 +18,34 @@ processed_app = typer.Typer(help="the consumer's processed-messages table", no_a
 @processed_app.command("purge")
 @friendly_errors
 def purge(
-    url: str | None = db_url_option("SQLAlchemy URL of the consumer database (env CKIT_DB_URL)"),
+    url: str | None = options.url("SQLAlchemy URL of the consumer database (env CKIT_DB_URL)"),
     group: str = typer.Option(..., "--group", help="consumer group whose rows to purge"),
     older_than: str = typer.Option("7d", "--older-than",
                                    help="delete rows processed before now minus this"),
     batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),
     max_batches: int | None = typer.Option(None, "--max-batches", min=1),
-    table: str = typer.Option(DEFAULT_PROCESSED_TABLE, "--table"),
-    as_json: bool = typer.Option(False, "--json"),
+    processed_table: str = options.processed_table(),
+    force: bool = typer.Option(False, "--force", help=f"allow --older-than under the safety "
+                               f"floor of {PURGE_FLOOR.days} days"),
+    as_json: bool = options.json_output(),
 ) -> None:
-    """Delete old processed rows in bounded batches. Keep --older-than at least the Redis done
-    TTL plus the broker's redelivery window, or old duplicates could be applied again."""
+    """Delete old processed rows in bounded batches (rows still owing a receipt are kept).
+
+    A processed row is what makes a late duplicate a duplicate: purged too early, a redelivery
+    or a re-send applies the effect again. --older-than under the safety floor (7 days: the
+    Redis done TTL, well past RocketMQ's redelivery horizon of about 5 hours and the relay's
+    retries) is refused unless --force.
+    """
+    window = parse_duration(older_than, option="--older-than")
+    if window < PURGE_FLOOR and not force:
+        raise ConfigError(
+            f"--older-than {older_than} is under the safety floor of {PURGE_FLOOR.days} days: "
+            "a redelivery after the purge would apply its effect again (--force to purge "
+            "anyway)")
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
-    store = ProcessedStore(engine, group, table=table)
+    store = ProcessedStore(engine, group, table=processed_table)
     check_tables(engine, store.table)
-    deleted = store.purge(parse_duration(older_than), batch=batch, max_batches=max_batches)
+    deleted = store.purge(window, batch=batch, max_batches=max_batches)
     if as_json:
         print_json({"deleted": deleted, "group": group})
     else:

@@ -13,16 +13,11 @@ from typing import Any
 
 import typer
 
-from consumer_kit.cli.common import (
-    db_url_option,
-    friendly_errors,
-    json_option,
-    print_json,
-    print_table,
-    require,
-)
-from consumer_kit.clock import parse_duration
-from consumer_kit.errors import ConfigError
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_json, print_table
+from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.reconcile import (
     GroupSource,
     ReconcileConfig,
@@ -39,7 +34,6 @@ from consumer_kit.reconcile.model import (
     DEFAULT_STUCK_AFTER,
     ENGINES,
 )
-from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, DEFAULT_PROCESSED_TABLE
 
 DEFAULT_OUTPUT = "ckit-out/reconcile"
 
@@ -59,16 +53,14 @@ def duration_text(value: dt.timedelta) -> str:
 
 def reconcile(
     ctx: typer.Context,
-    url: str | None = db_url_option("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
+    url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
     group: list[str] = typer.Option(
         [], "--group", "-g", metavar="NAME[:TOPIC,...][@TABLE]=DB_URL",
         help="a consumer group, its database and processed table (repeatable); topics limit "
              "what it must consume"),
-    processed_table: str = typer.Option(
-        DEFAULT_PROCESSED_TABLE, "--processed-table",
-        help="processed table of the groups that name none with @TABLE"),
-    outbox_table: str = typer.Option(DEFAULT_OUTBOX_TABLE, "--outbox-table"),
-    ack_table: str = typer.Option(DEFAULT_ACK_TABLE, "--ack-table"),
+    processed_table: str = options.processed_table(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
     stuck_after: str = typer.Option(duration_text(DEFAULT_STUCK_AFTER), "--stuck-after",
                                     help="SENT (or leased) longer than this is stuck"),
     max_retries: int | None = typer.Option(
@@ -97,7 +89,7 @@ def reconcile(
     fail_on_failures: bool = typer.Option(
         True, "--fail-on-failures/--no-fail-on-failures",
         help="alert when rejected, exhausted or unmatched rows are found"),
-    json_out: bool = json_option(),
+    json_out: bool = options.json_output(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr"),
 ) -> None:
     """Compare the outbox with every group's processed table and repair stuck rows."""
@@ -106,7 +98,7 @@ def reconcile(
         producer_url=require(url, "--url", "CKIT_DB_URL"),
         groups=tuple(GroupSource.parse(g, table=processed_table) for g in group),
         outbox_table=outbox_table,
-        ack_table=ack_table,
+        receipt_table=receipt_table,
         stuck_after=parse_duration(stuck_after),
         max_retries=max_retries,
         dry_run=dry_run,
@@ -148,7 +140,7 @@ def print_summary(summary: ReconcileSummary) -> None:
         rows.append([klass.value, count.found, count.intended, count.applied, count.conflicts,
                      repair])
     print_table(["class", "found", "intended", "applied", "conflicts", "action"], rows)
-    typer.echo(f"window rows {summary.window_rows}; acks inserted {summary.acks_inserted}; "
+    typer.echo(f"window rows {summary.window_rows}; acks inserted {summary.receipts_inserted}; "
                f"statements {summary.statements}; rows read {summary.total_rows_read} "
                f"({', '.join(f'{k}={v}' for k, v in sorted(summary.rows_read.items()))})")
     typer.echo("durations " + ", ".join(f"{k} {v:.2f}s" for k, v in summary.durations.items()))
@@ -175,7 +167,7 @@ def register(app: typer.Typer) -> None:
 def standalone(argv: list[str]) -> int:
     """Run the reconcile command alone (the spark-submit entry): Spark's master comes from
     spark-submit unless `--master` is given. Returns the exit code (2 for a bad option)."""
-    from consumer_kit.cli.common import configure_logging
+    from consumer_kit.cli.runtime import configure_logging
 
     configure_logging(0)
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

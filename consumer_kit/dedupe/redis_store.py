@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import redis
 
 from consumer_kit import metrics
-from consumer_kit.combining import Combiner
+from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.scripts import LuaScript, run_pipelined
 from consumer_kit.dedupe.writer import RedisWriter
 
-log = logging.getLogger("consumer_kit.dedupe.redis")
+log = logging.getLogger(__name__)
 
 DEFAULT_DONE_TTL = dt.timedelta(days=7)
 DEFAULT_LEASE = dt.timedelta(minutes=2)
@@ -39,7 +39,7 @@ class Claim(enum.Enum):
 
 
 class RedisDedupe:
-    """Claims, finishes and releases message ids of one consumer group in Redis."""
+    """Claims, finishes, renews and releases message ids of one consumer group in Redis."""
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class RedisDedupe:
                         "block every consume thread (ConsumerApp sets 0.5 s for URLs)", group)
         self._finish = LuaScript(client, "finish.lua")
         self._release = LuaScript(client, "release.lua")
+        self._renew = LuaScript(client, "renew.lua")
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc))
@@ -81,6 +82,11 @@ class RedisDedupe:
         if first:
             log.warning("message %s: redis %s failed (%s); degraded to the database path for "
                         "%.0fs", message_id, what, exc, self.retry_after)
+
+    def degrade(self, what: str, exc: Exception) -> None:
+        """Treat Redis as down now (e.g. it did not answer at start): the database path decides
+        and Redis is tried again after `retry_after`."""
+        self._failed(what, "-", exc)
 
     def _ok(self) -> None:
         if self._down_until:
@@ -134,6 +140,17 @@ class RedisDedupe:
             self._release([lease_key(self.group, message_id)], [token])
         except redis.RedisError as exc:
             self._failed("release", message_id, exc)
+
+    def renew(self, message_id: str, token: str) -> bool:
+        """Extend our handler lease by a whole lease (a handler still running); False when it
+        is not ours any more or Redis is away."""
+        if self.degraded:
+            return False
+        try:
+            return bool(self._renew([lease_key(self.group, message_id)], [token, self.lease_ms]))
+        except redis.RedisError as exc:
+            self._failed("renew", message_id, exc)
+            return False
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until queued done markers and releases reached Redis."""

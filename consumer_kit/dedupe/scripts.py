@@ -18,7 +18,7 @@ Call = tuple["LuaScript", Sequence[str], Sequence[object]]
 
 
 class LuaScript:
-    """One script of this package (`claim.lua`, `finish.lua`, `release.lua`)."""
+    """One script of this package (`claim.lua`, `finish.lua`, `renew.lua`, `release.lua`)."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         self.client = client

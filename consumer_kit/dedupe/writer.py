@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from consumer_kit.batching import BatchWorker
+from consumer_kit.core.batching import BatchWorker
 from consumer_kit.dedupe.scripts import Call, LuaScript, run_pipelined
 
 DEFAULT_MAX_BATCH = 256

@@ -12,8 +12,8 @@ Two engines share the model, the rules (`classify`), the repair applier and the 
 
 from __future__ import annotations
 
+from consumer_kit.core.errors import ReconcileError
 from consumer_kit.reconcile.classify import classify
-from consumer_kit.reconcile.errors import ReconcileError
 from consumer_kit.reconcile.model import (
     DEFAULT_STUCK_AFTER,
     Decision,
@@ -26,7 +26,7 @@ from consumer_kit.reconcile.model import (
     WindowRow,
 )
 from consumer_kit.reconcile.report import EXIT_ALERT, EXIT_OK, ClassCount, ReconcileSummary
-from consumer_kit.reconcile.runner import run_reconcile
+from consumer_kit.reconcile.run import run_reconcile
 
 __all__ = [
     "DEFAULT_STUCK_AFTER",

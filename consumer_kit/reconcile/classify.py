@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from consumer_kit.core.receipt import ReceiptOutcome
+from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
+from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile.model import Decision, Evidence, GroupSource, RepairClass, WindowRow
-from consumer_kit.schema import REASON_LEN, AckOutcome, OutboxState, ProcessedStatus
 
 
 def classify(
@@ -25,8 +27,8 @@ def classify(
 
     Rules, in order: a SENDING row (its lease expired before the cutoff) is STUCK_SENDING; a SENT
     row with no expected group is UNMATCHED; any expected group that FAILED it (processed FAILED
-    or acked `rejected`) makes it REJECTED; every expected group SUCCEEDED (processed) or acked
-    `consumed` makes it ACK_LOST; otherwise some group is missing: RETRY while
+    or sent a rejected receipt) makes it REJECTED; every expected group SUCCEEDED (processed) or
+    sent a consumed receipt makes it RECEIPT_LOST; otherwise some group is missing: RETRY while
     `retry_count < max_retries`, else EXHAUSTED.
 
     >>> row = WindowRow(id=1, message_id="m1", topic="T", state=2, retry_count=0,
@@ -54,8 +56,8 @@ def classify(
     consumed = [g for g in expected if g in by_group and _consumed(by_group[g])]
     missing = tuple(g for g in expected if g not in consumed)
     if not missing:
-        missing_acks = tuple(g for g in expected if by_group[g].ack_outcome is None)
-        return Decision(row=row, klass=RepairClass.ACK_LOST, missing_acks=missing_acks)
+        missing_receipts = tuple(g for g in expected if by_group[g].receipt_outcome is None)
+        return Decision(row=row, klass=RepairClass.RECEIPT_LOST, missing_receipts=missing_receipts)
 
     limit = row.max_retries if max_retries is None else max_retries
     if row.retry_count < limit:
@@ -76,22 +78,23 @@ def _merge(old: Evidence | None, new: Evidence) -> Evidence:
         group=new.group,
         processed_status=new.processed_status or old.processed_status,
         processed_error=new.processed_error or old.processed_error,
-        ack_outcome=new.ack_outcome or old.ack_outcome,
-        ack_reason=new.ack_reason or old.ack_reason,
+        receipt_outcome=new.receipt_outcome or old.receipt_outcome,
+        receipt_reason=new.receipt_reason or old.receipt_reason,
     )
 
 
 def _rejection(ev: Evidence) -> str | None:
-    if ev.processed_status == ProcessedStatus.FAILED.value:
+    if ev.processed_status in (ProcessedStatus.FAILED.value,
+                               ProcessedStatus.DEAD_LETTERED.value):
         return f"{ev.group}: {ev.processed_error or 'processing failed'}"
-    if ev.ack_outcome == AckOutcome.REJECTED.value:
-        return f"{ev.group}: {ev.ack_reason or 'rejected'}"
+    if ev.receipt_outcome == ReceiptOutcome.REJECTED.value:
+        return f"{ev.group}: {ev.receipt_reason or 'rejected'}"
     return None
 
 
 def _consumed(ev: Evidence) -> bool:
     return (ev.processed_status == ProcessedStatus.SUCCEEDED.value
-            or ev.ack_outcome == AckOutcome.CONSUMED.value)
+            or ev.receipt_outcome == ReceiptOutcome.CONSUMED.value)
 
 
 def _truncate(text: str) -> str:

@@ -7,14 +7,13 @@ message is not an orphan). The archive is looked up only when the table exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.reconcile.model import IN_CHUNK, chunks
-from consumer_kit.schema import TableNames, outbox_archive_table, outbox_table
+from consumer_kit.core.schema import TableNames, outbox_archive_table, outbox_table
 
 T = TypeVar("T")
 
@@ -40,10 +39,3 @@ class KnownIds:
                     known.update(conn.execute(sa.select(table.c.message_id).where(
                         table.c.message_id.in_(missing))).scalars())
         return known
-
-    def unknown(self, rows: Sequence[T], message_id: Callable[[T], str]) -> Iterator[T]:
-        """The rows of `rows` whose message id neither table knows, looked up `IN_CHUNK` ids
-        at a time (both engines' orphan check)."""
-        for chunk in chunks(rows, IN_CHUNK):
-            known = self.among([message_id(r) for r in chunk])
-            yield from (r for r in chunk if message_id(r) not in known)

@@ -14,9 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.identifiers import validate_identifier
-from consumer_kit.schema import DEFAULT_ACK_TABLE, DEFAULT_OUTBOX_TABLE, DEFAULT_PROCESSED_TABLE
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.identifiers import validate_identifier
+from consumer_kit.core.schema import (
+    DEFAULT_OUTBOX_TABLE,
+    DEFAULT_PROCESSED_TABLE,
+    DEFAULT_RECEIPT_TABLE,
+)
 
 T = TypeVar("T")
 
@@ -38,10 +42,11 @@ RECONCILER = "reconciler"
 class RepairClass(str, enum.Enum):
     """What the reconciler found for one outbox row (or one orphan processed row)."""
 
-    ACK_LOST = "ack_lost"
-    """Processed SUCCEEDED (or acked) in every expected group, outbox still SENT -> CONSUMED."""
+    RECEIPT_LOST = "receipt_lost"
+    """Processed SUCCEEDED (or a consumed receipt) in every expected group, outbox still SENT
+    -> CONSUMED."""
     REJECTED = "rejected"
-    """A group's processed row is FAILED (or it acked `rejected`) -> REJECTED."""
+    """A group's processed row is FAILED (or sent a rejected receipt) -> REJECTED."""
     RETRY = "retry"
     """Not consumed by every group, retries left -> PENDING, retry_count + 1 (re-send)."""
     EXHAUSTED = "exhausted"
@@ -143,7 +148,7 @@ class ReconcileConfig:
     producer_url: str
     groups: tuple[GroupSource, ...]
     outbox_table: str = DEFAULT_OUTBOX_TABLE
-    ack_table: str = DEFAULT_ACK_TABLE
+    receipt_table: str = DEFAULT_RECEIPT_TABLE
     stuck_after: dt.timedelta = DEFAULT_STUCK_AFTER
     max_retries: int | None = None
     dry_run: bool = False
@@ -168,7 +173,7 @@ class ReconcileConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer groups named twice: {sorted(names)}")
         validate_identifier(self.outbox_table, what="outbox table")
-        validate_identifier(self.ack_table, what="ack table")
+        validate_identifier(self.receipt_table, what="receipt table")
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r} (use one of {', '.join(ENGINES)})")
         if self.stuck_after <= dt.timedelta(0):
@@ -196,23 +201,23 @@ class WindowRow:
 
 @dataclasses.dataclass(frozen=True)
 class Evidence:
-    """What one group recorded for one message: a processed row and/or an ack row."""
+    """What one group recorded for one message: a processed row and/or a receipt row."""
 
     group: str
     processed_status: str | None = None
     processed_error: str | None = None
-    ack_outcome: str | None = None
-    ack_reason: str | None = None
+    receipt_outcome: str | None = None
+    receipt_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """The class of one window row and what to write. `missing_acks` only for ACK_LOST."""
+    """The class of one window row and what to write. `missing_receipts` only for RECEIPT_LOST."""
 
     row: WindowRow
     klass: RepairClass
     reason: str | None = None
-    missing_acks: tuple[str, ...] = ()
+    missing_receipts: tuple[str, ...] = ()
     groups_missing: tuple[str, ...] = ()
 
 

@@ -1,18 +1,19 @@
 """Guarded compare-and-set repairs, many rows per statement.
 
 Decisions are buffered per `(class, expected state, lock_version)`; each full buffer becomes one
-statement::
+compare-and-set of the class's state machine transition (`TRANSITION`, through
+`consumer_kit.core.transitions.cas`)::
 
-    UPDATE outbox SET state = :target, lock_version = :seen + 1, gmt_modified = :now,
+    UPDATE outbox SET state = :target, lock_version = lock_version + 1, gmt_modified = :now,
                       updated_by = 'reconciler', ...
-     WHERE id IN (:ids) AND state = :expected AND lock_version = :seen
+     WHERE id IN (:ids) AND lock_version = :seen AND state = :expected
 
 Per-row values (a rejection reason) go through a bound `CASE id WHEN ... THEN ...`. The row count
 says how many were applied; the difference from the ids sent is reported as conflicts (the row
-moved between read and write: it is left alone). When some rows conflicted, or acks must be
+moved between read and write: it is left alone). When some rows conflicted, or receipts must be
 inserted, a fingerprint select (`updated_by`, `gmt_modified = :now`, `lock_version = seen + 1`)
-tells which ids were ours. Ack rows for ACK_LOST are inserted in the same transaction, skipping
-rows that exist.
+tells which ids were ours. Receipt rows for RECEIPT_LOST are inserted in the same transaction,
+skipping rows that exist.
 """
 
 from __future__ import annotations
@@ -25,17 +26,22 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from consumer_kit.core.db import insert_ignoring_duplicates
+from consumer_kit.core.receipt import ReceiptOutcome
+from consumer_kit.core.schema import outbox_table, receipt_table
+from consumer_kit.core.states import OutboxState, Transition, transition
+from consumer_kit.core.transitions import Ids, cas, per_row
 from consumer_kit.reconcile.model import DEFAULT_BATCH_SIZE, RECONCILER, Decision, RepairClass
-from consumer_kit.schema import AckOutcome, OutboxState, ack_table, outbox_table
 
-log = logging.getLogger("consumer_kit.reconcile.repair")
+log = logging.getLogger(__name__)
 
-TARGET_STATE: dict[RepairClass, OutboxState] = {
-    RepairClass.ACK_LOST: OutboxState.CONSUMED,
-    RepairClass.REJECTED: OutboxState.REJECTED,
-    RepairClass.RETRY: OutboxState.PENDING,
-    RepairClass.EXHAUSTED: OutboxState.FAILED,
-    RepairClass.STUCK_SENDING: OutboxState.PENDING,
+#: The state machine transition (core/states.py) each repairing class applies.
+TRANSITION: dict[RepairClass, Transition] = {
+    RepairClass.RECEIPT_LOST: transition("repair_receipt_lost"),
+    RepairClass.REJECTED: transition("repair_rejected"),
+    RepairClass.RETRY: transition("repair_resend"),
+    RepairClass.EXHAUSTED: transition("repair_exhausted"),
+    RepairClass.STUCK_SENDING: transition("repair_stuck_sending"),
 }
 
 
@@ -54,18 +60,18 @@ class RepairCount:
 
 @dataclasses.dataclass
 class RepairResult:
-    """Counts per class, plus the ids that conflicted and the ack rows inserted."""
+    """Counts per class, plus the ids that conflicted and the receipt rows inserted."""
 
     counts: dict[RepairClass, RepairCount] = dataclasses.field(default_factory=dict)
     conflict_ids: list[tuple[RepairClass, int, str]] = dataclasses.field(default_factory=list)
-    acks_inserted: int = 0
+    receipts_inserted: int = 0
     statements: int = 0
 
 
 class RepairApplier:
     """Apply decisions as batched compare-and-set updates (nothing is written when `dry_run`).
 
-    >>> applier = RepairApplier(engine, outbox="ckit_outbox", ack="ckit_outbox_ack",
+    >>> applier = RepairApplier(engine, outbox="ckit_outbox", receipts="ckit_outbox_receipt",
     ...                         now=utcnow(), dry_run=False)          # doctest: +SKIP
     >>> for d in decisions: applier.add(d)                            # doctest: +SKIP
     >>> result = applier.finish()                                     # doctest: +SKIP
@@ -76,7 +82,7 @@ class RepairApplier:
         engine: sa.Engine,
         *,
         outbox: str,
-        ack: str,
+        receipts: str,
         now: dt.datetime,
         dry_run: bool,
         batch_size: int = DEFAULT_BATCH_SIZE,
@@ -85,7 +91,7 @@ class RepairApplier:
         metadata = sa.MetaData()
         self._engine = engine
         self._outbox = outbox_table(metadata, outbox)
-        self._ack = ack_table(metadata, ack)
+        self._receipts = receipt_table(metadata, receipts)
         self._now = now
         self._dry_run = dry_run
         self._batch_size = batch_size
@@ -120,21 +126,17 @@ class RepairApplier:
         klass, expected_state, seen_version = key
         t = self._outbox
         ids = [d.row.id for d in batch]
-        values = self._values(klass, batch, seen_version)
-        stmt = (
-            sa.update(t)
-            .where(t.c.id.in_(ids), t.c.state == expected_state, t.c.lock_version == seen_version)
-            .values(**values)
-        )
+        values = self._values(klass, batch)
         with self._engine.begin() as conn:
-            applied = conn.execute(stmt).rowcount
+            applied = cas(conn, t, TRANSITION[klass], Ids(ids, seen_version), now=self._now,
+                          by=RECONCILER, sources=[OutboxState(expected_state)], values=values)
             self.result.statements += 1
             mine = set(ids)
             if applied != len(ids):
                 mine = self._applied_ids(conn, klass, ids, seen_version)
                 applied = len(mine)
-            if klass is RepairClass.ACK_LOST:
-                self._insert_acks(conn, [d for d in batch if d.row.id in mine])
+            if klass is RepairClass.RECEIPT_LOST:
+                self._insert_receipts(conn, [d for d in batch if d.row.id in mine])
         self.result.counts[klass].applied += applied
         if applied != len(ids):
             for d in batch:
@@ -147,18 +149,13 @@ class RepairApplier:
         log.debug("reconcile batch class=%s lock_version=%s applied %s/%s",
                   klass.value, seen_version, applied, len(ids))
 
-    def _values(self, klass: RepairClass, batch: list[Decision], seen: int) -> dict[str, Any]:
+    def _values(self, klass: RepairClass, batch: list[Decision]) -> dict[str, Any]:
         t = self._outbox
-        values: dict[str, Any] = {
-            "state": int(TARGET_STATE[klass]),
-            "lock_version": seen + 1,
-            "gmt_modified": self._now,
-            "updated_by": RECONCILER,
-        }
-        if klass is RepairClass.ACK_LOST:
+        values: dict[str, Any] = {}
+        if klass is RepairClass.RECEIPT_LOST:
             values["consumed_at"] = self._now
         elif klass in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.RETRY):
-            values["fail_reason"] = _per_row(t.c.id, {d.row.id: d.reason for d in batch})
+            values["fail_reason"] = per_row(t.c.id, {d.row.id: d.reason for d in batch})
             if klass is RepairClass.RETRY:
                 values["retry_count"] = t.c.retry_count + 1
                 values["next_retry_at"] = self._now
@@ -171,46 +168,20 @@ class RepairApplier:
         t = self._outbox
         stmt = sa.select(t.c.id).where(
             t.c.id.in_(ids),
-            t.c.state == int(TARGET_STATE[klass]),
+            t.c.state == int(TRANSITION[klass].target),
             t.c.lock_version == seen + 1,
             t.c.updated_by == RECONCILER,
             t.c.gmt_modified == self._now,
         )
         return set(conn.execute(stmt).scalars())
 
-    def _insert_acks(self, conn: sa.Connection, applied: list[Decision]) -> None:
+    def _insert_receipts(self, conn: sa.Connection, applied: list[Decision]) -> None:
         rows = [
             {"message_id": d.row.message_id, "consumer_group": group,
-             "outcome": AckOutcome.CONSUMED.value, "reason": None, "acked_at": self._now}
-            for d in applied for group in d.missing_acks
+             "outcome": ReceiptOutcome.CONSUMED.value, "reason": None, "received_at": self._now}
+            for d in applied for group in d.missing_receipts
         ]
         if not rows:
             return
-        conn.execute(_insert_missing(conn.dialect.name, self._ack), rows)
-        self.result.acks_inserted += len(rows)
-
-
-def _per_row(id_column: sa.ColumnElement[Any], by_id: dict[int, str | None]) -> Any:
-    """One bound value when every row gets the same, else `CASE id WHEN :id THEN :v ... END`."""
-    distinct = set(by_id.values())
-    if len(distinct) == 1:
-        return next(iter(distinct))
-    return sa.case(by_id, value=id_column)
-
-
-def _insert_missing(dialect: str, table: sa.Table) -> Any:
-    """An INSERT that skips rows whose primary key exists (an ack applier may race us)."""
-    if dialect in ("mysql", "mariadb"):
-        from sqlalchemy.dialects import mysql
-
-        stmt = mysql.insert(table)
-        return stmt.on_duplicate_key_update(message_id=table.c.message_id)
-    if dialect == "sqlite":
-        from sqlalchemy.dialects import sqlite
-
-        return sqlite.insert(table).on_conflict_do_nothing()
-    if dialect == "postgresql":
-        from sqlalchemy.dialects import postgresql
-
-        return postgresql.insert(table).on_conflict_do_nothing()
-    return table.insert()
+        conn.execute(insert_ignoring_duplicates(conn, self._receipts), rows)
+        self.result.receipts_inserted += len(rows)

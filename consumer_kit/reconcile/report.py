@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from consumer_kit.core.urls import mask_url
 from consumer_kit.reconcile.model import (
     Decision,
     Orphan,
@@ -17,9 +18,8 @@ from consumer_kit.reconcile.model import (
     Thresholds,
 )
 from consumer_kit.reconcile.repair import RepairResult
-from consumer_kit.urls import mask_url
 
-log = logging.getLogger("consumer_kit.reconcile.report")
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 #: Exit code when a threshold is crossed or a failure class is present (cron alerts on it).
@@ -56,7 +56,7 @@ class ReconcileSummary:
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
     samples: dict[RepairClass, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     conflict_samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    acks_inserted: int = 0
+    receipts_inserted: int = 0
     statements: int = 0
     alerts: list[str] = dataclasses.field(default_factory=list)
     output_dir: str | None = None
@@ -74,7 +74,7 @@ class ReconcileSummary:
 
     @property
     def total_rows_read(self) -> int:
-        """Rows read from every source (window, acks, processed, orphan scan)."""
+        """Rows read from every source (window, receipts, processed, orphan scan)."""
         return sum(self.rows_read.values())
 
     @property
@@ -99,7 +99,7 @@ class ReconcileSummary:
             },
             "conflicts": self.conflicts,
             "conflict_samples": self.conflict_samples,
-            "acks_inserted": self.acks_inserted,
+            "receipts_inserted": self.receipts_inserted,
             "statements": self.statements,
             "rows_read": self.rows_read,
             "durations_s": {k: round(v, 3) for k, v in self.durations.items()},
@@ -133,7 +133,7 @@ class SummaryBuilder:
             "state": d.row.state, "retry_count": d.row.retry_count,
             "max_retries": d.row.max_retries, "lock_version": d.row.lock_version,
             "sent_at": d.row.sent_at, "lease_until": d.row.lease_until, "reason": d.reason,
-            "missing_acks": list(d.missing_acks), "groups_missing": list(d.groups_missing),
+            "missing_receipts": list(d.missing_receipts), "groups_missing": list(d.groups_missing),
         })
 
     def orphan(self, o: Orphan) -> None:
@@ -142,7 +142,7 @@ class SummaryBuilder:
         self._sample(RepairClass.ORPHAN, dataclasses.asdict(o))
 
     def read(self, source: str, rows: int) -> None:
-        """Add `rows` read from `source` (window, acks, processed:<group>, orphan_scan)."""
+        """Add `rows` read from `source` (window, receipts, processed:<group>, orphan_scan)."""
         self.summary.rows_read[source] = self.summary.rows_read.get(source, 0) + rows
 
     def _sample(self, klass: RepairClass, row: dict[str, Any]) -> None:
@@ -156,7 +156,7 @@ class SummaryBuilder:
         for klass, count in result.counts.items():
             s.classes[klass].intended = count.intended
             s.classes[klass].applied = count.applied
-        s.acks_inserted = result.acks_inserted
+        s.receipts_inserted = result.receipts_inserted
         s.statements = result.statements
         s.conflict_samples = [{"class": k.value, "id": i, "message_id": m}
                               for k, i, m in result.conflict_ids]

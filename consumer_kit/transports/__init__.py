@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.transports.base import (
-    Consumer,
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
     SendResult,
     Subscription,
-    Transport,
     Verdict,
-    as_verdict,
 )
-from consumer_kit.urls import mask_url
+from consumer_kit.core.urls import mask_url
+from consumer_kit.transports.base import Consumer, Transport
 
 __all__ = [
     "ConsumeStatus",
@@ -35,7 +33,6 @@ __all__ = [
     "Subscription",
     "Transport",
     "Verdict",
-    "as_verdict",
     "open_transport",
 ]
 

@@ -1,28 +1,24 @@
-"""The transport interface shared by both halves: send a message, consume a group's topics.
+"""The transport interface shared by both halves: send a message, consume a group's topics,
+read a group's dead letters.
 
-A transport is chosen by URL (see `consumer_kit.transports.open_transport`). Every backend runs the
-same conformance suite (`tests/transports/test_conformance.py`).
+A transport is chosen by URL (`consumer_kit.transports.open_transport`). Every backend passes the
+conformance suite shipped in `consumer_kit.testing`. The message values it moves live in
+`consumer_kit.core.messages`.
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
-import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
-from consumer_kit.errors import MessageTooLarge
-
-#: Property names of the envelope (see DESIGN.md, "The envelope").
-PROP_ID = "ckit_id"
-PROP_BIZ = "ckit_biz"
-PROP_SRC = "ckit_src"
-PROP_SENT = "ckit_sent"
-PROP_ENC = "ckit_enc"
-PROP_TRACEPARENT = "traceparent"
-#: Why the previous attempt failed: set by transports on retry copies and dead letters, stripped
-#: from `Delivery.properties` on receive (it arrives as `Delivery.last_error`).
-PROP_REASON = "ckit_reason"
+from consumer_kit.core.errors import MessageTooLarge
+from consumer_kit.core.messages import (
+    Delivery,
+    DeliveryCallback,
+    OutgoingMessage,
+    SendResult,
+    Subscription,
+)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_RECONSUME_TIMES = 16
@@ -33,107 +29,8 @@ DEFAULT_DELAY_LEVELS: tuple[float, ...] = (
 #: RECONSUME_LATER back-off: RocketMQ redelivers at delay level `3 + reconsumeTimes` (10s, 30s,
 #: 1m, 2m, ...), so the other transports use the same levels from the third on.
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = DEFAULT_DELAY_LEVELS[2:]
-
-
-class ConsumeStatus(enum.IntEnum):
-    """What a consumer callback answers (the numbers match the RocketMQ client)."""
-
-    CONSUME_SUCCESS = 0
-    RECONSUME_LATER = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class OutgoingMessage:
-    """A message to send. `delay` is in seconds; `keys` become the RocketMQ KEYS."""
-
-    topic: str
-    body: bytes
-    tags: str | None = None
-    keys: tuple[str, ...] = ()
-    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    delay: float | None = None
-    sharding_key: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SendResult:
-    """The broker's answer to a successful send."""
-
-    broker_message_id: str
-    queue_id: int | None = None
-    queue_offset: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Delivery:
-    """A received message, copied out of the transport's own object (safe to keep).
-
-    `keys` is the RocketMQ KEYS string (space separated); `broker_message_id` is the broker's
-    UNIQ_KEY, stable across redeliveries of one send. `last_error` is the reason the previous
-    attempt failed (empty on a first delivery, or when the callback gave none);
-    `max_reconsume_times` is the group's limit when the transport knows it: this delivery is
-    the last attempt when `reconsume_times >= max_reconsume_times`.
-    """
-
-    topic: str
-    body: bytes
-    broker_message_id: str
-    tags: str = ""
-    keys: str = ""
-    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    reconsume_times: int = 0
-    queue_id: int = 0
-    queue_offset: int = 0
-    born_timestamp_ms: int = 0
-    last_error: str = ""
-    max_reconsume_times: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Subscription:
-    """A topic and its tag expression (`*` or `TagA || TagB`)."""
-
-    topic: str
-    expression: str = "*"
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """A callback's answer with the reason of a RECONSUME_LATER (it travels with the retry
-    copy and the dead letter, and comes back as `Delivery.last_error`)."""
-
-    status: ConsumeStatus
-    reason: str = ""
-
-
-def as_verdict(answer: ConsumeStatus | Verdict | int) -> Verdict:
-    """A callback's answer as a `Verdict` (a bare status has no reason).
-
-    >>> as_verdict(ConsumeStatus.RECONSUME_LATER)
-    Verdict(status=<ConsumeStatus.RECONSUME_LATER: 1>, reason='')
-
-    Raises:
-        ValueError: an int that is not a `ConsumeStatus`.
-    """
-    if isinstance(answer, Verdict):
-        return answer
-    return Verdict(ConsumeStatus(answer))
-
-
-DeliveryCallback = Callable[[Delivery], ConsumeStatus | Verdict]
-
-
-def tag_matches(expression: str, tags: str | None) -> bool:
-    """RocketMQ tag filtering: `*` (or empty) matches all, else one of the `||`-separated tags.
-
-    >>> tag_matches("A || B", "B"), tag_matches("A", None)
-    (True, False)
-    """
-    expr = (expression or "*").strip()
-    if expr == "*":
-        return True
-    wanted = {part.strip() for part in expr.split("||") if part.strip()}
-    return (tags or "") in wanted
+#: Longest reason a transport carries with a retry or a dead letter.
+REASON_MAX_CHARS = 1000
 
 
 def check_body_size(body: bytes, limit: int) -> None:
@@ -158,14 +55,12 @@ def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
     return delays[min(reconsume_times, len(delays) - 1)]
 
 
-def retry_topic(group: str) -> str:
-    """RocketMQ's retry topic name for a consumer group."""
-    return f"%RETRY%{group}"
-
-
-def dlq_topic(group: str) -> str:
-    """RocketMQ's dead-letter topic name for a consumer group."""
-    return f"%DLQ%{group}"
+def clip_reason(reason: str) -> str:
+    """A reason fit to travel: one line of at most `REASON_MAX_CHARS` characters, without the
+    control characters RocketMQ properties cannot carry."""
+    text = " ".join(reason.split())
+    text = "".join(ch for ch in text if ch >= " ")
+    return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."
 
 
 class Consumer(abc.ABC):
@@ -221,11 +116,24 @@ class Transport(abc.ABC):
     ) -> Consumer:
         """Make a consumer of `group` over `subscriptions`; one callback routes every topic.
 
-        The callback answers a `ConsumeStatus` or a `Verdict` (RECONSUME_LATER with its
-        reason). It may raise: transports treat an exception as RECONSUME_LATER (the exception
-        is the reason) and log it. A failure never rides on other messages: only the message
-        answered RECONSUME_LATER is redelivered (on an ordered RocketMQ topic the messages
-        behind it in its queue wait for it, by design).
+        The callback may raise: transports treat an exception as RECONSUME_LATER and log it.
+        """
+
+    @abc.abstractmethod
+    def dead_letters(self, group: str) -> list[Delivery]:
+        """Messages of `group` whose retries are spent (RocketMQ's `%DLQ%group`), oldest first,
+        read without consuming them; `last_error` holds the reason of the last attempt."""
+
+    #: False for transports that only reach consumers in the same process (memory://)
+    shared_across_processes: bool = True
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Fail fast on a misconfiguration before any message moves (tables missing, client
+        library missing). An unreachable broker is an outage, not a misconfiguration: it is
+        not reported here.
+
+        Raises:
+            ConfigError, SchemaError: what is wrong and how to fix it.
         """
 
     def ensure_topic(self, topic: str) -> None:  # noqa: B027 - optional hook

@@ -19,27 +19,30 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from consumer_kit.clock import epoch_ms
-from consumer_kit.transports.base import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_RECONSUME_TIMES,
-    DEFAULT_RETRY_DELAYS,
-    Consumer,
+from consumer_kit.core.clock import epoch_ms
+from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
     SendResult,
     Subscription,
-    Transport,
     Verdict,
     as_verdict,
-    check_body_size,
-    retry_delay,
     tag_matches,
 )
+from consumer_kit.transports.base import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_RECONSUME_TIMES,
+    DEFAULT_RETRY_DELAYS,
+    Consumer,
+    Transport,
+    check_body_size,
+    clip_reason,
+    retry_delay,
+)
 
-log = logging.getLogger("consumer_kit.transports.memory")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(order=True)
@@ -79,6 +82,7 @@ class MemoryTransport(Transport):
     """The `memory://` transport (unit tests): a broker in this process's memory."""
 
     scheme = "memory"
+    shared_across_processes = False
 
     def __init__(
         self,
@@ -244,7 +248,7 @@ class MemoryConsumer(Consumer):
     def _reconsume_later(self, delivery: Delivery, reason: str) -> None:
         transport = self.transport
         attempt = delivery.reconsume_times + 1
-        delivery = dataclasses.replace(delivery, last_error=reason)
+        delivery = dataclasses.replace(delivery, last_error=clip_reason(reason))
         with self.broker.cond:
             if attempt > transport.max_reconsume_times:
                 self.broker.dlq.setdefault(self.group, []).append(delivery)

@@ -1,4 +1,5 @@
-"""Consumer fixtures: (SQLite + fakeredis) for unit speed, (MariaDB + real Redis) for truth."""
+"""Consumer fixtures: (SQLite + fakeredis) for unit speed, (MariaDB or PostgreSQL + real Redis)
+for truth."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Env:
 
     def app(self, *, group: str = "inventory", use_redis: bool = True, **kwargs: Any
             ) -> ConsumerApp:
-        kwargs.setdefault("ack", None)
+        kwargs.setdefault("receipts", None)
         kwargs.setdefault("transport", MemoryTransport())
         return ConsumerApp(group=self.group(group), db=self.db.engine,
                            redis=self.redis if use_redis else None,
@@ -93,14 +94,19 @@ def _env(kind: str, tmp_path: Path) -> Iterator[Env]:
             client.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=[pytest.mark.mariadb,
-                                                                 pytest.mark.redis])])
+REAL_KINDS = [
+    pytest.param("mariadb", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("postgresql", marks=[pytest.mark.postgresql, pytest.mark.redis]),
+]
+
+
+@pytest.fixture(params=["sqlite", *REAL_KINDS])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    """SQLite + fakeredis, and real MariaDB + real Redis."""
+    """SQLite + fakeredis, and real MariaDB or real PostgreSQL + real Redis."""
     yield from _env(request.param, tmp_path)
 
 
-@pytest.fixture
-def real_env(tmp_path: Path) -> Iterator[Env]:
-    """Real MariaDB + real Redis only."""
-    yield from _env("mariadb", tmp_path)
+@pytest.fixture(params=REAL_KINDS)
+def real_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    """Real MariaDB or real PostgreSQL + real Redis only."""
+    yield from _env(request.param, tmp_path)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from consumer_kit import ConfigError, ConsumerApp, Message
-from consumer_kit.errors import HandlerSignatureError, SchemaError
+from consumer_kit.core.errors import HandlerSignatureError, SchemaError
 from consumer_kit.transports import Subscription
 
 
@@ -72,17 +72,24 @@ def test_start_up_check_names_a_missing_processed_table() -> None:
         app.check()
 
 
-def test_start_up_check_refuses_an_unreachable_redis_without_its_password() -> None:
+def test_redis_down_at_start_degrades_to_the_database_path_without_its_password(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Given an app whose Redis does not answer
     app = make_app(redis="redis://:SECRET@127.0.0.1:1/0")
     app.listener("ORDERS")(lambda msg: None)
     import sqlalchemy as sa
 
-    from consumer_kit.schema import processed_table
+    from consumer_kit.core.schema import processed_table
+    from consumer_kit.metrics import DEGRADED
 
     processed_table(sa.MetaData()).create(app.engine)
-    with pytest.raises(ConfigError, match="unreachable") as caught:
-        app.check()
-    assert "SECRET" not in str(caught.value)
+    # When it starts
+    app.check()
+    # Then it starts on the database path: a warning naming Redis (no password), the gauge up
+    pipeline_redis = app.pipeline().redis
+    assert pipeline_redis is not None and pipeline_redis.degraded
+    assert DEGRADED.labels(app.group)._value.get() == 1
+    assert "unreachable at start" in caplog.text and "SECRET" not in caplog.text
 
 
 def test_an_app_without_listeners_refuses_to_start() -> None:
@@ -103,7 +110,7 @@ def test_message_json_and_envelope_fields() -> None:
 
 
 def test_start_up_check_names_an_unreachable_database_without_its_password() -> None:
-    from consumer_kit.errors import DatabaseUnavailable
+    from consumer_kit.core.errors import DatabaseUnavailable
 
     app = ConsumerApp(group="inventory", db="mysql+pymysql://app:SECRET@127.0.0.1:1/orders",
                       transport="memory://")

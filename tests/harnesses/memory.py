@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from consumer_kit.testing.harness import MAX_RECONSUME, unique, wait_for_dead_letters
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.memory import MemoryTransport
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 
 class MemoryHarness:

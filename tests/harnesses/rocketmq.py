@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from consumer_kit.testing.harness import MAX_RECONSUME, unique, wait_for_dead_letters
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from tests import services
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 #: Must match the broker's messageDelayLevel (scripts/rocketmq.sh).
 TEST_DELAY_LEVELS = (1.0,) * 18

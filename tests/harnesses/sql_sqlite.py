@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from consumer_kit.testing.harness import MAX_RECONSUME, unique, wait_for_dead_letters
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import MAX_RECONSUME, unique, wait_for_dead_letters
 
 #: Fast settings for tests: short back-off, short leases (a dead consumer's queues move in ~2 s).
 FAST_OPTIONS: dict[str, Any] = {

@@ -24,7 +24,7 @@ busy = Path(env["W_BUSY_DIR"]) / f"busy-{os.getpid()}"
 transport = SqlTransport(env["W_MQ"], table_prefix=env["W_PREFIX"], poll_interval=0.01,
                          lease_seconds=float(env["W_LEASE"]))
 app = ConsumerApp(group=env["W_GROUP"], db=env["W_DB"], redis=env.get("W_REDIS") or None,
-                  transport=transport, ack=None, processed_table=env["W_PROCESSED"], threads=1)
+                  transport=transport, receipts=None, processed_table=env["W_PROCESSED"], threads=1)
 
 
 @app.listener(env["W_TOPIC"])

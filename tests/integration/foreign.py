@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from consumer_kit.transports import rocketmq_native as native
+from consumer_kit.transports.rocketmq import native
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TIMEOUT = 60.0

@@ -8,7 +8,8 @@ C++ client's log folder).
 Bodies are JSON `{"kind": ..., "label": ...}`:
 
 - `poison`: the handler always raises;
-- `healthy`: the handler raises on the first delivery (reconsume count 0), applies on the next;
+- `healthy`: the handler raises on the first delivery (reconsume count 0), applies on the next,
+  which must carry the first failure's reason as `msg.last_error` (else it raises again);
 - anything else (`plain`, `probe`): applied at once.
 """
 
@@ -29,10 +30,10 @@ stock = sa.Table(env["P_STOCK"], sa.MetaData(),
                  sa.Column("reserved", sa.Integer, nullable=False))
 
 app = ConsumerApp(
-    group=env["P_GROUP"], db=env["P_DB"], redis=env["P_REDIS"], ack="topic",
+    group=env["P_GROUP"], db=env["P_DB"], redis=env["P_REDIS"], receipts="topic",
     processed_table=env["P_PROCESSED"], threads=2,
     transport=RocketMQTransport(env["P_ADDR"], client_log_dir=env["P_LOG_DIR"],
-                                producer_group=f"{env['P_GROUP']}-acks"),
+                                producer_group=f"{env['P_GROUP']}-receipts"),
 )
 
 
@@ -43,5 +44,7 @@ def handle(msg: Message, session: Any) -> None:
         raise RuntimeError(f"poison pill {body['label']}")
     if body["kind"] == "healthy" and msg.reconsume_times == 0:
         raise RuntimeError(f"{body['label']}: warehouse timeout (fails once)")
+    if body["kind"] == "healthy" and "(fails once)" not in msg.last_error:
+        raise RuntimeError(f"{body['label']}: redelivered without the reason: {msg.last_error!r}")
     # the effect: reserved = the reconsume count it was applied at (for the report)
     session.execute(sa.insert(stock).values(sku=body["label"], reserved=msg.reconsume_times))

@@ -1,11 +1,13 @@
-"""Every server the project's scripts start listens on loopback only: MariaDB, Redis, and the
-RocketMQ name server and broker (which 4.9.x cannot restrict itself: scripts/loopback_bind.c)."""
+"""Every server the project's scripts start listens on loopback only: MariaDB, PostgreSQL, Redis,
+and the RocketMQ name server and broker (which 4.9.x cannot restrict itself:
+scripts/loopback_bind.c)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from tests import services
 from tests.net import listening, loopback_only
@@ -25,15 +27,18 @@ def test_proc_net_parsing_reads_loopback_and_wildcard_addresses() -> None:
 
 
 @pytest.mark.mariadb
+@pytest.mark.postgresql
 @pytest.mark.redis
 @pytest.mark.rocketmq
 def test_every_service_port_listens_on_loopback_only() -> None:
     services.require("mariadb", services.ping_mysql)
+    services.require("postgresql", services.ping_postgres)
     services.require("redis", services.ping_redis)
     services.require("rocketmq", services.ping_rocketmq)
     namesrv = int(services.rocketmq_addr().rsplit(":", 1)[1])
     broker = 10911  # listenPort in scripts/rocketmq.sh; the broker also opens -2 (VIP) and +1 (HA)
-    ports = {"mariadb": 3306, "redis": 6379, "name server": namesrv,
+    postgresql = sa.engine.make_url(services.pg_url()).port or 5432  # scripts/postgres.sh port
+    ports = {"mariadb": 3306, "postgresql": postgresql, "redis": 6379, "name server": namesrv,
              "broker": broker, "broker VIP channel": broker - 2, "broker HA": broker + 1}
     deadline = time.monotonic() + 15  # the broker opens its side ports just after it boots
     while not set(ports.values()) <= listening().keys() and time.monotonic() < deadline:

@@ -26,13 +26,13 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message, Reject
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.states import OutboxState
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from outbox_producer import Outbox, Relay
 from tests import services
 from tests.consumer.conftest import Env, _env, add_reservation
-from tests.harnesses.base import wait_for
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -83,7 +83,7 @@ class World:
         assert result.errors == 0
 
     def app(self, **kwargs: Any) -> ConsumerApp:
-        kwargs.setdefault("ack", "topic")
+        kwargs.setdefault("receipts", "topic")
         return ConsumerApp(group=self.group, db=self.env.db.engine, redis=self.env.redis,
                            processed_table=self.env.db.names.processed,
                            transport=self.transport(), threads=2, **kwargs)
@@ -104,7 +104,8 @@ class World:
             proc = subprocess.run(
                 [sys.executable, "-m", "consumer_kit.cli.main", "acks", "--url", self.env.db.url,
                  "--transport", f"rocketmq://{self.addr}", "--producer", self.producer,
-                 "--table", names.outbox, "--ack-table", names.outbox_ack, "--burst", "--json"],
+                 "--outbox-table", names.outbox, "--receipt-table", names.receipts, "--burst",
+                 "--json"],
                 capture_output=True, text=True, timeout=TIMEOUT, check=False,
                 env={**os.environ, "HOME": str(self.tmp_path)},  # the C++ client logs to ~/logs
             )
@@ -155,7 +156,7 @@ def running(app: ConsumerApp) -> Iterator[None]:
 
 def flush_acks(app: ConsumerApp) -> bool:
     """Wait until the app's queued acks were delivered to the ack topic."""
-    sender = app.pipeline().acks
+    sender = app.pipeline().receipts
     return sender is not None and sender.flush(TIMEOUT)
 
 
@@ -240,7 +241,7 @@ def test_a_rejected_message_is_acked_once_and_its_row_becomes_rejected(
     assert world.state(mid) == (int(OutboxState.REJECTED), f"{world.group}: sku discontinued")
 
 
-def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(
+def test_a_message_failing_every_time_ends_in_the_dead_letter_queue_with_its_reason(
     world: World, env: Env
 ) -> None:
     [mid] = world.publish({"sku": "C"})
@@ -255,14 +256,22 @@ def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(
     with running(app):
         assert wait_for(lambda: len(reader.dead_letters(world.group)) == 1, TIMEOUT,
                         interval=0.25)
+        assert flush_acks(app)
         time.sleep(QUIET)
+    why = "retries spent after 3 deliveries: RuntimeError: always down"
     [dead] = reader.dead_letters(world.group)
     assert dead.properties["ckit_id"] == mid
     assert json.loads(dead.body) == {"sku": "C"}
-    assert [m.reconsume_times for m in calls] == list(range(MAX_RECONSUME + 1))
+    assert dead.last_error == why
+    # each attempt knew the group's limit and saw the previous attempt's reason
+    assert [(m.reconsume_times, m.last_error, m.last_attempt) for m in calls] == [
+        (0, "", False), (1, "RuntimeError: always down", False),
+        (2, "RuntimeError: always down", True)]
     assert env.effects() == {}
-    assert env.processed() == []  # nothing recorded: the reconciler sees a SENT row
-    assert world.state(mid)[0] == int(OutboxState.SENT)
+    # the last attempt recorded why, and the producer's row is rejected with it
+    assert env.processed() == [(mid, "DEAD_LETTERED", why)]
+    world.ckit_acks_until(mid, OutboxState.REJECTED)
+    assert world.state(mid) == (int(OutboxState.REJECTED), f"{world.group}: {why}")
 
 
 def test_the_same_ckit_id_sent_twice_is_applied_once(world: World, env: Env) -> None:
@@ -310,7 +319,7 @@ from consumer_kit import ConsumerApp
 from consumer_kit.transports.rocketmq import RocketMQTransport
 
 url, addr, group, topic, processed, stock, marker = sys.argv[1:8]
-app = ConsumerApp(group=group, db=url, redis=None, ack=None, processed_table=processed,
+app = ConsumerApp(group=group, db=url, redis=None, receipts=None, processed_table=processed,
                   transport=RocketMQTransport(addr, delay_levels=(1.0,) * 18))
 stock_table = sa.Table(stock, sa.MetaData(), autoload_with=app.engine)
 
@@ -352,7 +361,7 @@ def test_a_consumer_killed_mid_handler_leaves_the_message_to_be_applied_once(
             child.stderr.close()
     assert env.effects() == {}  # the killed transaction never committed
     # Then: another consumer of the group gets the message again and applies it once
-    app = world.app(ack=None)
+    app = world.app(receipts=None)
     calls = reserving(env, app, world.topic)
     with running(app):
         assert wait_for(lambda: env.effects() == {"K": 1}, TIMEOUT)

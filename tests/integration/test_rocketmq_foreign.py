@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.transports.rocketmq_admin import RocketMQAdmin
+from consumer_kit.testing.harness import wait_for
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from tests import services
 from tests.consumer.conftest import Env, _env
-from tests.harnesses.base import wait_for
 from tests.integration.foreign import CkitConsume, mqadmin_send
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
@@ -48,7 +48,7 @@ def send_once(admin: RocketMQAdmin, topic: str, body: dict[str, str], *,
 def test_messages_from_the_brokers_own_tool_are_deduped_by_keys_else_by_the_broker_id(
     env: Env, tmp_path: Path
 ) -> None:
-    # Given: `ckit consume` (acks on: ack="topic") on a topic no consumer-kit producer uses
+    # Given: `ckit consume` (receipts="topic") on a topic no consumer-kit producer uses
     tag = uuid.uuid4().hex[:8]
     addr = services.rocketmq_addr()
     topic, group = f"FOREIGN_{tag}", f"foreign-{tag}"
@@ -83,7 +83,7 @@ def test_messages_from_the_brokers_own_tool_are_deduped_by_keys_else_by_the_brok
     assert applied == [("no-keys", 1), ("with-keys", 0)]  # the re-sent one was a duplicate
     counts = dict(pair.split("=") for pair in output.strip().splitlines()[-1].split())
     assert counts == {"succeeded": "2", "duplicate": "1", "rejected": "0", "busy": "0",
-                      "retry": "1"}
+                      "retry": "1", "dead_letter": "0"}
     # no receipt without ckit_src, and no noise about it: the one warning is the handler's
     noisy = [line for line in output.splitlines() if (" WARNING " in line or " ERROR " in line)
              and "poison_app.handle raised, reconsume later" not in line]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
-from tests.harnesses.base import wait_for
 from tests.harnesses.rocketmq import harness
 
 PER_KEY = 30

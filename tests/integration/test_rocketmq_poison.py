@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.errors import TransportError
+from consumer_kit.core.errors import TransportError
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription, Verdict
 from consumer_kit.transports.rocketmq import RocketMQTransport
-from consumer_kit.transports.rocketmq_sendback import SentBack
+from consumer_kit.transports.rocketmq.sendback import SentBack
 from tests import services
 from tests.consumer.conftest import Env, _env
-from tests.harnesses.base import wait_for
 from tests.integration.foreign import CkitConsume, RawProducer, mqadmin_send
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]

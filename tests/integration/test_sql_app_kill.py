@@ -15,25 +15,29 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.db import make_engine
-from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import TableNames, build_metadata
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.sql import SqlTransport
 from outbox_producer import Outbox, Relay
 from tests import services
-from tests.harnesses.base import wait_for
 
 MESSAGES = 60
 PROCESSES = 3
 TOPIC = "KILL_TEST"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb),
+                        pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'app.db'}", f"sqlite:///{tmp_path / 'mq.db'}"
-    else:
+    elif request.param == "mariadb":
         services.require("mariadb", services.ping_mysql)
         yield services.mysql_url(), services.mysql_url()
+    else:
+        services.require("postgresql", services.ping_postgres)
+        yield services.pg_url(), services.pg_url()
 
 
 @pytest.mark.slow
@@ -44,7 +48,7 @@ def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
     # Given: the producer's outbox, the consumer's tables, the SQL broker, three consumers
     db_url, mq_url = urls
     tag = uuid.uuid4().hex[:8]
-    names = TableNames(outbox=f"k{tag}_outbox", outbox_ack=f"k{tag}_ack",
+    names = TableNames(outbox=f"k{tag}_outbox", receipts=f"k{tag}_ack",
                        processed=f"k{tag}_processed")
     engine = make_engine(db_url)
     metadata = build_metadata(names, include_transport=False)

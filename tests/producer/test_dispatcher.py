@@ -9,7 +9,8 @@ import textwrap
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from consumer_kit.schema import OutboxState
+from consumer_kit.core.rows import OutboxRow
+from consumer_kit.core.states import OutboxState
 from outbox_producer import Dispatcher, Outbox, Relay, ops
 from outbox_producer.claim import Claimer
 from tests.conftest import Db
@@ -80,7 +81,7 @@ def test_a_process_killed_right_after_commit_leaves_the_row_for_the_relay(sqlite
     script = textwrap.dedent(f"""
         import os
         from sqlalchemy.orm import Session
-        from consumer_kit.db import make_engine
+        from consumer_kit.core.db import make_engine
         from consumer_kit.transports.memory import MemoryTransport
         from outbox_producer import Dispatcher, Outbox
         engine = make_engine({sqlite_db.url!r})
@@ -136,9 +137,9 @@ def test_claim_ids_compares_each_rows_own_lock_version(db: Db) -> None:
         row = dict(conn.execute(sa.select(tables.outbox)).mappings().one())
     claimer = Claimer(db.engine, tables.outbox, "dispatcher")
     # When it is claimed with a stale version, then with its own
-    stale = claimer.claim_ids([{**row, "lock_version": 0}])
-    [claimed] = claimer.claim_ids([row])
+    stale = claimer.claim_rows([OutboxRow.from_mapping({**row, "lock_version": 0})])
+    [claimed] = claimer.claim_rows([OutboxRow.from_mapping(row)])
     # Then only the claim with the row's own version took it, and says its new version
     assert stale == []
-    assert (row["lock_version"], claimed["lock_version"]) == (2, 3)
+    assert (row["lock_version"], claimed.lock_version) == (2, 3)
     assert states(db) == [int(OutboxState.SENDING)]

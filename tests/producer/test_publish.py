@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from consumer_kit.schema import OutboxState
-from outbox_producer import Outbox, PayloadError
+from consumer_kit.core.errors import PayloadError
+from consumer_kit.core.states import OutboxState
+from outbox_producer import Outbox
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 
@@ -94,20 +95,21 @@ def test_a_duplicate_through_a_session_commits_the_business_change(db: Db) -> No
     assert [r[0] for r in outbox_rows(db)] == [first, other]
 
 
-def test_a_duplicate_committed_after_the_callers_snapshot_returns_its_id(mariadb: Db) -> None:
-    # Given a caller whose REPEATABLE READ snapshot predates a concurrent publish of the same key
-    outbox = Outbox(mariadb.engine, producer="orders", table=mariadb.names.outbox)
-    with mariadb.engine.connect() as caller:
+def test_a_duplicate_committed_after_the_callers_snapshot_returns_its_id(server_db: Db) -> None:
+    # Given a caller whose snapshot (MariaDB: REPEATABLE READ, PostgreSQL: READ COMMITTED)
+    # predates a concurrent publish of the same key
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as caller:
         caller.begin()
-        caller.execute(sa.text(f"SELECT COUNT(*) FROM {mariadb.names.outbox}")).scalar()
-        with mariadb.engine.begin() as other:
+        caller.execute(sa.text(f"SELECT COUNT(*) FROM {server_db.names.outbox}")).scalar()
+        with server_db.engine.begin() as other:
             theirs = outbox.publish(other, "T", {"v": 1}, biz_type="order", biz_key="42")
         # When the caller publishes the same business key
         mine = outbox.publish(caller, "T", {"v": 2}, biz_type="order", biz_key="42")
         caller.commit()
     # Then it gets the committed message id, not an IntegrityError
     assert mine == theirs
-    assert len(outbox_rows(mariadb)) == 1
+    assert len(outbox_rows(server_db)) == 1
 
 
 def test_same_biz_key_under_another_biz_type_is_another_message(db: Db) -> None:
@@ -179,5 +181,5 @@ def test_publish_with_a_session_joins_the_session_transaction(db: Db) -> None:
 
 def test_publish_refuses_something_that_is_not_a_connection_or_session(sqlite_db: Db) -> None:
     outbox = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox)
-    with pytest.raises(TypeError, match="Connection or Session"):
+    with pytest.raises(PayloadError, match="Connection or Session"):
         outbox.publish(sqlite_db.engine, "T", {}, biz_type="t", biz_key="1")  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.clock import utcnow
-from consumer_kit.schema import outbox_table
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.schema import outbox_table
 from outbox_producer import Outbox, Relay
 from outbox_producer.ids import new_message_id
 from tests.conftest import Db
@@ -30,13 +30,14 @@ def bulk_insert(db: Db, n: int) -> None:
             conn.execute(sa.insert(table), rows[start:start + 2000])
 
 
-@pytest.mark.mariadb
 @pytest.mark.slow
-def test_four_relays_on_mariadb_send_each_of_10000_rows_exactly_once(mariadb: Db) -> None:
+def test_four_relays_on_a_database_server_send_each_of_10000_rows_exactly_once(
+    server_db: Db,
+) -> None:
     # Given
-    bulk_insert(mariadb, ROWS)
+    bulk_insert(server_db, ROWS)
     transport = RecordingTransport()
-    relays = [Relay(mariadb.engine, transport, table=mariadb.names.outbox, batch=200,
+    relays = [Relay(server_db.engine, transport, table=server_db.names.outbox, batch=200,
                     owner=f"relay-{i}") for i in range(4)]
     results: dict[int, int] = {}
     # When
@@ -52,7 +53,7 @@ def test_four_relays_on_mariadb_send_each_of_10000_rows_exactly_once(mariadb: Db
     assert max(counts.values()) == 1
     assert sum(results.values()) == ROWS
     assert all(n > 0 for n in results.values()), results  # they really ran side by side
-    assert mariadb.count(mariadb.names.outbox, "state = 2") == ROWS
+    assert server_db.count(server_db.names.outbox, "state = 2") == ROWS
 
 
 def test_four_relays_on_sqlite_send_each_row_exactly_once(sqlite_db: Db) -> None:
@@ -78,22 +79,21 @@ def test_one_relay_with_three_workers_sends_each_row_exactly_once(db: Db) -> Non
     assert len(counts) == 3_000 and max(counts.values()) == 1
 
 
-@pytest.mark.mariadb
 def test_a_running_relay_never_deadlocks_the_business_transactions_that_publish(
-    mariadb: Db,
+    server_db: Db,
 ) -> None:
     # Given: a relay claiming continuously (locking reads on the due-rows index)
     transport = RecordingTransport()
-    relay = Relay(mariadb.engine, transport, table=mariadb.names.outbox, batch=50,
+    relay = Relay(server_db.engine, transport, table=server_db.names.outbox, batch=50,
                   idle_sleep=0.001)
     worker = threading.Thread(target=relay.run)
     worker.start()
-    outbox = Outbox(mariadb.engine, producer="orders", table=mariadb.names.outbox)
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
     try:
         # When: services publish in multi-row transactions at the same time
         ids = []
         for start in range(0, 1500, 30):
-            with mariadb.engine.begin() as conn:
+            with server_db.engine.begin() as conn:
                 ids += [outbox.publish(conn, "T", {"n": n}, biz_type="t", biz_key=str(n))
                         for n in range(start, start + 30)]
         deadline = time.monotonic() + 60

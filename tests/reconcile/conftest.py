@@ -1,5 +1,6 @@
 """Fixtures for the reconciler: a session-scoped local Spark, and a `World` of one producer
-database plus consumer-group databases (SQLite files or real MariaDB), filled row by row."""
+database plus consumer-group databases (SQLite files, real MariaDB or real PostgreSQL), filled
+row by row."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.clock import utcnow
-from consumer_kit.db import make_engine
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
+from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import GroupSource, ReconcileConfig
-from consumer_kit.schema import OutboxState, ack_table, outbox_table, processed_table
 from tests import services
+from tests.conftest import DB_KINDS, database_url
 
 STUCK_AFTER = dt.timedelta(minutes=10)
 OLD = dt.timedelta(hours=1)  # older than the cutoff
@@ -28,12 +31,12 @@ RECENT = dt.timedelta(minutes=1)  # younger than the cutoff
 def spark() -> Iterator[Any]:
     """One local Spark for the whole run: 2 cores, 2 shuffle partitions, no UI, JDBC jars."""
     pyspark_sql = pytest.importorskip("pyspark.sql")
-    from consumer_kit.errors import ConfigError
+    from consumer_kit.core.errors import ConfigError
     from spark.jdbc import find_jars
-    from spark.reconcile_job import LOOPBACK_DRIVER_CONF
+    from spark.session import LOOPBACK_DRIVER_CONF
 
     try:
-        jars = find_jars({"sqlite", "mysql"})
+        jars = find_jars({"sqlite", "mysql", "postgresql"})
     except ConfigError as exc:
         missing = exc
 
@@ -67,7 +70,7 @@ class World:
     producer_url: str
     producer: sa.Engine
     outbox: sa.Table
-    ack: sa.Table
+    receipts: sa.Table
     group_urls: dict[str, str]
     group_engines: dict[str, sa.Engine]
     processed: dict[str, sa.Table]
@@ -106,8 +109,8 @@ class World:
     def add_ack(self, message_id: str, group: str, outcome: str = "consumed") -> None:
         """Insert an ack row in the producer database."""
         with self.producer.begin() as conn:
-            conn.execute(self.ack.insert().values(message_id=message_id, consumer_group=group,
-                                                  outcome=outcome, acked_at=self.now - OLD))
+            conn.execute(self.receipts.insert().values(message_id=message_id, consumer_group=group,
+                                                  outcome=outcome, received_at=self.now - OLD))
 
     def row(self, message_id: str) -> Any:
         """The outbox row of `message_id`."""
@@ -115,11 +118,12 @@ class World:
             return conn.execute(sa.select(self.outbox).where(
                 self.outbox.c.message_id == message_id)).one()
 
-    def acks(self, message_id: str) -> dict[str, str]:
+    def receipts_of(self, message_id: str) -> dict[str, str]:
         """`{group: outcome}` of the ack rows of `message_id`."""
         with self.producer.connect() as conn:
-            rows = conn.execute(sa.select(self.ack.c.consumer_group, self.ack.c.outcome).where(
-                self.ack.c.message_id == message_id)).all()
+            r = self.receipts.c
+            rows = conn.execute(sa.select(r.consumer_group, r.outcome).where(
+                r.message_id == message_id)).all()
         return {r.consumer_group: r.outcome for r in rows}
 
     def snapshot(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -128,7 +132,8 @@ class World:
             outbox = [tuple(r) for r in conn.execute(
                 sa.select(self.outbox).order_by(self.outbox.c.id))]
             acks = [tuple(r) for r in conn.execute(
-                sa.select(self.ack).order_by(self.ack.c.message_id, self.ack.c.consumer_group))]
+                sa.select(self.receipts).order_by(self.receipts.c.message_id,
+                                                  self.receipts.c.consumer_group))]
         return outbox, acks
 
     def config(self, engine: str, **kwargs: Any) -> ReconcileConfig:
@@ -138,7 +143,7 @@ class World:
                        for g, u in self.group_urls.items())
         kwargs.setdefault("output_dir", None)
         return ReconcileConfig(producer_url=self.producer_url, groups=groups,
-                               outbox_table=self.outbox.name, ack_table=self.ack.name,
+                               outbox_table=self.outbox.name, receipt_table=self.receipts.name,
                                stuck_after=STUCK_AFTER, engine=engine, now=self.now,
                                master="local[2]", **kwargs)
 
@@ -146,10 +151,7 @@ class World:
 def _urls(kind: str, tmp_path: Path) -> tuple[str, str]:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'producer.db'}", f"sqlite:///{tmp_path / 'consumer.db'}"
-    services.require("mariadb", services.ping_mysql)
-    services.require("mariadb (second database)",
-                     lambda: services.ping_mysql(services.mysql_url2()))
-    return services.mysql_url(), services.mysql_url2()
+    return database_url(kind, tmp_path), database_url(kind, tmp_path, second=True)
 
 
 def make_world(kind: str, tmp_path: Path,
@@ -160,7 +162,7 @@ def make_world(kind: str, tmp_path: Path,
     producer = make_engine(producer_url)
     meta = sa.MetaData()
     outbox = outbox_table(meta, f"rc{tag}_outbox")
-    ack = ack_table(meta, f"rc{tag}_ack")
+    receipts = receipt_table(meta, f"rc{tag}_rcpt")
     meta.create_all(producer)
     group_urls: dict[str, str] = {}
     engines: dict[str, sa.Engine] = {}
@@ -179,7 +181,7 @@ def make_world(kind: str, tmp_path: Path,
         engines[group] = engine
     try:
         yield World(kind=kind, producer_url=producer_url, producer=producer, outbox=outbox,
-                    ack=ack, group_urls=group_urls, group_engines=engines,
+                    receipts=receipts, group_urls=group_urls, group_engines=engines,
                     processed=processed, now=utcnow())
     finally:
         for m, e in metas:
@@ -188,13 +190,13 @@ def make_world(kind: str, tmp_path: Path,
             e.dispose()
 
 
-KINDS = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+KINDS = DB_KINDS
 ENGINES = ["sql", pytest.param("spark", marks=pytest.mark.spark)]
 
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
-    """The database kind: SQLite files or real MariaDB."""
+    """The database kind: SQLite files, real MariaDB or real PostgreSQL."""
     return str(request.param)
 
 

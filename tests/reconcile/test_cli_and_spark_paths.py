@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
+from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import (
     EXIT_ALERT,
     EXIT_OK,
@@ -21,7 +22,6 @@ from consumer_kit.reconcile import (
     RepairClass,
     run_reconcile,
 )
-from consumer_kit.schema import OutboxState
 from tests.reconcile.conftest import World
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,10 +31,11 @@ def _args(w: World, *extra: str) -> list[str]:
     return ["reconcile", "--url", w.producer_url,
             "--group", f"inventory={w.group_urls['inventory']}",
             "--processed-table", w.processed["inventory"].name,
-            "--outbox-table", w.outbox.name, "--ack-table", w.ack.name, *extra]
+            "--outbox-table", w.outbox.name, "--receipt-table", w.receipts.name, *extra]
 
 
-@pytest.mark.parametrize("kind", ["sqlite"])
+@pytest.mark.parametrize("kind", ["sqlite",
+                                  pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def test_cli_prints_a_summary_writes_the_output_folder_and_exits_for_cron(
         world: World, tmp_path: Path) -> None:
     # Given an ack-lost row and a rejected one
@@ -49,11 +50,11 @@ def test_cli_prints_a_summary_writes_the_output_folder_and_exits_for_cron(
 
     # Then it prints the table, alerts on the rejected row, and writes summary + samples
     assert result.exit_code == EXIT_ALERT, result.output
-    assert "ack_lost" in result.stdout
+    assert "receipt_lost" in result.stdout
     assert "ALERT: 1 rows of failure class rejected" in result.output
     assert "[reconcile" in result.output  # progress lines
     latest = json.loads((out / "latest.json").read_text())
-    assert latest["classes"]["ack_lost"]["applied"] == 1
+    assert latest["classes"]["receipt_lost"]["applied"] == 1
     samples = Path(latest["output_dir"]) / "samples" / "rejected.jsonl"
     assert json.loads(samples.read_text().splitlines()[0])["message_id"] == rejected
 
@@ -104,7 +105,7 @@ def test_spark_message_ids_with_quotes_go_through_bound_parameters(
 
     # When the Spark engine reconciles / Then it is matched (via the driver) and repaired
     summary = run_reconcile(world.config("spark", orphan_window=dt.timedelta(0)))
-    assert summary.classes[RepairClass.ACK_LOST].applied == 1
+    assert summary.classes[RepairClass.RECEIPT_LOST].applied == 1
     assert world.row(odd).state == OutboxState.CONSUMED
 
 
@@ -124,12 +125,12 @@ def test_spark_submit_runs_the_job_file(world: World, tmp_path: Path) -> None:
            "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "reconcile_job.py"),
            *_args(world, "--output", str(tmp_path / "out"), "--json", "--quiet")[1:]]
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PATH": "/usr/bin:/bin", "JAVA_HOME": _java_home()}
+           "PATH": "/usr/bin:/bin", "JAVA_HOME": _java_home(), "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False, env=env)
 
     # Then it repairs the row and prints the JSON summary
     assert done.returncode == EXIT_OK, done.stderr[-2000:]
-    assert json.loads(done.stdout)["classes"]["ack_lost"]["applied"] == 1
+    assert json.loads(done.stdout)["classes"]["receipt_lost"]["applied"] == 1
     assert world.row(lost).state == OutboxState.CONSUMED
 
     # And without --jars it stops at once, saying which flag to add

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import EXIT_ALERT, EXIT_OK, RepairClass, run_reconcile
 from consumer_kit.reconcile.repair import RepairApplier
-from consumer_kit.schema import OutboxState
 from tests.reconcile.conftest import OLD, RECENT, World
 
 
 def _seed_every_class(w: World) -> dict[str, str]:
     ids = {
-        "ack_lost": w.add_outbox(OutboxState.SENT),
+        "receipt_lost": w.add_outbox(OutboxState.SENT),
         "rejected": w.add_outbox(OutboxState.SENT),
         "retry": w.add_outbox(OutboxState.SENT, retry_count=1, max_retries=3),
         "exhausted": w.add_outbox(OutboxState.SENT, retry_count=3, max_retries=3),
@@ -31,7 +31,7 @@ def _seed_every_class(w: World) -> dict[str, str]:
         "old_consumed": w.add_outbox(OutboxState.CONSUMED),
         "live_lease": w.add_outbox(OutboxState.SENDING, lease_age=-RECENT),
     }
-    w.add_processed("inventory", ids["ack_lost"], "SUCCEEDED")
+    w.add_processed("inventory", ids["receipt_lost"], "SUCCEEDED")
     w.add_processed("inventory", ids["rejected"], "FAILED", error="ValidationError: no sku")
     w.add_processed("inventory", ids["recent_sent"], "SUCCEEDED", age=RECENT)
     w.add_processed("inventory", ids["old_consumed"], "SUCCEEDED")
@@ -50,14 +50,14 @@ def test_every_class_is_found_and_repaired_row_by_row(world: World, engine_name:
 
     # Then each class is counted and repaired as DESIGN.md says
     found = {k.value: c.found for k, c in summary.classes.items()}
-    assert found == {"ack_lost": 1, "rejected": 1, "retry": 1, "exhausted": 1,
+    assert found == {"receipt_lost": 1, "rejected": 1, "retry": 1, "exhausted": 1,
                      "stuck_sending": 1, "unmatched": 0, "orphan": 1}
     assert summary.conflicts == 0
     now = world.now
 
-    ack_lost = world.row(ids["ack_lost"])
-    assert (ack_lost.state, ack_lost.consumed_at) == (OutboxState.CONSUMED, now)
-    assert world.acks(ids["ack_lost"]) == {"inventory": "consumed"}
+    receipt_lost = world.row(ids["receipt_lost"])
+    assert (receipt_lost.state, receipt_lost.consumed_at) == (OutboxState.CONSUMED, now)
+    assert world.receipts_of(ids["receipt_lost"]) == {"inventory": "consumed"}
 
     rejected = world.row(ids["rejected"])
     assert rejected.state == OutboxState.REJECTED
@@ -75,7 +75,7 @@ def test_every_class_is_found_and_repaired_row_by_row(world: World, engine_name:
     assert (stuck.state, stuck.lease_owner, stuck.lease_until, stuck.next_retry_at) == (
         OutboxState.PENDING, None, None, now)
 
-    for key in ("ack_lost", "rejected", "retry", "exhausted", "stuck_sending"):
+    for key in ("receipt_lost", "rejected", "retry", "exhausted", "stuck_sending"):
         row = world.row(ids[key])
         assert row.lock_version == before[key].lock_version + 1, key
         assert (row.updated_by, row.gmt_modified) == ("reconciler", now), key
@@ -90,7 +90,7 @@ def test_rerun_changes_nothing(world: World, engine_name: str) -> None:
     # Given a reconciled world
     _seed_every_class(world)
     first = run_reconcile(world.config(engine_name))
-    assert first.classes[RepairClass.ACK_LOST].applied == 1
+    assert first.classes[RepairClass.RECEIPT_LOST].applied == 1
     snapshot = world.snapshot()
 
     # When the reconciler runs again
@@ -145,14 +145,14 @@ def test_row_changed_between_read_and_write_is_a_conflict_not_overwritten(
     summary = run_reconcile(world.config(engine_name, orphan_window=dt.timedelta(0)))
 
     # Then the moved row keeps the other writer's change and counts as a conflict
-    count = summary.classes[RepairClass.ACK_LOST]
+    count = summary.classes[RepairClass.RECEIPT_LOST]
     assert (count.intended, count.applied, count.conflicts) == (2, 1, 1)
     assert [c["message_id"] for c in summary.conflict_samples] == [moved]
     row = world.row(moved)
     assert (row.state, row.updated_by, row.fail_reason) == (OutboxState.CONSUMED, "acks", "by acks")
-    assert world.acks(moved) == {}
+    assert world.receipts_of(moved) == {}
     assert world.row(kept).state == OutboxState.CONSUMED
-    assert world.acks(kept) == {"inventory": "consumed"}
+    assert world.receipts_of(kept) == {"inventory": "consumed"}
 
 
 def test_two_groups_one_missing_ack_is_resent_and_all_acked_is_consumed(
@@ -173,10 +173,10 @@ def test_two_groups_one_missing_ack_is_resent_and_all_acked_is_consumed(
 
     # Then a message acked by every group is CONSUMED with the missing ack rows inserted
     assert w.row(both).state == OutboxState.CONSUMED
-    assert w.acks(both) == {"inventory": "consumed", "billing": "consumed"}
+    assert w.receipts_of(both) == {"inventory": "consumed", "billing": "consumed"}
     assert w.row(acked_and_processed).state == OutboxState.CONSUMED
-    assert w.acks(acked_and_processed) == {"inventory": "consumed", "billing": "consumed"}
-    assert summary.acks_inserted == 3
+    assert w.receipts_of(acked_and_processed) == {"inventory": "consumed", "billing": "consumed"}
+    assert summary.receipts_inserted == 3
     # and the one billing never processed is re-sent (inventory will dedupe it)
     row = w.row(only_inventory)
     assert (row.state, row.retry_count) == (OutboxState.PENDING, 1)
@@ -198,7 +198,7 @@ def test_group_topics_limit_who_must_ack_and_unmatched_topics_alert(
 
     # Then ORDER needs only inventory's ack, and AUDIT is reported (untouched) with an alert
     assert w.row(order).state == OutboxState.CONSUMED
-    assert w.acks(order) == {"inventory": "consumed"}
+    assert w.receipts_of(order) == {"inventory": "consumed"}
     assert w.row(stray).state == OutboxState.SENT
     assert summary.classes[RepairClass.UNMATCHED].found == 1
     assert summary.exit_code == EXIT_ALERT
@@ -224,16 +224,15 @@ def test_max_retries_override_and_thresholds_decide_the_exit_code(
 
 def test_a_processed_row_of_an_archived_message_is_not_an_orphan(world: World,
                                                                   engine_name: str) -> None:
-    from consumer_kit.schema import TableNames
-    from outbox_producer.archive import archive
-    from outbox_producer.ops import OutboxTables
+    from consumer_kit.core.schema import TableNames
+    from outbox_producer.ops import OutboxTables, archive
 
     # Given a consumed message moved to the archive, and a processed row without any outbox row
     archived = world.add_outbox(OutboxState.CONSUMED)
     world.add_processed("inventory", archived, "SUCCEEDED", age=dt.timedelta(minutes=30))
     world.add_processed("inventory", "m-true-orphan", "SUCCEEDED", age=dt.timedelta(minutes=30))
     tables = OutboxTables.from_names(TableNames(outbox=world.outbox.name,
-                                                outbox_ack=world.ack.name))
+                                                receipts=world.receipts.name))
     try:
         moved = archive(world.producer, tables, dt.timedelta(minutes=10), now=world.now)
         assert moved.moved == 1
@@ -346,13 +345,13 @@ def test_repairs_split_into_batches_and_each_row_keeps_its_own_reason(
 
     # Then one statement per batch of each class, every row repaired and acked once
     assert summary.statements == statements
-    assert summary.classes[RepairClass.ACK_LOST].applied == 3
+    assert summary.classes[RepairClass.RECEIPT_LOST].applied == 3
     assert summary.classes[RepairClass.REJECTED].applied == 3
     assert summary.conflicts == 0
-    assert summary.acks_inserted == 3
+    assert summary.receipts_inserted == 3
     for m in lost:
         assert world.row(m).state == OutboxState.CONSUMED
-        assert world.acks(m) == {"inventory": "consumed"}
+        assert world.receipts_of(m) == {"inventory": "consumed"}
     # and rows sharing a statement got their own reasons (CASE id WHEN ... THEN ...)
     for m, error in rejected.items():
         row = world.row(m)

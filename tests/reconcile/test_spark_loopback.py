@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark.reconcile_job import LOOPBACK_DRIVER_CONF, is_local_master
+from spark.session import LOOPBACK_DRIVER_CONF, is_local_master
 from tests.net import loopback_only
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import json, sys
 from consumer_kit.reconcile import GroupSource, ReconcileConfig
-from spark.reconcile_job import build_session
+from spark.session import build_session
 from tests.net import listening
 
 config = ReconcileConfig(producer_url="sqlite:///p.db", groups=(GroupSource("g", "sqlite:///c.db"),),

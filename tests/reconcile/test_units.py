@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer_kit.errors import ConfigError
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.reconcile import Evidence, GroupSource, RepairClass, WindowRow, classify
 from spark.jdbc import find_jars, literal, to_jdbc
 
@@ -21,7 +21,7 @@ def _row(state: int = 2, retry_count: int = 0, max_retries: int = 3, topic: str 
 def test_a_rejection_by_any_group_wins_over_success_elsewhere() -> None:
     # Given group a succeeded and group b acked `rejected`
     evidence = [Evidence("a", processed_status="SUCCEEDED"),
-                Evidence("b", ack_outcome="rejected", ack_reason="no such sku")]
+                Evidence("b", receipt_outcome="rejected", receipt_reason="no such sku")]
     # When classified / Then it is REJECTED with b's reason
     d = classify(_row(), evidence, GROUPS)
     assert (d.klass, d.reason) == (RepairClass.REJECTED, "b: no such sku")
@@ -29,10 +29,11 @@ def test_a_rejection_by_any_group_wins_over_success_elsewhere() -> None:
 
 def test_ack_or_processed_success_counts_and_only_missing_ack_rows_are_inserted() -> None:
     # Given a acked (its processed row purged) and b processed without an ack
-    evidence = [Evidence("a", ack_outcome="consumed"), Evidence("b", processed_status="SUCCEEDED")]
+    evidence = [Evidence("a", receipt_outcome="consumed"),
+                Evidence("b", processed_status="SUCCEEDED")]
     # When classified / Then ack lost, with only b's ack row to insert
     d = classify(_row(), evidence, GROUPS)
-    assert (d.klass, d.missing_acks) == (RepairClass.ACK_LOST, ("b",))
+    assert (d.klass, d.missing_receipts) == (RepairClass.RECEIPT_LOST, ("b",))
 
 
 def test_missing_group_retries_until_the_override_is_reached() -> None:
@@ -76,12 +77,22 @@ def test_jdbc_conversion_keeps_the_password_out_of_the_url_and_repr() -> None:
     assert "s3cret" not in repr(src) and "s3cret" not in src.url
 
 
+def test_a_postgresql_url_becomes_a_pgjdbc_source_without_the_password_in_it() -> None:
+    # Given a PostgreSQL URL (any driver) with a password
+    src = to_jdbc("postgresql+psycopg://app:s3cret@db.local:5433/orders")
+    # Then pgJDBC reads it, and the password travels in the properties only
+    assert src.url == "jdbc:postgresql://db.local:5433/orders"
+    assert src.properties["driver"] == "org.postgresql.Driver"
+    assert src.properties["password"] == "s3cret" and src.dialect == "postgresql"
+    assert "s3cret" not in repr(src) and "s3cret" not in src.url
+
+
 def test_jdbc_conversion_of_sqlite_paths_and_unsupported_urls(tmp_path: Path) -> None:
     assert to_jdbc(f"sqlite:///{tmp_path}/x.db").url == f"jdbc:sqlite:{tmp_path}/x.db"
     with pytest.raises(ConfigError, match="in-memory"):
         to_jdbc("sqlite://")
     with pytest.raises(ConfigError, match="--engine sql"):
-        to_jdbc("postgresql://u:pw@h/db")
+        to_jdbc("mssql+pyodbc://u:pw@h/db")
 
 
 def test_missing_driver_jars_name_the_setup_script(monkeypatch: pytest.MonkeyPatch,
@@ -134,7 +145,7 @@ def test_cli_defaults_are_the_model_defaults() -> None:
     import inspect
 
     from consumer_kit.cli.reconcile import duration_text, reconcile
-    from consumer_kit.clock import parse_duration
+    from consumer_kit.core.clock import parse_duration
     from consumer_kit.reconcile import ReconcileConfig
 
     # Given the `ckit reconcile` options and a config built from code with no overrides

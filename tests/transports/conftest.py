@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.testing.harness import Harness
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import Harness
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
+from tests.harnesses.sql_postgresql import postgresql_url
 from tests.harnesses.sql_sqlite import sqlite_url
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("sql_sqlite", id="sql-sqlite"),
     pytest.param("sql_mariadb", id="sql-mariadb", marks=pytest.mark.mariadb),
+    pytest.param("sql_postgresql", id="sql-postgresql", marks=pytest.mark.postgresql),
     pytest.param("rocketmq", id="rocketmq", marks=pytest.mark.rocketmq),
 ]
 
@@ -39,16 +41,19 @@ def h(harness: Harness) -> Harness:
     return harness
 
 
-@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb),
+                        pytest.param("postgresql", marks=pytest.mark.postgresql)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(database URL, a table prefix of this test's own) for the SQL transport; on MariaDB,
-    which other tests share, the prefix's tables are dropped afterwards."""
+    """(database URL, a table prefix of this test's own) for the SQL transport; on MariaDB and
+    PostgreSQL, which other tests share, the prefix's tables are dropped afterwards."""
     if request.param == "sqlite":
         url, prefix = sqlite_url(tmp_path), "ckit_mq"
-    else:
+    elif request.param == "mariadb":
         url, prefix = mariadb_url(), unique_prefix()
+    else:
+        url, prefix = postgresql_url(), unique_prefix()
     yield url, prefix
-    if request.param == "mariadb":
+    if request.param != "sqlite":
         cleanup = SqlTransport(url, table_prefix=prefix)
         drop_tables(cleanup)
         cleanup.close()

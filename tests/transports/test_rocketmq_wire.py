@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from consumer_kit.errors import ConfigError
-from consumer_kit.transports import rocketmq_native
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.transports.base import DEFAULT_DELAY_LEVELS, DEFAULT_RETRY_DELAYS
-from consumer_kit.transports.rocketmq_wire import (
+from consumer_kit.transports.rocketmq import native as rocketmq_native
+from consumer_kit.transports.rocketmq.wire import (
     delay_level,
     encode_body,
     make_delivery,

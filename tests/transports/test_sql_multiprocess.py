@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import OutgoingMessage
 from consumer_kit.transports.sql import SqlTransport
-from tests.harnesses.base import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -96,7 +96,7 @@ def owners(url: str, prefix: str, group: str) -> collections.Counter[str]:
     """How many queues each member of `group` holds a live lease on."""
     import sqlalchemy as sa
 
-    from consumer_kit.clock import utcnow
+    from consumer_kit.core.clock import utcnow
 
     with SqlTransport(url, table_prefix=prefix) as transport:
         lease = transport.tables.lease

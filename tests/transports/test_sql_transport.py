@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.clock import utcnow
-from consumer_kit.errors import (
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.errors import (
     ConfigError,
     DuplicateKey,
     SchemaError,
     TransportError,
     TransportUnavailable,
 )
-from consumer_kit.schema import TableNames, build_metadata
+from consumer_kit.core.messages import retry_topic
+from consumer_kit.core.schema import TableNames, build_metadata
+from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import (
     ConsumeStatus,
     Delivery,
@@ -29,11 +31,10 @@ from consumer_kit.transports import (
     Subscription,
     Verdict,
 )
-from consumer_kit.transports.base import retry_topic
 from consumer_kit.transports.sql import SqlTransport
-from consumer_kit.transports.sql_group import GroupStore
-from tests.harnesses.base import wait_for
+from consumer_kit.transports.sql.group import GroupStore
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
+from tests.harnesses.sql_postgresql import postgresql_url
 from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
 
 TIMEOUT = 10.0
@@ -216,11 +217,15 @@ def test_a_topic_another_process_creates_meanwhile_is_used_not_an_error(
         assert raced
 
 
-@pytest.mark.mariadb
-def test_two_members_inserting_a_first_lease_at_once_one_wins_without_an_error() -> None:
+@pytest.mark.parametrize("server", [pytest.param("mariadb", marks=pytest.mark.mariadb),
+                                    pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_two_members_inserting_a_first_lease_at_once_one_wins_without_an_error(
+    server: str,
+) -> None:
     # READ COMMITTED lets both members see no lease row and insert one (SQLite serialises the
-    # two write transactions, so only MariaDB can race here)
-    url, prefix = mariadb_url(), unique_prefix()
+    # two write transactions, so only a server can race here)
+    url = mariadb_url() if server == "mariadb" else postgresql_url()
+    prefix = unique_prefix()
     with SqlTransport(url, table_prefix=prefix, create_tables=True) as a_side, \
             SqlTransport(url, table_prefix=prefix) as b_side:
         try:
@@ -556,8 +561,39 @@ def test_a_sqlite_file_locked_for_too_long_raises_transport_unavailable(tmp_path
         blocker.close()
 
 
-def test_an_unreachable_server_raises_transport_unavailable_without_the_password() -> None:
-    url = "mysql+pymysql://ckit:s3cret@127.0.0.1:1/ckit_test"
+@pytest.mark.postgresql
+def test_a_postgresql_table_locked_for_too_long_is_retried_then_transport_unavailable() -> None:
+    # Given a topic, and a transport whose statements give up on a lock after 50 ms (55P03)
+    url, prefix = postgresql_url(), unique_prefix()
+    options = {"connect_args": {"options": "-c lock_timeout=50"}}
+    with SqlTransport(url, table_prefix=prefix, create_tables=True) as setup:
+        setup.ensure_topic("locked")
+    blocker = sa.create_engine(url).connect()
+    try:
+        # When another session holds the message table locked past the transport's patience
+        blocker.exec_driver_sql(f"LOCK TABLE {prefix}_message IN ACCESS EXCLUSIVE MODE")
+        with SqlTransport(url, table_prefix=prefix, unavailable_after=0.5,
+                          engine_options=options) as t:
+            started = time.monotonic()
+            # Then each lock timeout is retried, and the send ends as unavailable in bounded time
+            with pytest.raises(TransportUnavailable, match="unavailable"):
+                t.send(OutgoingMessage("locked", b"x"))
+            assert time.monotonic() - started < 5
+    finally:
+        blocker.rollback()
+        blocker.close()
+        blocker.engine.dispose()
+        cleanup = SqlTransport(url, table_prefix=prefix)
+        drop_tables(cleanup)
+        cleanup.close()
+
+
+@pytest.mark.parametrize("url", ["mysql+pymysql://ckit:s3cret@127.0.0.1:1/ckit_test",
+                                 "postgresql+psycopg://ckit:s3cret@127.0.0.1:1/ckit_test"],
+                         ids=["mariadb", "postgresql"])
+def test_an_unreachable_server_raises_transport_unavailable_without_the_password(
+    url: str,
+) -> None:
     options = {"connect_args": {"connect_timeout": 1}}
     with SqlTransport(url, unavailable_after=0.3, engine_options=options) as t, \
             pytest.raises(TransportUnavailable) as caught:

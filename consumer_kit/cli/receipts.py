@@ -1,0 +1,76 @@
+"""`ckit receipts`: consume the producer's receipt topic and apply the receipts to its outbox."""
+
+from __future__ import annotations
+
+import threading
+
+import typer
+
+from consumer_kit.cli import options
+from consumer_kit.cli.output import print_totals
+from consumer_kit.cli.runtime import friendly_errors, on_shutdown, require, serve_metrics
+from consumer_kit.cli.transports import open_for_processes
+from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.receipts_applier import ReceiptApplier
+from consumer_kit.transports.running import run_consumer
+from outbox_producer.receipts.consumer import ReceiptConsumer
+
+
+def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
+    """`TOPIC=g1,g2` pairs as a mapping (the `--expect` option).
+
+    Raises:
+        ConfigError: a pair without a topic or groups.
+    """
+    expected: dict[str, list[str]] = {}
+    for pair in pairs:
+        topic, sep, groups = pair.partition("=")
+        names = [g.strip() for g in groups.split(",") if g.strip()]
+        if not sep or not topic.strip() or not names:
+            raise ConfigError(f"invalid --expect {pair!r}: use TOPIC=group1,group2")
+        expected[topic.strip()] = names
+    return expected
+
+
+@friendly_errors
+def receipts(
+    url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
+    transport: str | None = options.transport(),
+    producer: str = options.producer(),
+    expect: list[str] = typer.Option([], "--expect", help="TOPIC=g1,g2: groups that must all "
+                                     "send a consumed receipt (repeatable)"),
+    burst: bool = options.burst(),
+    outbox_table: str = options.outbox_table(),
+    receipt_table: str = options.receipt_table(),
+    as_json: bool = options.json_output(),
+    metrics_port: int | None = options.metrics_port(),
+) -> None:
+    """Apply receipts from the receipt topic: CONSUMED when every expected group consumed the
+    message, REJECTED when a group rejected it. A batch is applied before the broker is acked,
+    so a kill at any point loses nothing (applying it again changes nothing)."""
+    db = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    applier = ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
+                             expected_groups=expected_groups(expect))
+    check_tables(db, applier.table, applier.receipts)
+    target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
+                                command="ckit receipts")
+    worker = ReceiptConsumer(applier, target, producer=producer)
+    stop = threading.Event()
+    try:
+        target.check()
+        serve_metrics(metrics_port)
+        on_shutdown(stop.set)
+        run_consumer(worker.consumer(), stop, burst=burst, activity=worker.activity)
+    finally:
+        target.close()
+    totals = {"receipts": worker.totals.received, "recorded": worker.totals.recorded,
+              "consumed": worker.totals.consumed, "rejected": worker.totals.rejected,
+              "unknown": worker.totals.unknown, "malformed": worker.malformed}
+    print_totals(totals, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `receipts` (and its old name `acks`, hidden) to the CLI."""
+    app.command("receipts")(receipts)
+    app.command("acks", hidden=True, help="old name of `ckit receipts`")(receipts)

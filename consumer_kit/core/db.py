@@ -1,0 +1,152 @@
+"""Engine creation and dialect facts shared by every part that talks SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from consumer_kit.core.errors import ConfigError, SchemaError
+from consumer_kit.core.urls import mask_url
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
+    """Return an Engine for a SQLAlchemy URL (or the engine itself).
+
+    SQLite gets WAL mode and a busy timeout so several processes can share one file; MySQL and
+    MariaDB get pre-ping and a connect timeout so a dead server fails fast.
+
+    Raises:
+        ConfigError: the URL cannot be parsed or its driver is not installed.
+    """
+    if isinstance(url, Engine):
+        return url
+    try:
+        parsed = sa.engine.make_url(url)
+    except Exception as exc:
+        raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: {exc}") from None
+    backend = parsed.get_backend_name()
+    options: dict[str, Any] = {}
+    if backend == "sqlite":
+        options["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    elif backend in ("mysql", "mariadb"):
+        options.update(pool_pre_ping=True, pool_recycle=3600, pool_size=10, max_overflow=20)
+        options["connect_args"] = {"connect_timeout": 5}
+    options.update(kwargs)
+    try:
+        engine = sa.create_engine(parsed, **options)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"database driver missing for {parsed.drivername}: {exc}") from None
+    if backend == "sqlite":
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    try:
+        if not _is_memory(dbapi_conn):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def _is_memory(dbapi_conn: Any) -> bool:
+    cursor = dbapi_conn.cursor()
+    try:
+        rows = cursor.execute("PRAGMA database_list").fetchall()
+        return not rows or not rows[0][2]
+    finally:
+        cursor.close()
+
+
+def dialect_name(bind: Engine | sa.engine.Connection) -> str:
+    """`mysql` (MySQL or MariaDB), `postgresql` or `sqlite`."""
+    name = bind.dialect.name
+    return "mysql" if name == "mariadb" else name
+
+
+def supports_skip_locked(bind: Engine | sa.engine.Connection) -> bool:
+    """True where `SELECT ... FOR UPDATE SKIP LOCKED` exists (MariaDB >= 10.6, MySQL 8, PG)."""
+    name = dialect_name(bind)
+    if name == "postgresql":
+        return True
+    if name != "mysql":
+        return False
+    info = bind.dialect.server_version_info or ()
+    is_maria = getattr(bind.dialect, "is_mariadb", False)
+    return tuple(info[:2]) >= ((10, 6) if is_maria else (8, 0))
+
+
+def check_tables(engine: Engine, *tables: sa.Table) -> None:
+    """Raise `SchemaError` naming `ckit db init` when any of `tables` is missing."""
+    inspector = sa.inspect(engine)
+    missing = [t.name for t in tables if not inspector.has_table(t.name)]
+    if missing:
+        raise SchemaError(
+            f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
+            f"run `ckit db init --url <that url>` first"
+        )
+
+
+def read_committed(engine: Engine) -> Engine:
+    """The same engine (shared pool) whose transactions run at READ COMMITTED.
+
+    The relay, dispatcher and ack applier use it for their own transactions: under InnoDB's
+    default REPEATABLE READ, a `SELECT ... FOR UPDATE SKIP LOCKED` over the due-rows index
+    takes gap locks that deadlock the services' own INSERTs into the outbox. READ COMMITTED
+    takes no gap locks for locking reads. SQLite has no such level (and needs none).
+    """
+    if dialect_name(engine) in ("mysql", "postgresql"):
+        return engine.execution_options(isolation_level="READ COMMITTED")
+    return engine
+
+
+class Engines:
+    """One engine per distinct database URL, made on first use (the reconciler's groups often
+    share the producer's database)."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, Engine] = {}
+
+    def get(self, url: str) -> Engine:
+        """The engine for `url` (`make_engine`), created once.
+
+        Raises:
+            ConfigError: the URL cannot be parsed or its driver is not installed.
+        """
+        if url not in self._engines:
+            self._engines[url] = make_engine(url)
+        return self._engines[url]
+
+    def dispose(self) -> None:
+        """Close every pool."""
+        for engine in self._engines.values():
+            engine.dispose()
+        self._engines.clear()
+
+
+def insert_ignoring_duplicates(conn: sa.Connection | Engine, table: sa.Table) -> Any:
+    """An INSERT of `table` that skips rows whose primary key exists (two writers may race):
+    ON CONFLICT DO NOTHING on PostgreSQL and SQLite, a no-op ON DUPLICATE KEY UPDATE on
+    MySQL/MariaDB."""
+    name = dialect_name(conn)
+    if name == "mysql":
+        from sqlalchemy.dialects import mysql
+
+        first = next(iter(table.primary_key.columns))
+        return mysql.insert(table).on_duplicate_key_update({first.name: first})
+    if name == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sa.insert(table)

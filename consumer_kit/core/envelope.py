@@ -1,0 +1,76 @@
+"""The envelope: the message properties consumer-kit puts on every outbox message, building a
+message from an outbox row, and reading the dedupe id back from any delivery.
+
+| property | meaning |
+|---|---|
+| `ckit_id` | the outbox `message_id`: the dedupe key (also the first RocketMQ KEYS entry) |
+| `ckit_biz` | `biz_type:biz_key` |
+| `ckit_src` | the producer service: where receipts go |
+| `ckit_sent` | epoch ms of the outbox commit (lag metrics) |
+| `ckit_resend` | `1` on a re-send (an earlier attempt went out): answer it with a receipt |
+| `traceparent` | W3C trace context when tracing is on |
+
+Transports add two of their own and strip them on receive: `ckit_enc` (a base64 body) and
+`ckit_reason` (why the previous attempt failed; surfaces as `Delivery.last_error`).
+See docs/architecture.md, "The envelope".
+"""
+
+from __future__ import annotations
+
+from consumer_kit.core.clock import to_epoch_ms
+from consumer_kit.core.messages import Delivery, OutgoingMessage
+from consumer_kit.core.rows import OutboxRow
+
+PROP_ID = "ckit_id"
+PROP_BIZ = "ckit_biz"
+PROP_SRC = "ckit_src"
+PROP_SENT = "ckit_sent"
+PROP_RESEND = "ckit_resend"
+PROP_TRACEPARENT = "traceparent"
+#: Set by transports only: a body that travels base64-encoded.
+PROP_ENC = "ckit_enc"
+#: Set by transports only: why the previous attempt failed (retry copies, dead letters).
+PROP_REASON = "ckit_reason"
+
+#: The envelope properties a producer sets (transports read them by name on receive).
+ENVELOPE_PROPERTIES = (PROP_ID, PROP_BIZ, PROP_SRC, PROP_SENT, PROP_RESEND, PROP_TRACEPARENT)
+#: Properties no user header may set.
+RESERVED_PROPERTIES = (*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON)
+
+
+def to_message(row: OutboxRow) -> OutgoingMessage:
+    """The message the broker sees for an outbox row.
+
+    `ckit_id` is the message id, also the first KEYS entry so operators can query the broker by
+    it; `ckit_src` is the row's `created_by` (the producer that published it, where receipts
+    go); user headers go first so they can never overwrite the envelope properties.
+    """
+    properties = {str(k): str(v) for k, v in (row.headers or {}).items()
+                  if k not in RESERVED_PROPERTIES}
+    properties[PROP_ID] = row.message_id
+    properties[PROP_BIZ] = f"{row.biz_type}:{row.biz_key}"
+    properties[PROP_SRC] = row.created_by or ""
+    properties[PROP_SENT] = str(to_epoch_ms(row.gmt_create))
+    if row.sent_before:
+        properties[PROP_RESEND] = "1"
+    extra_keys = tuple(k for k in (row.keys or "").split() if k != row.message_id)
+    return OutgoingMessage(
+        topic=row.topic,
+        body=row.body,
+        tags=row.tags or None,
+        keys=(row.message_id, *extra_keys),
+        properties=properties,
+        sharding_key=row.biz_key,
+    )
+
+
+def dedupe_id(delivery: Delivery) -> str:
+    """The id a delivery dedupes on: `ckit_id`, else the first KEYS entry, else the broker's
+    message id (UNIQ_KEY, stable across redeliveries of one send but not across a producer's
+    own retries). "" when the delivery has none of them.
+
+    >>> dedupe_id(Delivery("T", b"", "B1", keys="k1 k2"))
+    'k1'
+    """
+    return (delivery.properties.get(PROP_ID) or next(iter(delivery.keys.split()), "")
+            or delivery.broker_message_id)

@@ -1,0 +1,126 @@
+"""The message values every layer shares: what is sent, what is delivered, what a consumer
+callback answers. Plain data, no I/O: transports (`consumer_kit.transports`) move them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+
+
+class ConsumeStatus(enum.IntEnum):
+    """The broker ack: what a consumer callback answers (numbers match the RocketMQ client)."""
+
+    CONSUME_SUCCESS = 0
+    RECONSUME_LATER = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A callback's answer with the reason of a RECONSUME_LATER: transports carry the reason
+    with the redelivery (`Delivery.last_error`) and into the dead letter.
+
+    >>> Verdict(ConsumeStatus.RECONSUME_LATER, "db down").status.name
+    'RECONSUME_LATER'
+    """
+
+    status: ConsumeStatus
+    reason: str = ""
+
+
+def as_verdict(answer: ConsumeStatus | Verdict | int) -> Verdict:
+    """Normalise a callback's answer (a `ConsumeStatus`, its int, or a `Verdict`).
+
+    Raises:
+        ValueError: an int that is no `ConsumeStatus`.
+    """
+    if isinstance(answer, Verdict):
+        return answer
+    return Verdict(ConsumeStatus(int(answer)))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutgoingMessage:
+    """A message to send. `delay` is in seconds; `keys` become the RocketMQ KEYS."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    delay: float | None = None
+    sharding_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SendResult:
+    """The broker's answer to a successful send."""
+
+    broker_message_id: str
+    queue_id: int | None = None
+    queue_offset: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """A received message, copied out of the transport's own object (safe to keep).
+
+    `keys` is the RocketMQ KEYS string (space separated); `broker_message_id` is the broker's
+    UNIQ_KEY, stable across redeliveries of one send. `last_error` is why the previous attempt
+    failed ("" on a first delivery); `max_reconsume_times` is the group's limit when the
+    transport knows it: the delivery is the last attempt when `reconsume_times` reaches it.
+    """
+
+    topic: str
+    body: bytes
+    broker_message_id: str
+    tags: str = ""
+    keys: str = ""
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reconsume_times: int = 0
+    queue_id: int = 0
+    queue_offset: int = 0
+    born_timestamp_ms: int = 0
+    last_error: str = ""
+    max_reconsume_times: int | None = None
+
+    @property
+    def last_attempt(self) -> bool:
+        """True when a RECONSUME_LATER now sends the message to the dead letters."""
+        limit = self.max_reconsume_times
+        return limit is not None and self.reconsume_times >= limit
+
+
+@dataclasses.dataclass(frozen=True)
+class Subscription:
+    """A topic and its tag expression (`*` or `TagA || TagB`)."""
+
+    topic: str
+    expression: str = "*"
+
+
+DeliveryCallback = Callable[[Delivery], "ConsumeStatus | Verdict"]
+
+
+def tag_matches(expression: str, tags: str | None) -> bool:
+    """RocketMQ tag filtering: `*` (or empty) matches all, else one of the `||`-separated tags.
+
+    >>> tag_matches("A || B", "B"), tag_matches("A", None)
+    (True, False)
+    """
+    expr = (expression or "*").strip()
+    if expr == "*":
+        return True
+    wanted = {part.strip() for part in expr.split("||") if part.strip()}
+    return (tags or "") in wanted
+
+
+def retry_topic(group: str) -> str:
+    """RocketMQ's retry topic name for a consumer group."""
+    return f"%RETRY%{group}"
+
+
+def dlq_topic(group: str) -> str:
+    """RocketMQ's dead-letter topic name for a consumer group."""
+    return f"%DLQ%{group}"

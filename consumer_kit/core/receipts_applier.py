@@ -1,0 +1,153 @@
+"""Applying consumer groups' receipts to the outbox: per-group receipt rows, then CONSUMED or
+REJECTED through the state machine.
+
+A receipt names `(message_id, consumer_group, outcome)`. Receipts are stored per group, so one
+message can be tracked for several consumer groups; the outbox row becomes CONSUMED when every
+group expected for its topic sent a consumed receipt (any one group when none are configured)
+and REJECTED when a group rejects it. The row may still be PENDING or SENDING when the receipt
+arrives (it raced the relay's mark): it becomes CONSUMED all the same, and the relay's later
+mark finds nothing to change. Applying the same receipts twice changes nothing.
+
+It lives in the core because both halves apply receipts: the producer's `ckit receipts`
+(from the receipt topic) and a consumer configured with the producer's database URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import insert_ignoring_duplicates, make_engine, read_committed
+from consumer_kit.core.receipt import Receipt, ReceiptOutcome
+from consumer_kit.core.schema import (
+    DEFAULT_OUTBOX_TABLE,
+    DEFAULT_RECEIPT_TABLE,
+    REASON_LEN,
+    outbox_table,
+    receipt_table,
+)
+from consumer_kit.core.states import OPEN_STATES
+from consumer_kit.core.transitions import MessageIds, cas
+
+log = logging.getLogger(__name__)
+
+#: receipt rows per INSERT (5 bound values each: well under every database's limit)
+INSERT_CHUNK = 400
+
+
+@dataclasses.dataclass
+class ReceiptResult:
+    """Counts of one `apply` call (or many, added up)."""
+
+    received: int = 0
+    recorded: int = 0
+    consumed: int = 0
+    rejected: int = 0
+    unknown: int = 0
+
+    def add(self, other: ReceiptResult) -> None:
+        """Accumulate another call's counts."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+class ReceiptApplier:
+    """Applies batches of receipts to one outbox.
+
+    >>> applier = ReceiptApplier(engine, expected_groups={"ORDER_CREATED": ["inventory"]})
+    ... # doctest: +SKIP
+    >>> applier.apply([Receipt(message_id, "inventory")])               # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        *,
+        table: str = DEFAULT_OUTBOX_TABLE,
+        receipt_table_name: str = DEFAULT_RECEIPT_TABLE,
+        expected_groups: Mapping[str, Sequence[str]] | None = None,
+        updated_by: str = "receipts",
+    ) -> None:
+        self.engine = read_committed(make_engine(engine))
+        metadata = sa.MetaData()
+        self.table = outbox_table(metadata, table)
+        self.receipts = receipt_table(metadata, receipt_table_name)
+        self.expected = {topic: frozenset(groups) for topic, groups in
+                         (expected_groups or {}).items()}
+        self.updated_by = updated_by
+
+    def apply(self, receipts: Sequence[Receipt]) -> ReceiptResult:
+        """Record the receipts and move the affected rows, in one transaction (idempotent)."""
+        result = ReceiptResult(received=len(receipts))
+        if not receipts:
+            return result
+        latest: dict[tuple[str, str], Receipt] = {}
+        for receipt in receipts:
+            latest[(receipt.message_id, receipt.consumer_group)] = receipt
+        with self.engine.begin() as conn:
+            result.recorded = self._record(conn, list(latest.values()))
+            self._transition(conn, {a.message_id for a in latest.values()}, result)
+        return result
+
+    def _record(self, conn: Connection, receipts: list[Receipt]) -> int:
+        """Insert the receipt rows that are new; a row another applier inserted meanwhile is
+        skipped, not an error (the database decides, no read-then-insert race)."""
+        now = utcnow()
+        rows = [{"message_id": r.message_id, "consumer_group": r.consumer_group,
+                 "outcome": r.outcome.value,
+                 "reason": (r.reason or None) and r.reason[:REASON_LEN], "received_at": now}
+                for r in receipts]
+        recorded = 0
+        for start in range(0, len(rows), INSERT_CHUNK):
+            # one multi-row statement: its row count is the rows inserted on every database
+            stmt = insert_ignoring_duplicates(conn, self.receipts).values(
+                rows[start:start + INSERT_CHUNK])
+            recorded += max(0, int(conn.execute(
+                stmt.execution_options(preserve_rowcount=True)).rowcount))
+        return recorded
+
+    def _transition(self, conn: Connection, message_ids: set[str], result: ReceiptResult) -> None:
+        t, a = self.table, self.receipts
+        ids = sorted(message_ids)
+        rows = conn.execute(
+            sa.select(t.c.message_id, t.c.topic, t.c.state).where(t.c.message_id.in_(ids))
+        ).all()
+        result.unknown = len(ids) - len(rows)
+        acked: dict[str, dict[str, Any]] = {}
+        for mid, group, outcome, reason in conn.execute(
+            sa.select(a.c.message_id, a.c.consumer_group, a.c.outcome, a.c.reason)
+            .where(a.c.message_id.in_(ids))
+        ):
+            acked.setdefault(mid, {})[group] = (outcome, reason)
+        to_consume: list[str] = []
+        to_reject: list[tuple[str, str]] = []
+        for mid, topic, state in rows:
+            if state not in OPEN_STATES:
+                continue
+            groups = acked.get(mid, {})
+            rejects = [f"{g}: {r or 'rejected'}" for g, (o, r) in groups.items()
+                       if o == ReceiptOutcome.REJECTED.value]
+            if rejects:
+                to_reject.append((mid, "; ".join(sorted(rejects))))
+                continue
+            expected = self.expected.get(topic)
+            if (expected and expected <= groups.keys()) or (not expected and groups):
+                to_consume.append(mid)
+        now = utcnow()
+        done = {"lease_owner": None, "lease_until": None}
+        if to_consume:
+            # the decision rests on the receipt rows alone (which only grow), so any open state
+            # may become CONSUMED, and a terminal one never changes
+            result.consumed = cas(conn, t, "consume", MessageIds(to_consume), now=now,
+                                  by=self.updated_by, values={"consumed_at": now, **done})
+        for mid, reason in to_reject:
+            result.rejected += cas(conn, t, "reject", MessageIds([mid]), now=now,
+                                   by=self.updated_by,
+                                   values={"fail_reason": reason[:REASON_LEN], **done})
+            log.warning("message %s REJECTED by %s", mid, reason)

@@ -1,0 +1,65 @@
+"""`OutboxRow`: an outbox row as the senders carry it (claimed, sent, marked).
+
+The columns a sender needs, read once at claim time (the body is the big one). Nothing else in
+the library passes outbox rows around as dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+#: The columns `OutboxRow` is read from (besides `last_attempt_at`, read for `sent_before`).
+SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",
+                "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
+
+
+@dataclasses.dataclass(slots=True)
+class OutboxRow:
+    """One outbox row on its way to the broker.
+
+    `lock_version` is the version the holder's next compare-and-set must match; `sent_before`
+    is true when an earlier attempt went out (a re-send: consumers answer it with a receipt even
+    when they processed the message already).
+    """
+
+    id: int
+    message_id: str
+    biz_type: str
+    biz_key: str
+    topic: str
+    body: bytes
+    lock_version: int
+    gmt_create: dt.datetime
+    tags: str | None = None
+    keys: str | None = None
+    headers: Mapping[str, str] | None = None
+    retry_count: int = 0
+    max_retries: int = 10
+    created_by: str | None = None
+    sent_before: bool = False
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any], *, sent_before: bool | None = None
+                     ) -> OutboxRow:
+        """Build from a result mapping (or a dict) holding `SEND_COLUMNS`; `sent_before`
+        defaults to whether the mapping's `last_attempt_at` is set."""
+        if sent_before is None:
+            sent_before = row.get("last_attempt_at") is not None
+        return cls(
+            id=int(row["id"]), message_id=row["message_id"], biz_type=row["biz_type"],
+            biz_key=row["biz_key"], topic=row["topic"], body=bytes(row["body"]),
+            lock_version=int(row["lock_version"]), gmt_create=row["gmt_create"],
+            tags=row.get("tags"), keys=row.get("keys"), headers=row.get("headers"),
+            retry_count=int(row.get("retry_count") or 0),
+            max_retries=int(row.get("max_retries") or 0), created_by=row.get("created_by"),
+            sent_before=sent_before,
+        )
+
+    def next_version(self) -> OutboxRow:
+        """This row after a compare-and-set bumped its `lock_version` (updated in place: a
+        relay moves thousands of rows a second, and a copy per row costs)."""
+        self.lock_version += 1
+        return self

@@ -1,0 +1,155 @@
+"""Running one listener for one message: the handler and its processed row in one transaction
+(or, without a session, the handler then its row), the handler deadline, and what an exception
+means.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
+from consumer_kit.listeners import Listener
+from consumer_kit.message import Message
+from consumer_kit.outcome import Outcome, Result
+from consumer_kit.processed import Claim, ProcessedStore, may_run_again
+
+log = logging.getLogger(__name__)
+
+#: errors that can never succeed on redelivery
+DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
+    InvalidBody, json.JSONDecodeError, UnicodeDecodeError,
+)
+
+
+class PastDeadline(Exception):
+    """The handler returned after its timeout: its transaction is rolled back."""
+
+
+class Handling:
+    """Runs listeners against one group's processed table."""
+
+    def __init__(self, engine: Engine, store: ProcessedStore, *,
+                 permanent: tuple[type[BaseException], ...] = ()) -> None:
+        self.engine = engine
+        self.store = store
+        self.permanent = DEFAULT_PERMANENT + tuple(permanent)
+
+    def run(self, listener: Listener, msg: Message, *, receipt: bool,
+            past_deadline: object) -> Result:
+        """Run `listener` for `msg`; `past_deadline()` (a callable) says whether the handler
+        overran its timeout. SUCCEEDED, DUPLICATE, REJECTED or RETRY."""
+        started = time.monotonic()
+        try:
+            if listener.wants_session:
+                return self._in_transaction(listener, msg, receipt, past_deadline)
+            return self._then_record(listener, msg, receipt, past_deadline)
+        except PastDeadline:
+            return Result(Outcome.RETRY, f"handler {listener.name} ran "
+                          f"{time.monotonic() - started:.1f}s, past its timeout of "
+                          f"{listener.timeout:g}s: rolled back")
+
+    def _in_transaction(self, listener: Listener, msg: Message, receipt: bool,
+                        past_deadline: object) -> Result:
+        try:
+            with self.engine.connect() as conn:
+                with conn.begin() as tx:
+                    claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
+                                             receipt=receipt)
+                    if claim is Claim.NEW:
+                        self._handle(listener, msg, conn, past_deadline)
+                        return Result(Outcome.SUCCEEDED)
+                    tx.rollback()
+                if claim is Claim.DONE:
+                    return Result(Outcome.DUPLICATE, "processed row exists")
+                if claim is Claim.DECIDED:
+                    return Result(Outcome.DUPLICATE, "rejected before", may_run_again=True)
+                # A row without effect that may run again (a dead letter, a re-sent rejection):
+                # take it over first, so that a concurrent run waits on its lock.
+                with conn.begin():
+                    if not self.store.rerun(conn, msg, ProcessedStatus.SUCCEEDED,
+                                            receipt=receipt):
+                        return Result(Outcome.DUPLICATE, "another run took the failed row")
+                    self._handle(listener, msg, conn, past_deadline)
+                    return Result(Outcome.SUCCEEDED, "ran again after a rejection or dead letter")
+        except PastDeadline:
+            raise
+        except Exception as exc:
+            return self.failure(listener, msg, exc, receipt=receipt)
+
+    def _handle(self, listener: Listener, msg: Message, conn: Connection,
+                past_deadline: object) -> None:
+        with Session(bind=conn) as session:
+            listener.fn(msg, session)
+            session.flush()
+        if callable(past_deadline) and past_deadline():
+            raise PastDeadline  # the transaction (still open) is rolled back by the caller
+
+    def _then_record(self, listener: Listener, msg: Message, receipt: bool,
+                     past_deadline: object) -> Result:
+        try:
+            found = self.store.status(msg.id)
+            if found is not None and not may_run_again(found, msg):
+                return Result(Outcome.DUPLICATE, "processed row exists",
+                              may_run_again=found is not ProcessedStatus.SUCCEEDED)
+            listener.fn(msg)
+        except Exception as exc:
+            return self.failure(listener, msg, exc, receipt=receipt)
+        if callable(past_deadline) and past_deadline():
+            log.warning("message %s: handler %s (without a session) finished past its timeout; "
+                        "its effect stays (at-least-once)", msg.id, listener.name)
+        try:
+            if not self.store.record(msg, ProcessedStatus.SUCCEEDED, receipt=receipt):
+                log.warning("message %s: processed concurrently by another consumer "
+                            "(a handler without a session is at-least-once)", msg.id)
+        except DBAPIError as exc:
+            return Result(Outcome.RETRY, f"database unavailable after the handler: {exc.orig}")
+        return Result(Outcome.SUCCEEDED)
+
+    def failure(self, listener: Listener | None, msg: Message, exc: Exception, *,
+                receipt: bool) -> Result:
+        """What an exception from a handler means: REJECTED (recorded), else RETRY."""
+        permanent = self.permanent + (listener.permanent if listener else ())
+        if isinstance(exc, Reject):
+            return self.reject(msg, exc.reason, receipt=receipt)
+        if isinstance(exc, permanent):
+            return self.reject(msg, f"{type(exc).__name__}: {exc}", receipt=receipt)
+        if isinstance(exc, Retry):
+            wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
+            return Result(Outcome.RETRY, exc.reason + wish)
+        if isinstance(exc, DBAPIError):
+            return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
+        name = listener.name if listener else "?"
+        log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, name,
+                    "".join(traceback.format_exception(exc)).rstrip())
+        return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+
+    def reject(self, msg: Message, reason: str, *, receipt: bool) -> Result:
+        """Record FAILED with the reason (durably) before the broker is acked."""
+        try:
+            if not self.store.record(msg, ProcessedStatus.FAILED, reason[:REASON_LEN],
+                                     receipt=receipt):
+                return Result(Outcome.DUPLICATE, "processed row exists")
+        except DBAPIError as exc:
+            return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
+        return Result(Outcome.REJECTED, reason)
+
+    def dead_letter(self, msg: Message, reason: str, *, receipt: bool) -> Result:
+        """The last attempt failed: record FAILED with why, so the reason reaches the producer
+        (a rejected receipt) while the transport moves the message to the dead letters."""
+        why = f"retries spent after {msg.reconsume_times + 1} deliveries: {reason}"
+        try:
+            if not self.store.record(msg, ProcessedStatus.DEAD_LETTERED, why[:REASON_LEN],
+                                     receipt=receipt):
+                return Result(Outcome.DUPLICATE, "processed row exists")
+        except DBAPIError as exc:
+            return Result(Outcome.RETRY, f"{reason} (and the database is unavailable to record "
+                          f"the dead letter: {exc.orig})")
+        return Result(Outcome.DEAD_LETTER, why)

@@ -1,0 +1,370 @@
+"""A small RocketMQ admin client speaking the remoting protocol (JSON headers) over TCP.
+
+`mqadmin` starts a JVM per call (2-4 s); the few admin operations consumer-kit needs (create a
+topic before consumers start, set a group's retry limit, read a dead-letter queue, look up routes)
+are a request and a response each, so they are done here in milliseconds. Only what 4.9.x brokers
+and name servers answer is used; nothing here is on the message hot path.
+
+Wire format of one frame: ``int32 length | int32 (serialize type << 24 | header length) | header
+JSON | body``; the header carries ``code``, ``opaque``, ``flag`` and string ``extFields``.
+
+>>> admin = RocketMQAdmin("127.0.0.1:9876")        # doctest: +SKIP
+>>> admin.create_topic("ORDER_CREATED", queues=4)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import socket
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from consumer_kit.core.errors import TransportError, TransportUnavailable
+from consumer_kit.core.messages import retry_topic
+from consumer_kit.transports.rocketmq.codec import (
+    StoredMessage,
+    decode_message,
+    decode_messages,
+    encode_properties,
+)
+from consumer_kit.transports.rocketmq.wire import DEFAULT_ADMIN_TIMEOUT, DEFAULT_TOPIC_QUEUES
+
+# Request codes (org.apache.rocketmq.common.protocol.RequestCode).
+SEND_MESSAGE = 10
+PULL_MESSAGE = 11
+UPDATE_AND_CREATE_TOPIC = 17
+GET_BROKER_CONFIG = 26
+VIEW_MESSAGE_BY_ID = 33
+GET_ROUTEINFO_BY_TOPIC = 105
+GET_BROKER_CLUSTER_INFO = 106
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
+
+# Response codes (ResponseCode).
+SUCCESS = 0
+SYSTEM_ERROR = 1
+SYSTEM_BUSY = 2
+FLUSH_DISK_TIMEOUT = 10
+SLAVE_NOT_AVAILABLE = 11
+FLUSH_SLAVE_TIMEOUT = 12
+TOPIC_NOT_EXIST = 17
+PULL_NOT_FOUND = 19
+PULL_RETRY_IMMEDIATELY = 20
+PULL_OFFSET_MOVED = 21
+
+PERM_READ = 4
+#: PullSysFlag.FLAG_SUBSCRIPTION: the pull carries its own subscription (no consumer online).
+_PULL_SUBSCRIPTION = 0x4
+PERM_WRITE = 2
+MASTER_ID = 0
+
+_opaque = itertools.count(1)
+#: fastjson writes maps with integer keys unquoted (`{0:"host:port"}`): quote them.
+_BARE_INT_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
+
+
+
+def _loads(raw: bytes) -> Any:
+    text = raw.decode("utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(_BARE_INT_KEY.sub(r'\1"\2":', text))
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise TransportError(f"not a host:port address: {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclasses.dataclass
+class _Response:
+    code: int
+    remark: str
+    ext: dict[str, str]
+    body: bytes
+
+
+def call(
+    addr: str,
+    code: int,
+    ext: Mapping[str, object] | None = None,
+    body: bytes = b"",
+    *,
+    timeout: float = DEFAULT_ADMIN_TIMEOUT,
+) -> _Response:
+    """Send one request to `addr` (a name server or a broker) and read its response.
+
+    Raises:
+        TransportUnavailable: cannot connect, or no answer within `timeout` seconds.
+    """
+    header = json.dumps({
+        "code": code,
+        "language": "PYTHON",
+        "version": 399,
+        "opaque": next(_opaque),
+        "flag": 0,
+        "serializeTypeCurrentRPC": "JSON",
+        "extFields": {k: str(v).lower() if isinstance(v, bool) else str(v)
+                      for k, v in (ext or {}).items()},
+    }).encode()
+    frame = struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body
+    try:
+        with socket.create_connection(_split_addr(addr), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(frame)
+            (length,) = struct.unpack(">I", _recv_exactly(sock, 4))
+            payload = _recv_exactly(sock, length)
+    except OSError as exc:
+        raise TransportUnavailable(f"RocketMQ at {addr} did not answer request {code}: {exc}") \
+            from exc
+    (mark,) = struct.unpack(">I", payload[:4])
+    header_len = mark & 0xFFFFFF
+    head = _loads(payload[4:4 + header_len])
+    return _Response(
+        code=int(head.get("code", -1)),
+        remark=str(head.get("remark") or ""),
+        ext={str(k): str(v) for k, v in (head.get("extFields") or {}).items()},
+        body=payload[4 + header_len:],
+    )
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionError("connection closed mid-response")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _check(response: _Response, what: str) -> _Response:
+    if response.code != SUCCESS:
+        raise TransportError(f"{what} failed: code {response.code} {response.remark}".strip())
+    return response
+
+
+class RocketMQAdmin:
+    """Admin operations against one name server (and the brokers it knows).
+
+    Raises `TransportUnavailable` when a server cannot be reached and `TransportError` when it
+    refuses a request.
+    """
+
+    def __init__(self, namesrv_addr: str, *, cluster: str | None = None,
+                 timeout: float = DEFAULT_ADMIN_TIMEOUT) -> None:
+        self.namesrv_addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
+        if not self.namesrv_addrs:
+            raise TransportError("no name server address given")
+        self.cluster = cluster
+        self.timeout = timeout
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------------------------- name server
+
+    def _namesrv_call(self, code: int, ext: Mapping[str, object] | None = None) -> _Response:
+        error: TransportUnavailable | None = None
+        for addr in self.namesrv_addrs:
+            try:
+                return call(addr, code, ext, timeout=self.timeout)
+            except TransportUnavailable as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    def master_brokers(self) -> dict[str, str]:
+        """`{broker name: master address}` of the cluster (all clusters when none was named)."""
+        data = _loads(_check(self._namesrv_call(GET_BROKER_CLUSTER_INFO),
+                             "GET_BROKER_CLUSTER_INFO").body)
+        names: set[str] | None = None
+        if self.cluster:
+            names = set(data.get("clusterAddrTable", {}).get(self.cluster, []))
+        masters = {}
+        for name, info in data.get("brokerAddrTable", {}).items():
+            addr = info.get("brokerAddrs", {}).get(str(MASTER_ID))
+            if addr and (names is None or name in names):
+                masters[name] = addr
+        if not masters:
+            raise TransportUnavailable("the name server knows no master broker "
+                                       f"{'in cluster ' + self.cluster if self.cluster else ''}")
+        return masters
+
+    def topic_route(self, topic: str) -> dict[str, Any] | None:
+        """The name server's route for `topic`, or None when it has none."""
+        response = self._namesrv_call(GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if response.code == TOPIC_NOT_EXIST:
+            return None
+        route: dict[str, Any] = _loads(_check(response, f"route of {topic}").body)
+        return route
+
+    def topic_queues(self, topic: str) -> list[tuple[str, str, int, int]]:
+        """`(broker name, master address, queue id, perm)` for each read queue of `topic`."""
+        route = self.topic_route(topic)
+        if route is None:
+            return []
+        addrs = {b["brokerName"]: b.get("brokerAddrs", {}).get(str(MASTER_ID))
+                 for b in route.get("brokerDatas", [])}
+        queues = []
+        for qd in route.get("queueDatas", []):
+            addr = addrs.get(qd["brokerName"])
+            if addr:
+                queues += [(qd["brokerName"], addr, q, int(qd["perm"]))
+                           for q in range(int(qd["readQueueNums"]))]
+        return queues
+
+    # ------------------------------------------------------------------------------------ brokers
+
+    def create_topic(self, topic: str, *, queues: int = DEFAULT_TOPIC_QUEUES,
+                     perm: int = PERM_READ | PERM_WRITE, order: bool = False) -> None:
+        """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`)."""
+        for addr in self.master_brokers().values():
+            _check(call(addr, UPDATE_AND_CREATE_TOPIC, {
+                "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
+                "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
+                "topicSysFlag": 0, "order": order,
+            }, timeout=self.timeout), f"create topic {topic}")
+
+    def update_subscription_group(self, group: str, *, retry_max_times: int,
+                                  retry_queues: int = 1) -> None:
+        """Create or update `group` with `retryMaxTimes` (`mqadmin updateSubGroup -r`)."""
+        body = json.dumps({
+            "groupName": group, "consumeEnable": True, "consumeFromMinEnable": True,
+            "consumeBroadcastEnable": True, "retryQueueNums": retry_queues,
+            "retryMaxTimes": retry_max_times, "brokerId": MASTER_ID,
+            "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True,
+        }).encode()
+        for addr in self.master_brokers().values():
+            _check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
+                        timeout=self.timeout), f"update subscription group {group}")
+
+    def prepare_group(self, group: str, *, retry_max_times: int | None = None) -> None:
+        """Make `group` ready before its first consumer starts: its `%RETRY%group` topic (the
+        C++ client otherwise assigns it only at its next rebalance, ~10 s later, which delays the
+        first redelivery) and, when given, its `retryMaxTimes`."""
+        if retry_max_times is not None:
+            self.update_subscription_group(group, retry_max_times=retry_max_times)
+        retry = retry_topic(group)
+        if self.topic_route(retry) is None:
+            self.create_topic(retry, queues=1)
+
+    def read_queue(self, broker_addr: str, topic: str, queue_id: int, *, group: str,
+                   offset: int = 0, batch: int = 32) -> list[StoredMessage]:
+        """Pull every message of one queue from `offset` without committing anything."""
+        found: list[StoredMessage] = []
+        while True:
+            response = call(broker_addr, PULL_MESSAGE, {
+                "consumerGroup": group, "topic": topic, "queueId": queue_id,
+                "queueOffset": offset, "maxMsgNums": batch, "sysFlag": _PULL_SUBSCRIPTION,
+                "commitOffset": 0,
+                "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0,
+                "expressionType": "TAG",
+            }, timeout=self.timeout)
+            if response.code == SUCCESS:
+                messages = list(decode_messages(response.body))
+                found += messages
+                offset = int(response.ext.get("nextBeginOffset", offset + len(messages)))
+                if not messages:
+                    return found
+                continue
+            if response.code in (PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY):
+                next_offset = int(response.ext.get("nextBeginOffset", offset))
+                if next_offset <= offset:
+                    return found
+                offset = next_offset
+                continue
+            raise TransportError(f"pull {topic}/{queue_id} failed: code {response.code} "
+                                 f"{response.remark}")
+
+    def read_topic(self, topic: str, *, group: str) -> list[StoredMessage]:
+        """Every stored message of `topic`, making it readable first when it is write-only
+        (the broker creates `%DLQ%` topics with write permission only)."""
+        with self._lock:
+            queues = self.topic_queues(topic)
+            if any(not perm & PERM_READ for _b, _a, _q, perm in queues):
+                count = max(q for _b, _a, q, _p in queues) + 1
+                self.create_topic(topic, queues=count, perm=PERM_READ | PERM_WRITE)
+            messages: list[StoredMessage] = []
+            for _broker, addr, queue_id, _perm in queues:
+                messages += self.read_queue(addr, topic, queue_id, group=group)
+        return messages
+
+    # ------------------------------------------------------------------ one message, one group
+
+    def view_message(self, broker_addr: str, commit_log_offset: int) -> StoredMessage | None:
+        """The message stored at `commit_log_offset` of one broker's commit log, with every
+        property (VIEW_MESSAGE_BY_ID), or None when that broker has none there.
+
+        Raises:
+            TransportUnavailable: the broker did not answer.
+        """
+        response = call(broker_addr, VIEW_MESSAGE_BY_ID, {"offset": commit_log_offset},
+                        timeout=self.timeout)
+        if response.code != SUCCESS or not response.body:
+            return None
+        try:
+            return decode_message(response.body)
+        except (TransportError, ValueError, struct.error):  # not a message start
+            return None
+
+    def subscription_groups(self, broker_addr: str) -> dict[str, dict[str, Any]]:
+        """`{group: config}` of one broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG): `retryMaxTimes`,
+        `retryQueueNums`, ..."""
+        body = _check(call(broker_addr, GET_ALL_SUBSCRIPTIONGROUP_CONFIG, timeout=self.timeout),
+                      "GET_ALL_SUBSCRIPTIONGROUP_CONFIG").body
+        table: dict[str, dict[str, Any]] = _loads(body).get("subscriptionGroupTable") or {}
+        return table
+
+    def broker_config(self, broker_addr: str) -> dict[str, str]:
+        """One broker's configuration (GET_BROKER_CONFIG), e.g. `messageDelayLevel`."""
+        body = _check(call(broker_addr, GET_BROKER_CONFIG, timeout=self.timeout),
+                      "GET_BROKER_CONFIG").body.decode("utf-8")
+        config = {}
+        for line in body.splitlines():
+            name, sep, value = line.partition("=")
+            if sep:
+                config[name.strip()] = value.strip()
+        return config
+
+    def send_message(self, broker_addr: str, *, topic: str, body: bytes,
+                     properties: Mapping[str, str], producer_group: str, born_timestamp_ms: int,
+                     flag: int = 0, sys_flag: int = 0, reconsume_times: int | None = None,
+                     max_reconsume_times: int | None = None) -> dict[str, str]:
+        """Store one message on one broker (SEND_MESSAGE, to a queue the broker picks); return
+        the response fields (`msgId`, `queueId`, `queueOffset`).
+
+        For a `%RETRY%group` topic the broker moves the message to `%DLQ%group` when
+        `reconsume_times >= max_reconsume_times` (SendMessageProcessor.handleRetryAndDLQ).
+
+        Raises:
+            TransportUnavailable: the broker did not answer, or answered busy.
+            TransportError: the broker refused the message.
+        """
+        ext: dict[str, object] = {
+            "producerGroup": producer_group, "topic": topic, "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": DEFAULT_TOPIC_QUEUES, "queueId": -1, "sysFlag": sys_flag,
+            "bornTimestamp": born_timestamp_ms, "flag": flag,
+            "properties": encode_properties(properties), "unitMode": False, "batch": False,
+        }
+        if reconsume_times is not None:
+            ext["reconsumeTimes"] = reconsume_times
+        if max_reconsume_times is not None:
+            ext["maxReconsumeTimes"] = max_reconsume_times
+        response = call(broker_addr, SEND_MESSAGE, ext, body, timeout=self.timeout)
+        if response.code == SYSTEM_BUSY:
+            raise TransportUnavailable(f"broker {broker_addr} is busy: {response.remark}")
+        if response.code not in _STORED:
+            raise TransportError(f"send to {topic} on {broker_addr} failed: code "
+                                 f"{response.code} {response.remark}".strip())
+        return response.ext
+
+
+#: Send answers that mean the message is stored (flush or replication merely lagging).
+_STORED = frozenset({SUCCESS, FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT})

@@ -1,0 +1,247 @@
+"""The RocketMQ push consumer of the transport: one PushConsumer per `consumer(...)` call, one
+routing callback for all its topics, never raising into the C++ client.
+
+A concurrent consumer never answers RECONSUME_LATER to the native client (which would send the
+whole pulled batch back, see `sendback`): a message whose callback failed is sent back
+by the transport itself, with the callback's reason, and answered CONSUME_SUCCESS. Only when
+that send-back fails is RECONSUME_LATER the last resort. An orderly consumer answers
+RECONSUME_LATER as before: the native client then suspends the queue and redelivers the batch
+in order (later messages of an ordered queue wait for the failed one by design).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from consumer_kit.core.envelope import PROP_ID
+from consumer_kit.core.errors import TransportError
+from consumer_kit.core.messages import (
+    ConsumeStatus,
+    Delivery,
+    DeliveryCallback,
+    Subscription,
+    Verdict,
+    as_verdict,
+)
+from consumer_kit.transports.base import Consumer
+from consumer_kit.transports.rocketmq import native
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
+from consumer_kit.transports.rocketmq.sendback import SendBack
+from consumer_kit.transports.rocketmq.wire import make_delivery, read_properties, text, translate
+
+
+class ConsumerHost(Protocol):
+    """What a consumer uses of its transport (`RocketMQTransport` is one)."""
+
+    addr: str
+    ordered_topics: frozenset[str]
+    extra_properties: tuple[str, ...]
+    create_topics: bool
+    client_log_dir: str | None
+    client_log_level: str | None
+    admin: RocketMQAdmin
+    send_back_patience: float
+
+    def ensure_topic(self, topic: str) -> None: ...
+
+    def prepare_group(self, group: str) -> None: ...
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+#: Running consumers and their ctypes callbacks, kept alive until shutdown has returned.
+_LIVE: set[RocketMQConsumer] = set()
+_LIVE_LOCK = threading.Lock()
+_local = threading.local()
+
+
+class RocketMQConsumer(Consumer):
+    """One PushConsumer of one group, with one routing callback for all its topics."""
+
+    def __init__(
+        self,
+        transport: ConsumerHost,
+        group: str,
+        subscriptions: Sequence[Subscription],
+        callback: DeliveryCallback,
+        *,
+        threads: int,
+    ) -> None:
+        self.transport = transport
+        self.group = group
+        self.subscriptions = list(subscriptions)
+        self.callback = callback
+        self.threads = threads
+        self.orderly = all(s.topic in transport.ordered_topics for s in self.subscriptions)
+        self.send_back = SendBack(transport.admin, group,
+                                  patience=transport.send_back_patience)
+        self.instance_name = native.new_instance_name("c")
+        self._push: Any = None
+        self._c_callback: Any = None
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._started = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def start(self) -> None:
+        """Configure the group and topics when asked to, then start the PushConsumer.
+
+        Raises:
+            TransportUnavailable: the broker cannot be reached.
+            ConfigError: librocketmq is missing.
+        """
+        if self._started:
+            return
+        transport = self.transport
+        if transport.create_topics:
+            for sub in self.subscriptions:
+                transport.ensure_topic(sub.topic)
+        transport.prepare_group(self.group)
+        if not self.orderly:
+            self.send_back.limit()  # known before the first delivery (Delivery.max_reconsume_times)
+        client = native.client()
+        push = client.PushConsumer(self.group, orderly=self.orderly)
+        push.set_name_server_address(transport.addr)
+        push.set_instance_name(self.instance_name)
+        push.set_thread_count(self.threads)
+        push.set_message_batch_max_size(1)
+        native.configure_client_log(push._handle, kind="PushConsumer",
+                                    path=transport.client_log_dir,
+                                    level=transport.client_log_level)
+        self._c_callback = native.subscribe_one_callback(
+            push, [(s.topic, s.expression or "*") for s in self.subscriptions],
+            self._on_message, orderly=self.orderly)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            push.start()
+        except Exception as exc:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            raise translate(exc, f"starting consumer {self.group}") from exc
+        self._push = push
+        self._started = True
+        topics = ", ".join(f"{s.topic}[{s.expression}]" for s in self.subscriptions)
+        log.info("consumer %s (%s) started on %s: %s", self.group, self.instance_name,
+                 transport.addr, topics)
+
+    def _on_message(self, _consumer: Any, handle: Any) -> int:
+        """The ctypes callback: never raises, always answers 0 (success) or 1 (later)."""
+        try:
+            return self._consume(handle)
+        except BaseException:  # last line of defence (e.g. logging failing at interpreter exit)
+            return int(ConsumeStatus.RECONSUME_LATER)
+
+    def _consume(self, handle: Any) -> int:
+        msg_id = "?"
+        with self._lock:
+            self._in_flight += 1
+        _local.in_callback = True
+        try:
+            try:
+                delivery = self._copy(handle)
+            except BaseException:
+                log.exception("consumer %s: cannot read a message; reconsume later", self.group)
+                return int(ConsumeStatus.RECONSUME_LATER)
+            msg_id = delivery.properties.get(PROP_ID) or delivery.broker_message_id
+            try:
+                verdict = as_verdict(self.callback(delivery))
+            except BaseException as exc:
+                log.exception("consumer %s: message %s: callback failed; reconsume later",
+                              self.group, msg_id)
+                verdict = Verdict(ConsumeStatus.RECONSUME_LATER,
+                                  f"{type(exc).__name__}: {exc}")
+            if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
+                return int(ConsumeStatus.CONSUME_SUCCESS)
+            if self.orderly:
+                log.debug("consumer %s: message %s: reconsume later (ordered)", self.group, msg_id)
+                return int(ConsumeStatus.RECONSUME_LATER)
+            return self._send_back(handle, delivery, msg_id, verdict.reason)
+        finally:
+            _local.in_callback = False
+            with self._lock:
+                self._in_flight -= 1
+
+    def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, reason: str) -> int:
+        """Send a failed message back ourselves and answer success, so that the native client
+        never sends its batch neighbours back; RECONSUME_LATER only when that fails."""
+        try:
+            offset = native.commit_log_offset(handle)
+            sent = self.send_back.send_back(delivery, offset, reason)
+        except Exception as exc:
+            log.error("consumer %s: message %s: could not send it back (%s); answering "
+                      "RECONSUME_LATER: the native client sends back this message and the rest "
+                      "of its batch", self.group, msg_id, exc)
+            return int(ConsumeStatus.RECONSUME_LATER)
+        if sent.delay_level:
+            log.info("consumer %s: message %s failed (%s): reconsume %d at delay level %d",
+                     self.group, msg_id, reason or "no reason given", sent.reconsume_times,
+                     sent.delay_level)
+        else:
+            log.warning("consumer %s: message %s moved to %s after %d reconsumes: %s",
+                        self.group, msg_id, sent.topic, sent.reconsume_times - 1,
+                        reason or "no reason given")
+        return int(ConsumeStatus.CONSUME_SUCCESS)
+
+    def _copy(self, handle: Any) -> Delivery:
+        """Copy everything out of the C message (valid only during the callback)."""
+        msg = native.client().ReceivedMessage(handle)
+        reconsume_times = int(msg.reconsume_times)
+        values = read_properties(lambda name: text(msg.get_property(name)),
+                                 self.transport.extra_properties, reason=reconsume_times > 0)
+        return make_delivery(
+            topic=text(msg.topic),
+            body=bytes(msg.body or b""),
+            broker_message_id=text(msg.id),
+            tags=text(msg.tags),
+            keys=text(msg.keys),
+            properties=values,
+            reconsume_times=reconsume_times,
+            queue_id=int(msg.queue_id),
+            queue_offset=int(msg.queue_offset),
+            born_timestamp_ms=int(msg.born_timestamp),
+            max_reconsume_times=None if self.orderly else self.send_back.limit(),
+        )
+
+    def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+        """Stop the PushConsumer (it lets running callbacks finish and persists offsets).
+
+        Waits up to `timeout` seconds; on a timeout the consumer is left to finish in the
+        background (and stays referenced). Must not be called from inside the callback.
+
+        Raises:
+            TransportError: called from a consume callback (the C++ client would deadlock).
+        """
+        if getattr(_local, "in_callback", False):
+            raise TransportError(f"consumer {self.group}: shutdown() called from its callback")
+        push, self._push = self._push, None
+        if push is None:
+            return
+        done = threading.Event()
+
+        def stop() -> None:
+            try:
+                push.shutdown()
+                native.destroy_push_consumer(push)  # after a clean shutdown only
+            except Exception:
+                log.exception("consumer %s: shutdown failed", self.group)
+            finally:
+                done.set()
+
+        began = time.monotonic()
+        threading.Thread(target=stop, name=f"ckit-rmq-stop-{self.group}", daemon=True).start()
+        if not done.wait(timeout):
+            log.warning("consumer %s: shutdown still running after %.1f s (%d in flight)",
+                        self.group, timeout, self._in_flight)
+            return  # stays in _LIVE: its callback must outlive the C++ threads
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        log.info("consumer %s (%s) shut down in %.2f s", self.group, self.instance_name,
+                 time.monotonic() - began)

@@ -1,0 +1,260 @@
+"""The SQL transport's database access: engines tuned per dialect, and short transactions retried
+on transient errors and translated into the library's errors at the transaction boundary.
+
+SQLite: WAL journal (readers never block the writer), `busy_timeout`, and `BEGIN IMMEDIATE` for
+write transactions so that two processes never both read and then fail to upgrade to a write lock.
+MariaDB/MySQL: READ COMMITTED (no gap locks; every poll sees the latest commits), pre-ping.
+PostgreSQL: its default READ COMMITTED; errors are told apart by SQLSTATE.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+
+from consumer_kit.core.errors import (
+    ConfigError,
+    DuplicateKey,
+    SchemaError,
+    TransportError,
+    TransportUnavailable,
+)
+from consumer_kit.core.schema import DEFAULT_MQ_PREFIX, MqTables
+from consumer_kit.core.urls import mask_text, mask_url
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT = 5.0
+DEFAULT_UNAVAILABLE_AFTER = 30.0
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+#: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections,
+#: can't connect, server gone away, lost connection, connection killed, read-only failover.
+_MYSQL_TRANSIENT = {1205, 1213, 1040, 1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+_MYSQL_NO_TABLE = {1146}
+#: Duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY).
+_MYSQL_DUPLICATE = {1062, 1586, 1022}
+#: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
+#: failure, deadlock, lock not available, too many connections, admin/crash shutdown, cannot
+#: connect now (and class 08, connection exceptions).
+_PG_NO_TABLE = {"42P01"}
+_PG_DUPLICATE = {"23505"}
+_PG_TRANSIENT = {"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"}
+_SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
+                     "unable to open database file", "disk i/o error")
+
+
+def _driver_code(error: exc.DBAPIError) -> int | None:
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _sqlstate(error: exc.DBAPIError) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
+    return getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+
+
+class Database:
+    """One engine and the retry policy around it. Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        tables: MqTables,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        unavailable_after: float = DEFAULT_UNAVAILABLE_AFTER,
+        sqlite_synchronous: str = "FULL",
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            parsed = sa.make_url(url)
+        except exc.ArgumentError as error:
+            raise ConfigError(f"invalid database URL {mask_url(url)!r} for the SQL transport: "
+                              "use sql+sqlite:///path.db or sql+mysql+pymysql://...") from error
+        self.masked_url = mask_url(url)
+        self.tables = tables
+        self.unavailable_after = unavailable_after
+        self.dialect = parsed.get_backend_name()
+        options: dict[str, Any] = {}
+        if self.dialect == "sqlite":
+            if parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed):
+                raise ConfigError("the SQL transport needs a SQLite file shared by its threads "
+                                  "and processes: use sql+sqlite:///path/to/ckit-mq.db")
+            folder = Path(parsed.database).expanduser().resolve().parent
+            if not folder.is_dir():
+                raise ConfigError(f"the folder of the SQLite file {parsed.database!r} does not "
+                                  "exist; create it first")
+            sync = sqlite_synchronous.upper()
+            if sync not in SQLITE_SYNCHRONOUS:
+                raise ConfigError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
+            options.update(pool_size=8, max_overflow=24, connect_args={"check_same_thread": False})
+        elif self.dialect in ("mysql", "mariadb"):
+            # No pre-ping (a round trip per transaction): a stale pooled connection fails on the
+            # first statement, before anything was written, and `run` retries on a fresh one.
+            options.update(isolation_level="READ COMMITTED", pool_size=8, max_overflow=24,
+                           pool_recycle=1800)
+        options.update(engine_options or {})
+        try:
+            self.engine = sa.create_engine(parsed, **options)
+        except (exc.ArgumentError, ImportError) as error:
+            raise ConfigError(f"cannot open {self.masked_url}: {error}") from error
+        # SQLite has one writer: threads of this process queue on a lock instead of spinning in
+        # SQLite's busy handler (which sleeps up to 100 ms per try); other processes still do.
+        self._write_lock: threading.Lock | None = None
+        if self.dialect == "sqlite":
+            _configure_sqlite(self.engine, busy_timeout, sqlite_synchronous.upper())
+            self.writer: sa.Engine = self.engine.execution_options(ckit_immediate=True)
+            self._write_lock = threading.Lock()
+        else:
+            self.writer = self.engine
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True on SQLite (one writer at a time; `FOR UPDATE` is a no-op there)."""
+        return self.dialect == "sqlite"
+
+    def run(self, work: Callable[[sa.Connection], T], *, write: bool, what: str) -> T:
+        """Run `work` in one transaction, retrying transient errors with back-off.
+
+        Raises:
+            SchemaError: a transport table is missing.
+            DuplicateKey: a primary key or unique index was already taken (never retried).
+            TransportUnavailable: still failing after `unavailable_after` seconds.
+            TransportError: any other database error.
+        """
+        deadline = time.monotonic() + self.unavailable_after
+        delay = 0.005
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if write and self._write_lock is not None:
+                    with self._write_lock, self.writer.begin() as conn:
+                        return work(conn)
+                with (self.writer if write else self.engine).begin() as conn:
+                    return work(conn)
+            except exc.DBAPIError as error:
+                if self._is_missing_table(error):
+                    raise self.schema_error(str(error.orig)) from error
+                if self._is_duplicate(error):
+                    raise DuplicateKey(
+                        f"SQL transport could not {what} on {self.masked_url}: "
+                        f"{mask_text(str(error.orig))}"
+                    ) from error
+                if not self._is_transient(error):
+                    raise TransportError(
+                        f"SQL transport failed to {what} on {self.masked_url}: "
+                        f"{mask_text(str(error.orig))}"
+                    ) from error
+                if time.monotonic() + delay > deadline:
+                    raise TransportUnavailable(
+                        f"SQL transport database {self.masked_url} unavailable for "
+                        f"{self.unavailable_after:g}s ({attempt} attempts to {what}): "
+                        f"{mask_text(str(error.orig))}"
+                    ) from error
+                if attempt in (3, 30, 300):
+                    log.info("retrying %s on %s after: %s", what, self.masked_url,
+                             mask_text(str(error.orig)))
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    def schema_error(self, detail: str) -> SchemaError:
+        """The error for missing tables, saying which command creates them."""
+        prefix = self.tables.prefix
+        which = "" if prefix == DEFAULT_MQ_PREFIX else f" (table prefix {prefix!r})"
+        return SchemaError(
+            f"the SQL transport's tables are missing{which}: {mask_text(detail)}; "
+            f"run `ckit db init --url {self.masked_url}` (or pass create_tables=True)"
+        )
+
+    def check_schema(self, *, create: bool) -> None:
+        """Create the tables (`create`) or check that they exist.
+
+        Raises:
+            SchemaError: a table is missing and `create` is false.
+            TransportUnavailable: the database cannot be reached.
+        """
+
+        def check(conn: sa.Connection) -> list[str]:
+            inspector = sa.inspect(conn)
+            return [t.name for t in self.tables.all if not inspector.has_table(t.name)]
+
+        missing = self.run(check, write=False, what="check the schema")
+        if missing and create:
+            try:
+                self.tables.metadata.create_all(self.engine, checkfirst=True)
+            except exc.DBAPIError as error:  # another process created them at the same time
+                log.info("create_all raced: %s", mask_text(str(error.orig)))
+            missing = self.run(check, write=False, what="check the schema")
+        if missing:
+            raise self.schema_error("missing " + ", ".join(missing))
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def _is_missing_table(self, error: exc.DBAPIError) -> bool:
+        if self.is_sqlite:
+            return "no such table" in str(error.orig).lower()
+        if self.dialect == "postgresql":
+            return _sqlstate(error) in _PG_NO_TABLE
+        return _driver_code(error) in _MYSQL_NO_TABLE
+
+    def _is_duplicate(self, error: exc.DBAPIError) -> bool:
+        if not isinstance(error, exc.IntegrityError):
+            return False
+        if self.is_sqlite:
+            return "unique constraint failed" in str(error.orig).lower()
+        if self.dialect == "postgresql":
+            return _sqlstate(error) in _PG_DUPLICATE
+        return _driver_code(error) in _MYSQL_DUPLICATE
+
+    def _is_transient(self, error: exc.DBAPIError) -> bool:
+        if error.connection_invalidated:
+            return True
+        if self.is_sqlite:
+            text = str(error.orig).lower()
+            return any(marker in text for marker in _SQLITE_TRANSIENT)
+        if isinstance(error, exc.InterfaceError):
+            return True
+        if self.dialect == "postgresql":
+            state = _sqlstate(error)
+            if state is None:  # no server answer: refused, reset, timed out
+                return isinstance(error, exc.OperationalError)
+            return state in _PG_TRANSIENT or state.startswith("08")
+        return _driver_code(error) in _MYSQL_TRANSIENT
+
+
+def _configure_sqlite(engine: sa.Engine, busy_timeout: float, synchronous: str) -> None:
+    """WAL, busy timeout, and our own BEGIN (the driver's implicit BEGIN is turned off)."""
+    pragmas = (
+        f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}",
+        "PRAGMA journal_mode = WAL",
+        f"PRAGMA synchronous = {synchronous}",
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            for pragma in pragmas:  # fixed text: validated numbers and names only
+                cursor.execute(pragma)
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        immediate = conn.get_execution_options().get("ckit_immediate")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -1,0 +1,207 @@
+"""The Spark source of the reconciler (`--engine spark`): partitioned JDBC reads joined in Spark.
+
+Fix the window's bounds on the driver (a cheap indexed query), read the window partitioned by
+id, read the evidence of its message ids (IN-list predicates, or for a very large window a
+`processed_at` range read joined in Spark), group it per message and join it to the window; the
+loop (`consumer_kit.reconcile.loop`) classifies and repairs the joined rows as they stream to the
+driver. Orphan candidates: the processed window anti-joined with recent outbox ids in Spark (the
+loop checks the survivors exactly). `spark/reconcile_job.py` is the spark-submit entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from consumer_kit.core.errors import ReconcileError
+from consumer_kit.core.schema import processed_table
+from consumer_kit.core.urls import mask_text
+from consumer_kit.reconcile.conditions import processed_window_conditions
+from consumer_kit.reconcile.model import IN_CHUNK, Evidence, GroupSource, Orphan, WindowRow, chunks
+from consumer_kit.reconcile.source import Run, Source
+from consumer_kit.reconcile.sql_source import fetch_evidence
+from spark.jdbc import require_literal, to_jdbc
+from spark.reads import (
+    EVIDENCE_SCHEMA,
+    read_evidence_by_ids,
+    read_evidence_by_range,
+    read_outbox_ids_since,
+    read_processed_window,
+    read_window,
+    split_safe,
+    window_bounds,
+)
+from spark.session import build_session
+
+#: How far before the window's oldest `sent_at` a large-window range read starts (clock skew,
+#: receipts that arrive before the relay marked the row SENT).
+RANGE_SKEW = dt.timedelta(hours=1)
+
+
+class SparkSource(Source):
+    """Reads the facts with Spark. Joins an active SparkSession (tests, spark-submit) or starts
+    one, stopped again by `close`.
+
+    Raises:
+        ConfigError: a JDBC driver jar is missing, a database Spark cannot read, or a group
+            name, topic or `--src` with characters that cannot go into a JDBC query.
+    """
+
+    def __init__(self, run: Run, *, spark: Any = None) -> None:
+        from pyspark.sql import SparkSession
+
+        super().__init__(run)
+        config = run.config
+        for group in config.groups:
+            require_literal(group.name, "consumer group")
+            for topic in group.topics:
+                require_literal(topic, "topic")
+        if config.src:
+            require_literal(config.src, "producer name (--src)")
+        self.producer = to_jdbc(config.producer_url)
+        self.groups = {g.name: to_jdbc(g.url) for g in config.groups}
+        started = time.monotonic()
+        session = spark or SparkSession.getActiveSession()
+        self.own_session = session is None
+        if session is None:
+            run.progress(f"starting Spark ({config.master or 'spark-submit master'})")
+            session = build_session(config, {self.producer.dialect,
+                                             *(g.dialect for g in self.groups.values())})
+        self.spark = session
+        run.builder.summary.durations["spark_start"] = time.monotonic() - started
+        run.builder.summary.details["spark_master"] = session.sparkContext.master
+        self.cached: list[Any] = []
+        self._outbox_ids: Any = None
+
+    def close(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached.clear()
+        if self.own_session:
+            self.spark.stop()
+
+    def _keep(self, frame: Any) -> Any:
+        from pyspark import StorageLevel
+
+        kept = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self.cached.append(kept)
+        return kept
+
+    def window(self) -> Iterator[tuple[WindowRow, Sequence[Evidence]]]:
+        with _java_errors():
+            yield from self._window()
+
+    def _window(self) -> Iterator[tuple[WindowRow, Sequence[Evidence]]]:
+        from pyspark.sql import functions as F
+
+        run = self.run
+        config, builder = run.config, run.builder
+        durations = builder.summary.durations
+        engine = run.engines.get(config.producer_url)
+        phase = time.monotonic()
+        bounds = window_bounds(engine, config, run.cutoff)
+        durations["bounds"] = time.monotonic() - phase
+        sent, sending = bounds["sent"], bounds["sending"]
+        builder.summary.details["bounds"] = {name: part._asdict() for name, part in bounds.items()}
+        run.progress(f"window: {sent.rows + sending.rows} outbox rows before cutoff "
+                     f"{run.cutoff.isoformat(sep=' ')} (SENT ids {sent.min_id}..{sent.max_id}, "
+                     f"SENDING {sending.rows})")
+        if not sent.rows + sending.rows:
+            return
+        phase = time.monotonic()
+        window = self._keep(read_window(self.spark, self.producer, config, run.cutoff, bounds))
+        rows = window.count()
+        builder.read("window", rows)
+        durations["read_window"] = time.monotonic() - phase
+        builder.summary.details["window_partitions"] = window.rdd.getNumPartitions()
+        run.progress(f"read {rows} window rows ({durations['read_window']:.1f}s)")
+
+        phase = time.monotonic()
+        if rows <= config.in_list_max:
+            ids = [r.message_id for r in window.select("message_id").collect()]
+            safe, unsafe = split_safe(ids)
+            evidence = read_evidence_by_ids(self.spark, config, self.producer, self.groups, safe)
+            if unsafe:  # quotes or control characters: fetched with bound parameters instead
+                evidence = evidence.unionByName(self._driver_evidence(unsafe))
+            builder.summary.details["evidence_read"] = "in_lists"
+        else:
+            oldest = sent.oldest_sent_at or run.cutoff
+            evidence = read_evidence_by_range(self.spark, config, self.producer, self.groups,
+                                              since=oldest - RANGE_SKEW, until=run.now)
+            evidence = evidence.join(window.select("message_id"), "message_id", "left_semi")
+            builder.summary.details["evidence_read"] = "range"
+        evidence = self._keep(evidence)
+        for r in evidence.groupBy("grp", F.col("receipt_outcome").isNotNull().alias("rc")) \
+                .count().collect():
+            builder.read("receipts" if r["rc"] else f"processed:{r['grp']}", int(r["count"]))
+        per_message = evidence.groupBy("message_id").agg(F.collect_list(F.struct(
+            "grp", "processed_status", "processed_error", "receipt_outcome", "receipt_reason",
+        )).alias("ev"))
+        joined = self._keep(window.join(per_message, "message_id", "left"))
+        joined.count()
+        durations["read_evidence"] = time.monotonic() - phase
+        run.progress(f"evidence joined ({durations['read_evidence']:.1f}s); classifying")
+        for r in joined.toLocalIterator():
+            row = WindowRow(**{n: r[n] for n in WindowRow.__dataclass_fields__})
+            yield row, [Evidence(group=e["grp"], processed_status=e["processed_status"],
+                                 processed_error=e["processed_error"],
+                                 receipt_outcome=e["receipt_outcome"],
+                                 receipt_reason=e["receipt_reason"]) for e in (r["ev"] or ())]
+
+    def _driver_evidence(self, ids: Sequence[str]) -> Any:
+        rows: list[tuple[str | None, ...]] = []
+        for chunk in chunks(ids, IN_CHUNK):
+            found = fetch_evidence(self.run.engines, self.run.config, chunk, self.run.builder)
+            for message_id, items in found.items():
+                rows.extend((message_id, e.group, e.processed_status, e.processed_error,
+                             e.receipt_outcome, e.receipt_reason) for e in items)
+        return self.spark.createDataFrame(rows, EVIDENCE_SCHEMA)
+
+    def orphan_candidates(self, group: GroupSource, since: dt.datetime) -> Iterator[Orphan]:
+        with _java_errors():
+            yield from self._orphan_candidates(group, since)
+
+    def _orphan_candidates(self, group: GroupSource, since: dt.datetime) -> Iterator[Orphan]:
+        run = self.run
+        config = run.config
+        conds = processed_window_conditions(processed_table(sa.MetaData(), group.table), group,
+                                            since=since, until=run.cutoff, src=config.src)
+        with run.engines.get(group.url).connect() as conn:
+            count = int(conn.execute(sa.select(sa.func.count()).where(*conds)).scalar() or 0)
+        run.builder.read(f"orphan_scan:{group.name}", count)
+        if not count:
+            return
+        window = read_processed_window(self.spark, self.groups[group.name], config, group,
+                                       since, run.cutoff, count)
+        if self._outbox_ids is None:
+            # Outbox rows are created before they are processed; the loop's exact check catches
+            # the rare message created before this range (a long delay, many retries) and the
+            # messages already moved to the archive.
+            self._outbox_ids = self._keep(read_outbox_ids_since(
+                self.spark, run.engines.get(config.producer_url), self.producer, config,
+                since - config.orphan_window))
+        candidates = window.join(self._outbox_ids, "message_id", "left_anti").collect()
+        run.progress(f"orphan scan {group.name}: {count} processed rows in the window, "
+                     f"{len(candidates)} without a recent outbox row")
+        for c in candidates:
+            yield Orphan(group=group.name, message_id=c["message_id"], topic=c["topic"],
+                         status=c["status"], processed_at=c["processed_at"])
+
+
+@contextlib.contextmanager
+def _java_errors() -> Iterator[None]:
+    """A failed Spark job raises a JVM stack trace: keep its first line."""
+    try:
+        yield
+    except Exception as exc:
+        if type(exc).__name__ != "Py4JJavaError":
+            raise
+        java = getattr(exc, "java_exception", None)
+        text = str(java.toString()) if java is not None else str(exc)
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        raise ReconcileError(f"Spark job failed: {mask_text(first)}") from None

@@ -1,0 +1,169 @@
+"""The consumer's edges: nothing recorded as done that did not run, every listener reachable,
+and a handler deadline that rolls back and redelivers while no second consumer starts it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from consumer_kit import Message
+from consumer_kit.core.errors import ConfigError, HandlerSignatureError
+from consumer_kit.core.messages import ConsumeStatus, Delivery
+from consumer_kit.metrics import HANDLER_TIMEOUTS
+from consumer_kit.outcome import Outcome
+from tests.consumer.conftest import Env, add_reservation, delivery
+
+
+def test_an_async_handler_is_refused_at_registration_not_recorded_as_done(env: Env) -> None:
+    app = env.app()
+
+    async def reserve(msg: Message, session: Any) -> None:  # its coroutine would never run
+        add_reservation(env, session, "A")
+
+    class Handler:
+        async def __call__(self, msg: Message) -> None:
+            pass
+
+    with pytest.raises(HandlerSignatureError, match="async"):
+        app.listener("ORDER_CREATED")(reserve)
+    with pytest.raises(HandlerSignatureError, match="async"):
+        app.listener("ORDER_CREATED")(Handler())
+    assert app.router.listeners == []
+
+
+def test_an_empty_topic_is_refused(env: Env) -> None:
+    with pytest.raises(ConfigError, match="non-empty string"):
+        env.app().listener("")(lambda msg: None)
+
+
+@pytest.mark.parametrize("order", ["star first", "tag first"])
+def test_a_tagged_listener_is_reached_whatever_the_order_of_registration(
+        env: Env, order: str) -> None:
+    # Given a "*" listener and a "created" listener of one topic
+    app = env.app()
+    seen: list[str] = []
+    star = ("*", lambda msg: seen.append("star"))
+    tagged = ("created", lambda msg: seen.append("created"))
+    for tags, fn in ([star, tagged] if order == "star first" else [tagged, star]):
+        app.listener("ORDER_CREATED", tags=tags)(fn)
+    # When messages of each tag arrive
+    app.process(delivery("M1", tags="created"))
+    app.process(delivery("M2", tags="paid"))
+    # Then each went to its own listener
+    assert seen == ["created", "star"]
+
+
+def test_two_listeners_claiming_one_tag_are_refused(env: Env) -> None:
+    app = env.app()
+    app.listener("ORDER_CREATED", tags="a || b")(lambda msg: None)
+    with pytest.raises(ConfigError, match="could never receive them"):
+        app.listener("ORDER_CREATED", tags="b")(lambda msg: None)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "10s"])
+def test_a_bad_timeout_is_refused(env: Env, bad: object) -> None:
+    with pytest.raises(ConfigError, match="timeout"):
+        env.app().listener("T", timeout=bad)(lambda msg: None)
+
+
+def test_a_handler_past_its_timeout_is_rolled_back_counted_and_redelivered(env: Env) -> None:
+    # Given a handler that is slow the first time
+    app = env.app()
+    calls: list[int] = []
+
+    @app.listener("ORDER_CREATED", timeout=0.3)
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.8)
+
+    before = HANDLER_TIMEOUTS.labels(app.group, "ORDER_CREATED")._value.get()
+    # When it runs past its timeout
+    first = app.pipeline().process(delivery("M1"))
+    # Then its transaction was rolled back, the broker redelivers, the timeout was counted
+    assert first.outcome is Outcome.RETRY and "past its timeout of 0.3s" in str(first.reason)
+    assert env.effects() == {}
+    assert HANDLER_TIMEOUTS.labels(app.group, "ORDER_CREATED")._value.get() == before + 1
+    # and the redelivery applies it once
+    assert app.process(delivery("M1", reconsume=1)).status is ConsumeStatus.CONSUME_SUCCESS
+    assert env.effects() == {"A": 1}
+    app.close()
+
+
+def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handler(
+        env: Env) -> None:
+    # Given two consumers of one group with a short handler lease, the first one slow
+    import datetime as dt
+
+    slow_started = threading.Event()
+    apps = [env.app(lease=dt.timedelta(seconds=1)) for _ in range(2)]
+    # (env.app gives each its own group name; make them one group)
+    apps[1].group = apps[0].group
+
+    def handler(slow: bool) -> Any:
+        def reserve(msg: Message, session: Any) -> None:
+            if slow:
+                slow_started.set()
+                time.sleep(2.5)
+            add_reservation(env, session, "A")
+        return reserve
+
+    apps[0].listener("ORDER_CREATED", timeout=10)(handler(True))
+    apps[1].listener("ORDER_CREATED", timeout=10)(handler(False))
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(
+        apps[0].pipeline().process(delivery("M1"))))
+    worker.start()
+    assert slow_started.wait(5)
+    time.sleep(1.6)  # longer than the lease: only a renewal keeps it
+    # When the second consumer gets the same message meanwhile
+    second = apps[1].pipeline().process(delivery("M1"))
+    worker.join(10)
+    # Then it was told another consumer holds it (the broker redelivers later), and the
+    # effect is applied once
+    assert second.outcome is Outcome.BUSY
+    assert results[0].outcome is Outcome.SUCCEEDED
+    assert env.effects() == {"A": 1}
+    for app in apps:
+        app.close()
+
+
+def test_messages_from_other_producers_owe_no_receipt_and_make_no_noise(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    app = env.app(receipts="topic")
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    plain = Delivery("ORDER_CREATED", b"{}", "UNIQ1", tags="created", keys="order-7")
+    assert app.process(plain).status is ConsumeStatus.CONSUME_SUCCESS
+    assert app.pipeline().store.owed() == 0
+    assert "receipt" not in caplog.text.lower()
+    app.close()
+
+
+def test_a_consumer_stopped_with_a_handler_still_running_says_it_left_it_behind() -> None:
+    # Given a consumer whose only handler takes longer than the shutdown allows
+    from consumer_kit.core.messages import OutgoingMessage, Subscription
+    from consumer_kit.transports.memory import MemoryTransport
+    from consumer_kit.transports.running import run_consumer
+
+    transport = MemoryTransport()
+    started = threading.Event()
+
+    def slow(_d: Delivery) -> ConsumeStatus:
+        started.set()
+        time.sleep(3)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    transport.send(OutgoingMessage("T", b"x"))
+    consumer = transport.consumer("g", [Subscription("T")], slow)
+    # When it is stopped after half a second
+    left = run_consumer(consumer, threading.Event(), max_seconds=0.5, shutdown_timeout=0.5)
+    # Then it says one handler was left running
+    assert started.is_set() and left == 1
