@@ -29,6 +29,7 @@ def machine_facts(engine: sa.engine.Engine | None = None) -> str:
         f"command : {mask_text(shlex.join([sys.executable.rsplit('/', 1)[-1], *sys.argv]))}",
         f"machine : {os.cpu_count()} cores ({cpu}), {mem_gb:.1f} GiB RAM, {platform.platform()}",
         f"python  : {platform.python_version()}, sqlalchemy {sa.__version__}",
+        f"load    : {load_average()} (1/5/15 min; other work on this machine skews figures)",
     ]
     if engine is not None:
         with engine.connect() as conn:
@@ -36,10 +37,20 @@ def machine_facts(engine: sa.engine.Engine | None = None) -> str:
                 version = conn.execute(sa.text("SELECT VERSION()")).scalar()
             elif engine.dialect.name == "sqlite":
                 version = "sqlite " + str(conn.execute(sa.text("SELECT sqlite_version()")).scalar())
+            elif engine.dialect.name == "postgresql":
+                version = str(conn.execute(sa.text("SELECT version()")).scalar()).split(" on ")[0]
             else:
                 version = engine.dialect.name
         lines.append(f"database: {version}")
     return "\n".join(lines)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, e.g. `0.52 0.61 0.70`."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

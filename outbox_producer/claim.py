@@ -15,11 +15,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import supports_skip_locked
+from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.rows import SEND_COLUMNS, OutboxRow
 from consumer_kit.core.states import OutboxState
-from consumer_kit.core.transitions import Ids, Versions, Where, cas
+from consumer_kit.core.transitions import Ids, Versions, Where, cas, cas_returning
 
 _CLAIM_SEQ = itertools.count(1)
 
@@ -65,8 +65,9 @@ class Claimer:
 
     def __post_init__(self) -> None:
         self.skip_locked = supports_skip_locked(self.engine)
-        self._columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state",
-                                                            "last_attempt_at")]
+        # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
+        self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
+        self._columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state", "sent_at")]
 
     def _sharded(self, clauses: list[Any]) -> list[Any]:
         if self.shard is not None:
@@ -87,9 +88,49 @@ class Claimer:
     def claim(self, batch: int) -> list[OutboxRow]:
         """Claim up to `batch` due rows (and SENDING rows whose lease expired); return them."""
         now = utcnow()
+        if self.returning:
+            return self._claim_returning(batch, now)
         if self.skip_locked:
             return self._claim_locked(batch, now)
         return self._claim_optimistic(batch, now)
+
+    def _plan(self, now: dt.datetime) -> list[tuple[str, list[Any]]]:
+        """(transition, the rows it takes) in the order a claim takes them."""
+        t = self.table
+        plan = [("claim", self._sharded([t.c.state == int(OutboxState.PENDING),
+                                         t.c.next_retry_at <= now]))]
+        if self.retry_failed:
+            plan.append(("claim_failed", self._sharded([t.c.state == int(OutboxState.FAILED),
+                                                        t.c.next_retry_at <= now])))
+        plan.append(("reclaim", self._expired(now)))
+        return plan
+
+    def _claim_returning(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
+        """One `WITH picked AS MATERIALIZED (SELECT ... [FOR UPDATE SKIP LOCKED]) UPDATE ...
+        FROM picked RETURNING` per claim transition (usually only the first runs): the rows come
+        back already claimed. (Not `WHERE id IN (SELECT ... LIMIT ...)`: PostgreSQL may run such
+        a subquery more than once and take more rows than the limit.)"""
+        t = self.table
+        taken: list[Any] = []
+        with self.engine.begin() as conn:
+            for name, where in self._plan(now):
+                room = batch - len(taken)
+                if room <= 0:
+                    break
+                if taken:  # never again a row this claim just took (a lease can be that short)
+                    where = [*where, t.c.id.not_in([int(r["id"]) for r in taken])]
+                pick = sa.select(t.c.id).where(*where).order_by(t.c.next_retry_at).limit(room)
+                if self.skip_locked:
+                    pick = pick.with_for_update(skip_locked=True)
+                picked = pick.cte("picked")
+                if conn.dialect.name == "postgresql":
+                    picked = picked.prefix_with("MATERIALIZED")
+                # the guard repeats the condition: on SQLite, without row locks, a row another
+                # claimer took meanwhile no longer matches it
+                taken += cas_returning(conn, t, name, Where([t.c.id == picked.c.id, *where]),
+                                       returning=self._columns, now=now, by=self.owner,
+                                       values=self._values(now, self.owner))
+        return [OutboxRow.from_mapping(r) for r in taken]
 
     def _values(self, now: dt.datetime, token: str) -> dict[str, Any]:
         return {"lease_owner": token, "lease_until": now + self.lease, "last_attempt_at": now}
@@ -129,11 +170,11 @@ class Claimer:
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
             found = list(conn.execute(
-                sa.select(t.c.id, t.c.state, t.c.last_attempt_at).where(*self._due(now))
+                sa.select(t.c.id, t.c.state).where(*self._due(now))
                 .order_by(t.c.next_retry_at).limit(batch)).all())
             if len(found) < batch:
                 found += conn.execute(
-                    sa.select(t.c.id, t.c.state, t.c.last_attempt_at)
+                    sa.select(t.c.id, t.c.state)
                     .where(*self._expired(now)).limit(batch - len(found))).all()
             if not found:
                 return []
@@ -151,9 +192,7 @@ class Claimer:
                 sa.select(*self._columns)
                 .where(t.c.lease_owner == token, t.c.state == int(OutboxState.SENDING))
             ).mappings().all()
-        before = {int(r.id): r.last_attempt_at is not None for r in found}
-        return [OutboxRow.from_mapping(r, sent_before=before.get(int(r["id"]), True))
-                for r in rows]
+        return [OutboxRow.from_mapping(r) for r in rows]
 
     def claim_rows(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on

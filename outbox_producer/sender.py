@@ -22,7 +22,7 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import MESSAGE_ID_LEN, REASON_LEN
-from consumer_kit.core.transitions import Versions, cas, per_row
+from consumer_kit.core.transitions import Versions, cas, cas_each
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
@@ -30,7 +30,7 @@ from outbox_producer.backoff import Backoff
 log = logging.getLogger(__name__)
 
 #: rows per UPDATE when marking a batch SENT
-MARK_CHUNK = 500
+MARK_CHUNK = 5000
 
 
 @dataclasses.dataclass
@@ -150,19 +150,17 @@ class Sender:
                        now=now, by=self.owner, values={"lease_owner": None, "lease_until": None})
 
     def _mark_sent(self, sent: list[tuple[OutboxRow, str]]) -> tuple[int, int]:
-        """Mark a batch SENT with one guarded UPDATE per chunk (the broker ids through a CASE);
-        return (changed, conflicts)."""
-        t = self.table
+        """Mark a batch SENT with one guarded UPDATE per chunk, each row at its own
+        `(id, lock_version)` with its own broker id (`cas_each`); return (changed, conflicts)."""
         now = utcnow()
         changed = 0
         with self.engine.begin() as conn:
             for start in range(0, len(sent), MARK_CHUNK):
                 chunk = sent[start:start + MARK_CHUNK]
-                changed += cas(
-                    conn, t, "mark_sent", Versions([(r.id, r.lock_version) for r, _ in chunk]),
-                    now=now, by=self.owner,
-                    values={"broker_message_id": per_row(t.c.id, {r.id: b for r, b in chunk}),
-                            "sent_at": now, "lease_owner": None, "lease_until": None,
+                changed += cas_each(
+                    conn, self.table, "mark_sent", [(r.id, r.lock_version, b) for r, b in chunk],
+                    column="broker_message_id", now=now, by=self.owner,
+                    values={"sent_at": now, "lease_owner": None, "lease_until": None,
                             "fail_reason": None})
         # a row not changed got its receipt before we marked it (it is CONSUMED already) or its
         # lease was reclaimed; both are fine, neither is overwritten

@@ -3,8 +3,9 @@
 #
 # usage: scripts/setup.sh
 #
-# Steps: python-deps.sh, mariadb.sh, postgres.sh, redis.sh, jdbc.sh, librocketmq.sh and
-# `rocketmq.sh start`.
+# Steps: python-deps.sh (extras dev,spark,rocketmq,rocketmq5), mariadb.sh, postgres.sh, redis.sh,
+# jdbc.sh, librocketmq.sh, `rocketmq.sh start` (4.9.7) and `rocketmq5.sh start` (5.3.3 and its
+# proxy).
 # One line per step with its duration; a step's own output goes to a log file, whose tail is
 # printed when the step fails.
 # Writes the service addresses to .ckit-test.env at the repo root (source it; nothing is exported
@@ -60,6 +61,8 @@ CKIT_TEST_PG_URL=${pg_url}
 CKIT_TEST_PG_URL2=${pg_url2}
 CKIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0
 CKIT_TEST_ROCKETMQ=127.0.0.1:9876
+CKIT_TEST_ROCKETMQ5_NAMESRV=127.0.0.1:9886
+CKIT_TEST_ROCKETMQ5_PROXY=127.0.0.1:8081
 CKIT_JDBC_JARS=${jars}
 EOF
   chmod 0644 "$tmp"
@@ -81,13 +84,17 @@ main() {
   fi
   local total=$EPOCHREALTIME
 
-  step python-deps bash "${SCRIPTS}/python-deps.sh"
+  # Both RocketMQ clients in one environment: pip installs rocketmq-python-client after
+  # rocketmq-client-python, so the shared rocketmq/__init__.py is 5.x's (docs/rocketmq5.md).
+  step python-deps env CKIT_PY_EXTRAS="${CKIT_PY_EXTRAS:-dev,spark,rocketmq,rocketmq5}" \
+    bash "${SCRIPTS}/python-deps.sh"
   step mariadb bash "${SCRIPTS}/mariadb.sh"
   step postgres bash "${SCRIPTS}/postgres.sh"
   step redis bash "${SCRIPTS}/redis.sh"
   step jdbc bash "${SCRIPTS}/jdbc.sh"
   step librocketmq bash "${SCRIPTS}/librocketmq.sh"
   step rocketmq bash "${SCRIPTS}/rocketmq.sh" start
+  step rocketmq5 bash "${SCRIPTS}/rocketmq5.sh" start
 
   local jars
   jars=$(bash "${SCRIPTS}/jdbc.sh" jars 2>>"${LOG_DIR}/jdbc.log" 9>&-) \

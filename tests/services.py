@@ -25,6 +25,8 @@ DEFAULT_PG_URL = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"
 DEFAULT_PG_URL2 = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test2"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ROCKETMQ = "127.0.0.1:9876"
+DEFAULT_ROCKETMQ5_NAMESRV = "127.0.0.1:9886"
+DEFAULT_ROCKETMQ5_PROXY = "127.0.0.1:8081"
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -62,6 +64,16 @@ def redis_url() -> str:
 def rocketmq_addr() -> str:
     """`host:port` of the RocketMQ name server (`CKIT_TEST_ROCKETMQ`)."""
     return _env("CKIT_TEST_ROCKETMQ", DEFAULT_ROCKETMQ)
+
+
+def rocketmq5_namesrv_addr() -> str:
+    """`host:port` of the RocketMQ 5 name server (`CKIT_TEST_ROCKETMQ5_NAMESRV`)."""
+    return _env("CKIT_TEST_ROCKETMQ5_NAMESRV", DEFAULT_ROCKETMQ5_NAMESRV)
+
+
+def rocketmq5_proxy_addr() -> str:
+    """`host:port` of the RocketMQ 5 proxy's gRPC endpoint (`CKIT_TEST_ROCKETMQ5_PROXY`)."""
+    return _env("CKIT_TEST_ROCKETMQ5_PROXY", DEFAULT_ROCKETMQ5_PROXY)
 
 
 def is_ci() -> bool:
@@ -153,6 +165,17 @@ def ping_rocketmq(addr: str | None = None) -> None:
         pass
 
 
+def ping_rocketmq5(namesrv: str | None = None, proxy: str | None = None) -> None:
+    """Ask the RocketMQ 5 name server for its cluster (a real remoting request: a broker must be
+    registered) and open a TCP connection to the proxy's gRPC port; raise when either fails."""
+    from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
+
+    RocketMQAdmin(namesrv or rocketmq5_namesrv_addr(), timeout=CONNECT_TIMEOUT_S).master_brokers()
+    host, port = _host_port(proxy or rocketmq5_proxy_addr())
+    with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+        pass
+
+
 __all__ = [
     "is_ci",
     "mysql_url",
@@ -163,7 +186,10 @@ __all__ = [
     "ping_postgres",
     "ping_redis",
     "ping_rocketmq",
+    "ping_rocketmq5",
     "redis_url",
     "require",
+    "rocketmq5_namesrv_addr",
+    "rocketmq5_proxy_addr",
     "rocketmq_addr",
 ]

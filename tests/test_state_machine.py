@@ -42,14 +42,17 @@ class Statements:
 
     def __init__(self, table: str) -> None:
         self.seen: list[tuple[str, str | None]] = []
-        self.pattern = re.compile(rf"^\s*(UPDATE|DELETE FROM)\s+{table}\b", re.I)
+        # (a claim may start with a CTE: WITH picked AS (...) UPDATE <table> ...)
+        self.pattern = re.compile(rf"^\s*(WITH\b.*?\)\s*)?(UPDATE|DELETE FROM)\s+{table}\b",
+                                  re.I | re.S)
         sa.event.listen(sa.engine.Engine, "before_cursor_execute", self._record)
 
     def _record(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any,
                 many: bool) -> None:
-        if self.pattern.match(statement):
+        found = self.pattern.match(statement)
+        if found:
             option = context.execution_options.get(OPTION) if context is not None else None
-            self.seen.append((statement.split()[0].upper(), option))
+            self.seen.append((found.group(2).upper(), option))
 
     def close(self) -> None:
         sa.event.remove(sa.engine.Engine, "before_cursor_execute", self._record)

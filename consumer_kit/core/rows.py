@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-#: The columns `OutboxRow` is read from (besides `last_attempt_at`, read for `sent_before`).
+#: The columns `OutboxRow` is read from (besides `sent_at`, read for `sent_before`).
 SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",
                 "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
 
@@ -45,9 +45,11 @@ class OutboxRow:
     def from_mapping(cls, row: Mapping[Any, Any], *, sent_before: bool | None = None
                      ) -> OutboxRow:
         """Build from a result mapping (or a dict) holding `SEND_COLUMNS`; `sent_before`
-        defaults to whether the mapping's `last_attempt_at` is set."""
+        defaults to whether the row went out before: it was marked SENT once (`sent_at`), or
+        an attempt failed (`retry_count`: a timed-out send may have reached the broker)."""
         if sent_before is None:
-            sent_before = row.get("last_attempt_at") is not None
+            sent_before = (row.get("sent_at") is not None
+                           or int(row.get("retry_count") or 0) > 0)
         return cls(
             id=int(row["id"]), message_id=row["message_id"], biz_type=row["biz_type"],
             biz_key=row["biz_key"], topic=row["topic"], body=bytes(row["body"]),

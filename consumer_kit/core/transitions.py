@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,6 +88,36 @@ def cas(
         ConfigError: `sources` names a state the transition does not accept (a programming
             error: the transition table is the law).
     """
+    changed = 0
+    for stmt in _statements(table, move, guard, now=now, by=by, values=values,
+                            sources=sources, force=force):
+        changed += conn.execute(stmt).rowcount
+    return changed
+
+
+def cas_returning(
+    conn: Connection,
+    table: sa.Table,
+    move: Transition | str,
+    guard: Guard,
+    *,
+    returning: Sequence[sa.ColumnElement[Any]],
+    now: dt.datetime,
+    by: str | None = None,
+    values: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """`cas` that returns the `returning` columns of the rows it changed, as they are after the
+    change (UPDATE ... RETURNING: PostgreSQL and SQLite; one statement claims and reads)."""
+    found: list[Any] = []
+    for stmt in _statements(table, move, guard, now=now, by=by, values=values):
+        found += conn.execute(stmt.returning(*returning)).mappings().all()
+    return found
+
+
+def _statements(table: sa.Table, move: Transition | str, guard: Guard, *, now: dt.datetime,
+                by: str | None, values: Mapping[str, Any] | None,
+                sources: Iterable[OutboxState] | None = None, force: bool = False
+                ) -> list[sa.Update]:
     step = transition(move) if isinstance(move, str) else move
     allowed = step.allowed_from(force=force)
     states = tuple(allowed if sources is None else dict.fromkeys(sources))
@@ -100,12 +132,8 @@ def cas(
         "state": int(step.target), "lock_version": c.lock_version + 1, "gmt_modified": now,
         "updated_by": (by or step.actor.value)[:128], **(values or {}),
     }
-    changed = 0
-    for which in _row_guards(table, guard):
-        stmt = (sa.update(table).where(which, state_guard).values(**sets)
-                .execution_options(**{OPTION: step.name}))
-        changed += conn.execute(stmt).rowcount
-    return changed
+    return [sa.update(table).where(which, state_guard).values(**sets)
+            .execution_options(**{OPTION: step.name}) for which in _row_guards(table, guard)]
 
 
 def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
@@ -135,3 +163,81 @@ def per_row(id_column: sa.ColumnElement[Any], by_id: Mapping[int, Any]) -> Any:
     if len(distinct) == 1:
         return next(iter(distinct))
     return sa.case(dict(by_id), value=id_column)
+
+
+def cas_each(
+    conn: Connection,
+    table: sa.Table,
+    move: Transition | str,
+    rows: Sequence[tuple[int, int, Any]],
+    *,
+    column: str,
+    now: dt.datetime,
+    by: str,
+    values: Mapping[str, Any] | None = None,
+) -> int:
+    """`cas` for many rows at their own `(id, lock_version)`, each setting its own value of
+    `column` (a sender marking a batch SENT with each row's broker id); `values` are constants
+    for every row. Return how many rows changed.
+
+    The rows travel as one parameter the database unpacks itself (PostgreSQL arrays through
+    `unnest`, MySQL/MariaDB `JSON_TABLE`, SQLite `json_each`), so the statement's text is the
+    same for every batch and nothing is built per row. Other databases get one `cas` with a
+    `CASE id WHEN ...` per chunk.
+    """
+    step = transition(move) if isinstance(move, str) else move
+    if not rows:
+        return 0
+    dialect = conn.dialect.name
+    if dialect not in _JOINED:
+        changed = 0
+        for i in range(0, len(rows), CHUNK):
+            chunk = rows[i:i + CHUNK]
+            changed += cas(conn, table, step, Versions([(r[0], r[1]) for r in chunk]), now=now,
+                           by=by, values={**(values or {}),
+                                          column: per_row(table.c.id, {r[0]: r[2] for r in chunk})})
+        return changed
+    consts: dict[str, Any] = {"ckit_target": int(step.target), "ckit_now": now, "ckit_by": by[:128],
+              **{f"ckit_v_{k}": v for k, v in (values or {}).items()}}
+    text = _joined_statement(dialect, table, step, column, tuple(sorted(values or {})))
+    params: dict[str, Any]
+    if dialect == "postgresql":
+        params = {"ckit_ids": [r[0] for r in rows], "ckit_lvs": [r[1] for r in rows],
+                  "ckit_vals": [r[2] for r in rows]}
+    else:
+        params = {"ckit_rows": json.dumps([list(r) for r in rows], default=str)}
+    return int(conn.execute(text, {**params, **consts}).rowcount)
+
+
+_JOINED = ("postgresql", "mysql", "mariadb", "sqlite")
+
+
+@functools.lru_cache(maxsize=64)
+def _joined_statement(dialect: str, table: sa.Table, step: Transition, column: str,
+                      keys: tuple[str, ...]) -> sa.TextClause:
+    """The statement text of `cas_each` for one table, transition and set of columns (built
+    once: table and column names are validated identifiers, every value is a bound parameter).
+    """
+    t = table.name
+    states = ", ".join(str(int(s)) for s in step.sources)
+    sets = ["state = :ckit_target", f"{column} = v.val", "lock_version = o.lock_version + 1",
+            "gmt_modified = :ckit_now", "updated_by = :ckit_by",
+            *(f"{k} = :ckit_v_{k}" for k in keys)]
+    if dialect == "postgresql":
+        sql = (f"UPDATE {t} AS o SET {', '.join(sets)} "
+               "FROM unnest(CAST(:ckit_ids AS BIGINT[]), CAST(:ckit_lvs AS INTEGER[]), "
+               "CAST(:ckit_vals AS TEXT[])) AS v(id, lv, val) "
+               f"WHERE o.id = v.id AND o.lock_version = v.lv AND o.state IN ({states})")
+    elif dialect == "sqlite":
+        sets = [s.replace("o.lock_version", "lock_version") for s in sets]
+        sql = (f"UPDATE {t} SET {', '.join(sets)} FROM (SELECT json_extract(value, '$[0]') AS id, "
+               "json_extract(value, '$[1]') AS lv, json_extract(value, '$[2]') AS val "
+               "FROM json_each(:ckit_rows)) AS v "
+               f"WHERE {t}.id = v.id AND {t}.lock_version = v.lv AND {t}.state IN ({states})")
+    else:
+        sets = [f"o.{s}" for s in sets]
+        sql = (f"UPDATE {t} AS o JOIN JSON_TABLE(:ckit_rows, '$[*]' COLUMNS ("
+               "id BIGINT PATH '$[0]', lv INT PATH '$[1]', val VARCHAR(2000) PATH '$[2]')) AS v "
+               f"ON o.id = v.id AND o.lock_version = v.lv SET {', '.join(sets)} "
+               f"WHERE o.state IN ({states})")
+    return sa.text(sql).execution_options(**{OPTION: step.name})

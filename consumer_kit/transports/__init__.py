@@ -1,5 +1,6 @@
-"""Transports: `memory://` (in-process, for tests), `sql+<sqlalchemy-url>` and
-`rocketmq://host:port`.
+"""Transports: `memory://` (in-process, for tests), `sql+<sqlalchemy-url>`,
+`rocketmq://host:port` (a name server, rocketmq-client-python 2.0.0) and `rocketmq5://host:port`
+(a RocketMQ 5 proxy's gRPC endpoint, rocketmq-python-client 5.x).
 
 >>> t = open_transport("memory://doc")
 >>> t.scheme
@@ -43,7 +44,8 @@ def open_transport(url: str, **options: Any) -> Transport:
         ConfigError: unknown scheme or malformed URL (the message lists the valid schemes).
     """
     if not url:
-        raise ConfigError("no transport URL given (use memory://NAME, sql+<db-url> or rocketmq://host:port)")
+        raise ConfigError("no transport URL given (use memory://NAME, sql+<db-url>, "
+                          "rocketmq://host:port or rocketmq5://host:port)")
     if url.startswith("memory://"):
         from consumer_kit.transports.memory import MemoryTransport
 
@@ -56,7 +58,12 @@ def open_transport(url: str, **options: Any) -> Transport:
         from consumer_kit.transports.rocketmq import RocketMQTransport
 
         return RocketMQTransport(url[len("rocketmq://"):], **options)
+    if url.startswith("rocketmq5://"):
+        from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
+
+        return RocketMQ5Transport(url, **options)
     raise ConfigError(
         f"unknown transport URL {mask_url(url)!r}: use memory://NAME, sql+<sqlalchemy-url> "
-        "(e.g. sql+sqlite:///ckit-mq.db) or rocketmq://host:port"
+        "(e.g. sql+sqlite:///ckit-mq.db), rocketmq://host:port (a name server) or "
+        "rocketmq5://host:port (a RocketMQ 5 proxy)"
     )

@@ -21,7 +21,7 @@ from consumer_kit.processed import ProcessedStore
 from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute
 from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.memory import MemoryTransport
-from outbox_producer import Outbox, Relay, ops
+from outbox_producer import Relay, ops
 from tests.consumer.conftest import Env, add_reservation
 from tests.consumer.test_receipts_back import outbox_state, publish_and_relay
 
@@ -67,12 +67,12 @@ def test_receipts_owed_by_a_consumer_that_died_are_delivered_by_the_next_one(env
     dead.run(burst=True, max_seconds=30)
     assert dead.pipeline().store.owed() == 3
     assert {outbox_state(env, m)[0] for m in ids} == {int(OutboxState.SENT)}
+    dead.close()  # (its route still fails: what it queued stays owed)
     # When another consumer of the group starts (its sender scans the table for what is owed)
     store = ProcessedStore(env.db.engine, dead.group, table=env.db.names.processed)
     with env.db.engine.begin() as conn:  # their back-off is over
         conn.execute(sa.text(f"UPDATE {env.db.names.processed} SET receipt_due_at = :t"),
                      {"t": utcnow() - dt.timedelta(minutes=1)})
-    dead.close()  # (its route still fails: what it queued stays owed)
     sender = ReceiptSender(sql_route(env), store, scan_every=0.1)
     try:
         # Then every row reaches CONSUMED without the reconciler, and nothing is owed

@@ -1,6 +1,7 @@
 """Every server the project's scripts start listens on loopback only: MariaDB, PostgreSQL, Redis,
-and the RocketMQ name server and broker (which 4.9.x cannot restrict itself:
-scripts/loopback_bind.c)."""
+the RocketMQ 4.9.7 name server and broker (which 4.9.x cannot restrict itself:
+scripts/loopback_bind.c), and the RocketMQ 5 name server, broker and proxy (scripts/rocketmq5.sh,
+the same shim: the proxy's gRPC and remoting servers have no bind-address setting)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,28 @@ def test_every_service_port_listens_on_loopback_only() -> None:
     postgresql = sa.engine.make_url(services.pg_url()).port or 5432  # scripts/postgres.sh port
     ports = {"mariadb": 3306, "postgresql": postgresql, "redis": 6379, "name server": namesrv,
              "broker": broker, "broker VIP channel": broker - 2, "broker HA": broker + 1}
+    assert_loopback_only(ports)
+
+
+#: The ports of scripts/rocketmq5.sh (the broker runs inside the proxy's JVM).
+ROCKETMQ5_BROKER = 10951
+ROCKETMQ5_PROXY_REMOTING = 8082
+
+
+@pytest.mark.rocketmq5
+def test_every_rocketmq5_port_listens_on_loopback_only() -> None:
+    services.require("rocketmq5", services.ping_rocketmq5)
+    namesrv = int(services.rocketmq5_namesrv_addr().rsplit(":", 1)[1])
+    proxy = int(services.rocketmq5_proxy_addr().rsplit(":", 1)[1])
+    assert_loopback_only({
+        "5.x name server": namesrv, "5.x broker": ROCKETMQ5_BROKER,
+        "5.x broker fast channel": ROCKETMQ5_BROKER - 2, "5.x broker HA": ROCKETMQ5_BROKER + 1,
+        "5.x proxy gRPC": proxy, "5.x proxy remoting": ROCKETMQ5_PROXY_REMOTING,
+    })
+
+
+def assert_loopback_only(ports: dict[str, int]) -> None:
+    """Each named port has a listener, and every listener of it is on a loopback address."""
     deadline = time.monotonic() + 15  # the broker opens its side ports just after it boots
     while not set(ports.values()) <= listening().keys() and time.monotonic() < deadline:
         time.sleep(0.5)

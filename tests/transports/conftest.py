@@ -25,7 +25,26 @@ BACKENDS = [
     pytest.param("sql_mariadb", id="sql-mariadb", marks=pytest.mark.mariadb),
     pytest.param("sql_postgresql", id="sql-postgresql", marks=pytest.mark.postgresql),
     pytest.param("rocketmq", id="rocketmq", marks=pytest.mark.rocketmq),
+    pytest.param("rocketmq_v5broker", id="rocketmq-v5broker", marks=pytest.mark.rocketmq5),
+    pytest.param("rocketmq5", id="rocketmq5", marks=pytest.mark.rocketmq5),
 ]
+
+
+#: Known failures of a backend, by test id: strict, so a fix shows up as an unexpected pass.
+KNOWN_FAILURES = {
+    "test_message_goes_to_the_dead_letter_queue_after_max_reconsume_times[rocketmq-v5broker]": (
+        "RocketMQ 5.x broker NPE on the old C++ client's send-back to the DLQ (no originTopic "
+        "in its header), and librocketmq drops a message whose send-back failed: the message is "
+        "lost, not dead-lettered (docs/rocketmq5.md)"
+    ),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = KNOWN_FAILURES.get(item.name)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,112 @@
+"""consumer-kit's decorated consumer against the bare handler, driven without a broker as
+bench/consumer.py does (`ConsumerApp(...).pipeline()(Delivery(...))`), with Redis and with the
+database only; then the rate of rejecting duplicates this process did not see itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from bench.peers import harness
+from consumer_kit import ConsumerApp, Message
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import processed_table
+from consumer_kit.dedupe.keys import done_key, lease_key
+from consumer_kit.outcome import Outcome
+from consumer_kit.transports import ConsumeStatus, Delivery
+
+
+def delivery(key: str) -> Delivery:
+    """One message as a transport hands it over (ckit envelope: the dedupe id is `ckit_id`)."""
+    return Delivery(topic="ORDER_CREATED", body=b'{"sku":"%s","qty":1}' % key.encode(),
+                    broker_message_id="B" + key, tags="created",
+                    properties={"ckit_id": key, "ckit_src": "orders"})
+
+
+def dedupe(job: dict[str, Any]) -> dict[str, Any]:
+    """bare / decorated with Redis / decorated with the database only, interleaved; then
+    duplicates rejected per second by each decorated mode."""
+    engine = make_engine(job["url"])
+    prefix = job["prefix"]
+    metadata = sa.MetaData()
+    processed = processed_table(metadata, f"{prefix}_processed")
+    effects = sa.Table(f"{prefix}_effects", metadata,
+                       sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+                       sa.Column("sku", sa.String(64), nullable=False),
+                       sa.Column("qty", sa.Integer, nullable=False))
+    metadata.create_all(engine)
+    insert_effect = effects.insert()
+
+    def handler(msg: Message, session: Session) -> None:
+        body = msg.json()
+        session.execute(insert_effect, {"sku": body["sku"], "qty": body["qty"]})
+
+    def make_app(group: str, redis: str | None) -> ConsumerApp:
+        app = ConsumerApp(group=group, db=engine, redis=redis, receipts=None,
+                          transport="memory://bench", processed_table=processed.name,
+                          local_cache=0)
+        app.listener("ORDER_CREATED")(handler)
+        return app
+
+    apps = {"redis": make_app(f"{prefix}-redis", job["redis"]),
+            "database": make_app(f"{prefix}-db", None)}
+    pipes = {mode: app.pipeline() for mode, app in apps.items()}
+
+    def bare(key: str) -> None:
+        with Session(engine) as session, session.begin():
+            handler(Message.from_delivery(delivery(key)), session)
+
+    def decorated(mode: str) -> harness.Variant:
+        pipe = pipes[mode]
+
+        def run(key: str) -> None:
+            status = pipe(delivery(key)).status
+            if status is not ConsumeStatus.CONSUME_SUCCESS:
+                raise SystemExit(f"{mode}: message {key} ended {status}")
+        return run
+
+    keys: list[str] = []
+    try:
+        runs = harness.dedupe_runs([("bare", bare), ("redis", decorated("redis")),
+                                    ("database", decorated("database"))],
+                                   int(job["n"]), int(job["runs"]))
+        keys = [f"r{run}-{i}" for run in range(int(job["runs"])) for i in range(int(job["n"]))]
+        for pipe in pipes.values():
+            if pipe.redis is not None:
+                pipe.redis.flush(30)  # the done markers land off the hot path
+        dup_keys = keys[: int(job["duplicates"])]
+        rates = {}
+        for mode, pipe in pipes.items():
+            before = pipe.counts.copy()
+            rates[mode] = harness.duplicate_rate(lambda k, p=pipe: p(delivery(k)), dup_keys)
+            rejected = (pipe.counts - before)[Outcome.DUPLICATE]
+            if rejected != len(dup_keys):
+                raise SystemExit(f"{mode}: {rejected} of {len(dup_keys)} duplicates counted")
+        with engine.connect() as conn:
+            made = conn.execute(sa.select(sa.func.count()).select_from(effects)).scalar()
+        expected = 3 * (len(keys) + 50)  # bare + two decorated modes, warm-up included
+        return {"runs": runs, "duplicates": rates, "duplicates_n": len(dup_keys),
+                "effects": made, "effects_expected": expected}
+    finally:
+        for mode, app in apps.items():
+            app.close()
+            if mode == "redis":
+                forget(job["redis"], f"{prefix}-redis", keys)
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+def forget(url: str, group: str, keys: list[str]) -> None:
+    """Delete the bench's Redis keys (never a flush: the server is shared)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    all_keys = [*keys, *(f"w{i}-redis" for i in range(50))]
+    for start in range(0, len(all_keys), 1000):
+        names = []
+        for key in all_keys[start:start + 1000]:
+            names += [done_key(group, key), lease_key(group, key)]
+        client.delete(*names)
+    client.close()

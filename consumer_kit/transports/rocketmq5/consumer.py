@@ -1,0 +1,332 @@
+"""The consumer of the `rocketmq5://` transport: worker threads around one SimpleConsumer.
+
+Why the SimpleConsumer and not the client's PushConsumer: every decision about a message is made
+here, after the callback has answered, so none is lost to an exception: CONSUME_SUCCESS acks it;
+RECONSUME_LATER (or an exception) changes its invisible duration to the back-off of its attempt,
+so the broker redelivers it then and counts the attempt; at the group's last attempt the message
+is copied to `%DLQ%group` with the reason and acked (the broker's own dead-lettering, which the
+proxy does on the next receive, keeps no reason); should that copy fail, the broker's path is
+taken. A message that is never answered (the process dies) comes back when its invisible time
+runs out. Shutdown stops receiving, lets running callbacks finish and is bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.errors import TransportError
+from consumer_kit.core.messages import (
+    ConsumeStatus,
+    Delivery,
+    Subscription,
+    Verdict,
+    as_verdict,
+    dlq_topic,
+)
+from consumer_kit.transports.base import Consumer, clip_reason, retry_delay
+from consumer_kit.transports.rocketmq5 import client
+from consumer_kit.transports.rocketmq5.route import Route
+from consumer_kit.transports.rocketmq5.wire import (
+    PROP_DLQ_TOPIC,
+    received_delivery,
+    route_hint,
+)
+
+log = logging.getLogger("consumer_kit.transports.rocketmq5")
+
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+DEFAULT_SETTINGS_TIMEOUT = 10.0
+#: RECONSUME_LATER reasons kept for redeliveries to this process (the broker cannot carry them)
+MAX_KEPT_REASONS = 10_000
+_ERROR_PAUSE = 1.0
+_local = threading.local()
+
+AnswerCallback = Callable[[Delivery], "ConsumeStatus | Verdict"]
+
+
+class Host(Protocol):
+    """What a consumer needs of its transport (`RocketMQ5Transport`)."""
+
+    endpoint: str
+    ordered_topics: frozenset[str]
+    retry_delays: tuple[float, ...]
+    invisible_seconds: float
+    await_seconds: float
+
+    @property
+    def configuration(self) -> Any: ...
+
+    def prepare_group(self, group: str, *, fifo: bool = False) -> None: ...
+
+    def route(self, topic: str) -> Route: ...
+
+    def failure(self, exc: BaseException, what: str, *, topic: str) -> TransportError: ...
+
+    def send_raw(self, topic: str, body: bytes, *, tags: str | None, keys: Sequence[str],
+                 properties: Mapping[str, str]) -> Any: ...
+
+
+class _Reasons:
+    """The last RECONSUME_LATER reason per broker message id, bounded (oldest dropped)."""
+
+    def __init__(self, limit: int = MAX_KEPT_REASONS) -> None:
+        self._items: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def get(self, message_id: str) -> str:
+        with self._lock:
+            return self._items.get(message_id, "")
+
+    def put(self, message_id: str, reason: str) -> None:
+        with self._lock:
+            self._items[message_id] = reason
+            self._items.move_to_end(message_id)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def drop(self, message_id: str) -> None:
+        with self._lock:
+            self._items.pop(message_id, None)
+
+
+def _simple_consumer(*args: Any, **kwargs: Any) -> Any:
+    """A SimpleConsumer that keeps what the proxy's settings say: the group's max attempts and
+    whether it is a FIFO group (the client reads neither)."""
+    base = client.v5().SimpleConsumer
+
+    class SettingsKeepingConsumer(base):  # type: ignore[misc,valid-type]
+        ckit_max_attempts: int | None = None
+        ckit_fifo: bool | None = None
+
+        def reset_setting(self, settings: Any) -> None:
+            try:
+                if settings.HasField("backoff_policy") and settings.backoff_policy.max_attempts:
+                    self.ckit_max_attempts = int(settings.backoff_policy.max_attempts)
+                if settings.HasField("subscription"):
+                    self.ckit_fifo = bool(settings.subscription.fifo)
+            finally:
+                super().reset_setting(settings)
+
+    return SettingsKeepingConsumer(*args, **kwargs)
+
+
+class RocketMQ5Consumer(Consumer):
+    """`threads` workers, each receiving one message at a time from one SimpleConsumer."""
+
+    def __init__(self, transport: Host, group: str,
+                 subscriptions: Sequence[Subscription], callback: AnswerCallback, *,
+                 threads: int) -> None:
+        self.transport = transport
+        self.group = group
+        self.subscriptions = list(subscriptions)
+        self.callback = callback
+        self.threads = threads
+        self.fifo = all(s.topic in transport.ordered_topics for s in self.subscriptions)
+        self._simple: Any = None
+        self._workers: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._reasons = _Reasons()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def max_reconsume_times(self) -> int | None:
+        attempts = getattr(self._simple, "ckit_max_attempts", None)
+        return None if attempts is None else attempts - 1
+
+    # -------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Prepare the group (when the name server is known), subscribe every topic, start the
+        workers.
+
+        Raises:
+            TransportUnavailable: the proxy cannot be reached.
+            TransportError: a topic does not exist, or a FIFO group on a topic that is not FIFO.
+            ConfigError: the endpoint is not a gRPC proxy, or the client is not installed.
+        """
+        if self._simple is not None:
+            return
+        transport = self.transport
+        lib = client.v5()
+        transport.prepare_group(self.group, fifo=self.fifo)
+        routes = {s.topic: transport.route(s.topic) for s in self.subscriptions}
+        simple = _simple_consumer(transport.configuration, self.group,
+                                  await_duration=max(1, round(transport.await_seconds)))
+        try:
+            simple.startup()
+            for sub in self.subscriptions:
+                simple.subscribe(sub.topic, lib.FilterExpression(sub.expression or "*"))
+            self._wait_for_settings(simple)
+        except TransportError:
+            _quietly(simple.shutdown)
+            raise
+        except Exception as exc:
+            _quietly(simple.shutdown)
+            raise transport.failure(exc, f"starting consumer {self.group}",
+                                    topic=self.subscriptions[0].topic) from exc
+        if simple.ckit_fifo:
+            plain = [t for t, r in routes.items() if "FIFO" not in r.accepts]
+            if plain:
+                _quietly(simple.shutdown)
+                raise TransportError(
+                    f"consumer group {self.group} is a FIFO group but topic {plain[0]} is "
+                    f"{'/'.join(sorted(routes[plain[0]].accepts))}, not FIFO: ordered delivery "
+                    "needs a FIFO topic (or use a normal group)")
+        self._simple = simple
+        self._stop.clear()
+        self._workers = [threading.Thread(target=self._work, name=f"ckit-rmq5-{self.group}-{i}",
+                                          daemon=True) for i in range(self.threads)]
+        for worker in self._workers:
+            worker.start()
+        log.info("consumer %s started on %s (%d threads%s): %s", self.group, transport.endpoint,
+                 self.threads, ", FIFO" if simple.ckit_fifo else "",
+                 ", ".join(f"{s.topic}[{s.expression}]" for s in self.subscriptions))
+
+    def _wait_for_settings(self, simple: Any) -> None:
+        # The proxy answers receives with an error until it has the client's settings.
+        event = getattr(simple, "_init_settings_event", None)
+        if event is not None and not event.wait(DEFAULT_SETTINGS_TIMEOUT):
+            raise TransportError(f"consumer {self.group}: no settings from the proxy in "
+                                 f"{DEFAULT_SETTINGS_TIMEOUT:g} s")
+
+    def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+        """Stop receiving, let running callbacks finish, then close the client; waits up to
+        `timeout` seconds (a receive in progress returns within the long poll, ~5 s).
+
+        Raises:
+            TransportError: called from a consume callback (it would wait for itself).
+        """
+        if getattr(_local, "consumer", None) is self:
+            raise TransportError(f"consumer {self.group}: shutdown() called from its callback")
+        simple = self._simple
+        if simple is None or self._stop.is_set():
+            return
+        began = time.monotonic()
+        self._stop.set()
+        deadline = began + timeout
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        alive = [w.name for w in self._workers if w.is_alive()]
+        if alive:
+            log.warning("consumer %s: %d workers still busy after %.1f s (%d in flight); "
+                        "closing the client anyway", self.group, len(alive), timeout,
+                        self._in_flight)
+        _quietly(simple.shutdown)
+        self._simple = None
+        log.info("consumer %s shut down in %.2f s", self.group, time.monotonic() - began)
+
+    # ---------------------------------------------------------------------------------- workers
+
+    def _work(self) -> None:
+        simple = self._simple
+        invisible = max(1, math.ceil(self.transport.invisible_seconds))
+        while not self._stop.is_set() and simple is not None:
+            try:
+                messages = simple.receive(1, invisible)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("consumer %s: receive failed (%s); again in %.0f s", self.group,
+                            route_hint(exc), _ERROR_PAUSE)
+                self._stop.wait(_ERROR_PAUSE)
+                continue
+            for message in messages or ():
+                # Received before the stop: handle it (its callback is still valid), so it
+                # does not wait out its invisible time.
+                self._handle(simple, message)
+
+    def _handle(self, simple: Any, message: Any) -> None:
+        message_id = str(getattr(message, "message_id", "?"))
+        with self._lock:
+            self._in_flight += 1
+        _local.consumer = self
+        try:
+            delivery = received_delivery(message, reason=self._reasons.get(message_id),
+                                         max_reconsume_times=self.max_reconsume_times)
+            ckit_id = delivery.properties.get(PROP_ID) or message_id
+            try:
+                verdict = as_verdict(self.callback(delivery))
+            except BaseException as exc:  # an exception means "later", never an ack
+                log.exception("consumer %s: message %s: callback failed; reconsume later",
+                              self.group, ckit_id)
+                verdict = Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
+            reason = clip_reason(verdict.reason)
+            if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
+                self._reasons.drop(message_id)
+                self._ack(simple, message, ckit_id)
+            else:
+                self._later(simple, message, delivery, reason, ckit_id)
+        except BaseException:  # the last line: the message comes back after its invisible time
+            log.exception("consumer %s: message %s: not answered; it comes back after its "
+                          "invisible time", self.group, message_id)
+        finally:
+            _local.consumer = None
+            with self._lock:
+                self._in_flight -= 1
+
+    def _ack(self, simple: Any, message: Any, ckit_id: str) -> None:
+        try:
+            simple.ack(message)
+        except Exception as exc:  # redelivered after its invisible time; dedupe absorbs it
+            log.warning("consumer %s: message %s: ack failed (%s); it will be redelivered",
+                        self.group, ckit_id, exc)
+
+    def _later(self, simple: Any, message: Any, delivery: Delivery, reason: str,
+               ckit_id: str) -> None:
+        last = self.max_reconsume_times
+        if last is not None and delivery.reconsume_times >= last and \
+                self._dead_letter(simple, message, delivery, reason, ckit_id):
+            return
+        if reason:
+            self._reasons.put(delivery.broker_message_id, reason)
+        delay = retry_delay(self.transport.retry_delays, delivery.reconsume_times)
+        try:
+            simple.change_invisible_duration(message, max(1, math.ceil(delay)))
+            log.debug("consumer %s: message %s: reconsume in %.0f s (%s)", self.group, ckit_id,
+                      delay, reason or "no reason")
+        except Exception as exc:  # it comes back when the receive's invisible time runs out
+            log.warning("consumer %s: message %s: could not schedule the redelivery (%s); it "
+                        "comes back after its invisible time", self.group, ckit_id, exc)
+
+    def _dead_letter(self, simple: Any, message: Any, delivery: Delivery, reason: str,
+                     ckit_id: str) -> bool:
+        """Copy the message with its reason to `%DLQ%group`, then ack it. False when the copy
+        failed (the broker's own dead-lettering then takes it, without the reason)."""
+        properties = dict(delivery.properties)
+        properties[PROP_DLQ_TOPIC] = delivery.topic
+        if reason:
+            properties[PROP_REASON] = reason
+        try:
+            self.transport.send_raw(dlq_topic(self.group), delivery.body, tags=delivery.tags,
+                                    keys=tuple(delivery.keys.split()), properties=properties)
+        except Exception as exc:
+            log.warning("consumer %s: message %s: copy to %s failed (%s); leaving it to the "
+                        "broker's dead-lettering", self.group, ckit_id, dlq_topic(self.group),
+                        exc)
+            return False
+        self._reasons.drop(delivery.broker_message_id)
+        self._ack(simple, message, ckit_id)
+        log.warning("consumer %s: message %s: retries exhausted after %d deliveries; moved to "
+                    "%s: %s", self.group, ckit_id, delivery.reconsume_times + 1,
+                    dlq_topic(self.group), reason or "no reason given")
+        return True
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception:
+        log.debug("ignored during cleanup", exc_info=True)

@@ -1,0 +1,208 @@
+"""What travels between consumer-kit and the RocketMQ 5 proxy: the endpoint, properties, delivery
+times, received messages as `Delivery`, stored dead letters, and client errors translated into
+the consumer-kit error tree. Pure functions; only `translate` looks at the client's classes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.errors import (
+    ConfigError,
+    MessageTooLarge,
+    TransportError,
+    TransportUnavailable,
+)
+from consumer_kit.core.messages import Delivery
+
+DEFAULT_PRODUCER_TIMEOUT = 3.0
+#: The proxy refuses bodies over 4 MiB (`maxMessageSize`); the broker counts properties too.
+DEFAULT_ROCKETMQ5_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
+#: How long a received message stays invisible to the group while the callback runs (production
+#: proxies refuse less than 10 s on receive).
+DEFAULT_INVISIBLE_SECONDS = 30.0
+#: The long poll of one receive; the proxy holds a poll at least 5 s whatever is asked.
+DEFAULT_AWAIT_SECONDS = 5.0
+#: RECONSUME_LATER back-off in seconds by redelivery, as RocketMQ's retry levels (10 s, 30 s...).
+DEFAULT_ROCKETMQ5_RETRY_DELAYS: tuple[float, ...] = (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+#: Where a dead letter copied by this transport came from (RETRY_TOPIC cannot be set by a client).
+PROP_DLQ_TOPIC = "ckit_dlq_topic"
+TRANSPORT_PROPERTIES = frozenset({PROP_DLQ_TOPIC})
+
+#: Property names the broker keeps for itself (MessageConst in RocketMQ 5.3.3): a client may not
+#: send them, and they are dropped when a stored dead letter is read back.
+SYSTEM_PROPERTIES = frozenset({
+    "1ST_POP_TIME", "ARRIVE_TIME", "BORN_TIMESTAMP", "BUYER_ID",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS", "CLUSTER", "CONSUME_START_TIME", "CORRECTION_FLAG",
+    "CORRELATION_ID", "DELAY", "DLQ_ORIGIN_MESSAGE_ID", "DLQ_ORIGIN_TOPIC", "DUP_INFO",
+    "EXTEND_UNIQ_INFO", "INSTANCE_ID", "KEYS", "MAX_OFFSET", "MAX_RECONSUME_TIMES", "MIN_OFFSET",
+    "MQ2_FLAG", "MSG_REGION", "MSG_TYPE", "ORIGIN_MESSAGE_ID", "PGROUP", "POP_CK",
+    "POP_CK_OFFSET", "PROPERTY_FORWARD_QUEUE_ID", "PUSH_REPLY_TIME", "REAL_QID", "REAL_TOPIC",
+    "RECONSUME_TIME", "REDIRECT", "REPLY_TO_CLIENT", "RETRY_TOPIC", "TAGS", "TRACE_CONTEXT",
+    "TRACE_ON", "TRANSACTION_CHECK_TIMES", "TRANSFER_FLAG", "TRAN_MSG",
+    "TRAN_PREPARED_QUEUE_OFFSET", "TTL", "UNIQ_KEY", "WAIT",
+})
+_SYSTEM_PREFIXES = ("__", "TIMER_", "INNER_")
+_ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]]+:\d{1,5}$")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def parse_endpoint(url: str) -> tuple[str, dict[str, str]]:
+    """Split `rocketmq5://host:port[;host:port][?namesrv=host:port]` (the scheme is optional)
+    into the proxy endpoint list and its options.
+
+    >>> parse_endpoint("rocketmq5://127.0.0.1:8081?namesrv=127.0.0.1:9886")
+    ('127.0.0.1:8081', {'namesrv': '127.0.0.1:9886'})
+
+    Raises:
+        ConfigError: another scheme, or an entry that is not `host:port`.
+    """
+    raw = url.strip()
+    if "://" in raw:
+        scheme = raw.split("://", 1)[0]
+        if scheme != "rocketmq5":
+            raise ConfigError(f"not a rocketmq5:// URL: {scheme}:// (the proxy's gRPC endpoint "
+                              "is rocketmq5://host:port; a name server is rocketmq://host:port)")
+        raw = raw.split("://", 1)[1]
+    parts = urlsplit("//" + raw)
+    netloc = (parts.netloc + parts.path).rstrip("/")
+    entries = [e.strip() for e in netloc.split(";") if e.strip()]
+    if not entries or not all(_ADDR.match(e) for e in entries):
+        raise ConfigError(f"bad RocketMQ 5 proxy address {url!r}: use rocketmq5://host:port "
+                          "(the proxy's gRPC port, 8081 by default)")
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(options) - {"namesrv"}
+    if unknown:
+        raise ConfigError(f"unknown rocketmq5:// option(s) {sorted(unknown)}: only namesrv=")
+    return ";".join(entries), options
+
+
+def check_property(name: str, value: str) -> None:
+    """Refuse a user property the proxy would refuse, before anything is sent.
+
+    Raises:
+        TransportError: a system name, or control characters in the name or value.
+    """
+    if not name or _CONTROL.search(name) or _CONTROL.search(value):
+        raise TransportError(f"property {name!r}: empty name or control characters (RocketMQ 5 "
+                             "refuses them)")
+    if is_system_property(name):
+        raise TransportError(f"property name {name!r} is reserved by RocketMQ")
+
+
+def is_system_property(name: str) -> bool:
+    return name in SYSTEM_PROPERTIES or name.startswith(_SYSTEM_PREFIXES)
+
+
+def delivery_seconds(delay: float, now: float | None = None) -> int:
+    """The delivery timestamp (epoch seconds: the 5.x Python client's unit) for `delay` seconds
+    from `now`, rounded up so a message is never delivered early.
+
+    >>> delivery_seconds(1.0, now=100.2), delivery_seconds(0.5, now=100.0)
+    (102, 101)
+    """
+    now = time.time() if now is None else now
+    return math.ceil(now + delay)
+
+
+def ordered_keys(keys: Iterable[str], ckit_id: str | None) -> str:
+    """Received keys as a KEYS string: the 5.x client returns them as a set, so `ckit_id` (the
+    outbox message id, always the first key sent) comes first and the rest sorted.
+
+    >>> ordered_keys({"b", "M1", "a"}, "M1")
+    'M1 a b'
+    """
+    rest = sorted(k for k in keys if k != ckit_id)
+    first = [ckit_id] if ckit_id and ckit_id in set(keys) else []
+    return " ".join(first + rest)
+
+
+def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None
+                      ) -> Delivery:
+    """Copy a received 5.x `Message` into a `Delivery`. `reason` is the one this process kept
+    for the previous RECONSUME_LATER of that message (the broker cannot carry it)."""
+    properties = dict(message.properties or {})
+    for name in TRANSPORT_PROPERTIES:
+        properties.pop(name, None)
+    reason = properties.pop(PROP_REASON, "") or reason
+    attempt = int(message.delivery_attempt or 1)
+    return Delivery(
+        topic=message.topic,
+        body=bytes(message.body or b""),
+        broker_message_id=message.message_id,
+        tags=message.tag or "",
+        keys=ordered_keys(message.keys or (), properties.get(PROP_ID)),
+        properties=properties,
+        reconsume_times=max(0, attempt - 1),
+        born_timestamp_ms=int(message.born_timestamp or 0),
+        last_error=reason,
+        max_reconsume_times=max_reconsume_times,
+    )
+
+
+def stored_delivery(topic: str, body: bytes, properties: Mapping[str, str], *,
+                    reconsume_times: int, queue_id: int, queue_offset: int,
+                    born_timestamp_ms: int) -> Delivery:
+    """A dead letter read from the broker's store as a `Delivery`: system properties dropped,
+    the origin topic restored, the RECONSUME_LATER reason as `last_error`."""
+    user = {k: v for k, v in properties.items()
+            if not is_system_property(k) and k not in TRANSPORT_PROPERTIES}
+    reason = user.pop(PROP_REASON, "")
+    origin = properties.get(PROP_DLQ_TOPIC) or properties.get("RETRY_TOPIC") or topic
+    keys = properties.get("KEYS", "").split()
+    return Delivery(
+        topic=origin, body=body, broker_message_id=properties.get("UNIQ_KEY", ""),
+        tags=properties.get("TAGS", ""), keys=ordered_keys(keys, user.get(PROP_ID)),
+        properties=user, reconsume_times=reconsume_times, queue_id=queue_id,
+        queue_offset=queue_offset, born_timestamp_ms=born_timestamp_ms, last_error=reason,
+    )
+
+
+def translate(exc: BaseException, what: str) -> TransportError:
+    """Map a 5.x client exception to the consumer-kit error tree (one line: what failed, why)."""
+    from consumer_kit.transports.rocketmq5.client import v5
+
+    errors = v5().errors
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, errors.PayloadTooLargeException) or "exceeds the threshold" in text:
+        return MessageTooLarge(f"{what}: {text}")
+    if isinstance(exc, errors.IllegalArgumentException) and "message type not match" in text:
+        return TransportError(f"{what}: {explain_type_mismatch(text)}")
+    if isinstance(exc, errors.ProxyTimeoutException | errors.TooManyRequestsException |
+                  errors.InternalErrorException | TimeoutError | ConnectionError):
+        return TransportUnavailable(f"{what}: {text}")
+    if isinstance(exc, errors.ClientException):
+        return TransportError(f"{what}: {text}")
+    return TransportUnavailable(f"{what}: {type(exc).__name__}: {text}")
+
+
+def route_hint(exc: BaseException) -> str:
+    """A client exception as a short text for a log line."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def explain_type_mismatch(text: str) -> str:
+    """The client's type-mismatch message, with what to do about it."""
+    match = re.search(r"topic:(\S+), message_type:(\w+), queue access type:(\w+)", text)
+    if not match:
+        return text
+    topic, sent, accepts = match.groups()
+    hints = {
+        ("DELAY", "NORMAL"): "a delayed send needs a DELAY topic (or MIXED, which the broker "
+                             "allows with enableMixedMessageType=true)",
+        ("FIFO", "NORMAL"): "ordered sends (message groups) need a FIFO topic: do not list a "
+                            "NORMAL topic in ordered_topics",
+        ("NORMAL", "FIFO"): "a FIFO topic takes ordered sends only: list it in ordered_topics",
+        ("DELAY", "FIFO"): "a FIFO topic cannot take delayed sends",
+    }
+    hint = hints.get((sent, accepts), f"the topic accepts {accepts} messages only")
+    return f"topic {topic} is {accepts} and refuses a {sent} message: {hint}"
