@@ -1,18 +1,24 @@
 """RocketMQ transport figures against the broker of scripts/rocketmq.sh: send rate (raw client vs
 the transport vs the relay), consume rate (raw push consumer vs the transport vs a decorated
-ConsumerApp), and RSS growth over many sends (the 2.0.0 `Message` leak, and our fix).
+ConsumerApp, and that app with 1% poison messages mixed in), and RSS growth over many sends
+(the 2.0.0 `Message` leak, and our fix).
 
-    python bench/rocketmq.py                          # SQLite outbox/processed tables in /tmp
+    python bench/rocketmq.py                          # every section, the MariaDB test db
+    python bench/rocketmq.py --sections consume,poison --repeat 3
     python bench/rocketmq.py --messages 20000 --url mysql+pymysql://ckit:ckit@127.0.0.1/ckit_test
 
 Baselines in the same run: the raw rocketmq-client-python loop (`send_sync` with a new `Message`
-each time, never freed, as its README does) and a raw PushConsumer with a no-op callback.
+each time, never freed, as its README does) and a raw PushConsumer with a no-op callback. With
+`--repeat N` the consume rows are run N times, interleaved, and their medians printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import logging
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -37,7 +43,11 @@ from consumer_kit.transports import ConsumeStatus, OutgoingMessage, Subscription
 from consumer_kit.transports.rocketmq import RocketMQTransport, native  # noqa: E402
 
 BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
+POISON_BODY = b'{"order_id":0,"sku":"POISON","qty":1,"note":"bench"}'
 DEADLINE = 300.0
+POISON_DEADLINE = 120.0
+POISON_RETRIES = 2  # the poison group's retryMaxTimes (the test broker's levels are all 1 s)
+SECTIONS = ("send", "consume", "poison", "latency", "rss")
 
 
 def tag() -> str:
@@ -108,10 +118,11 @@ def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: st
         transport.close()
 
 
-def fill_topic(transport: RocketMQTransport, topic: str, n: int) -> None:
+def fill_topic(transport: RocketMQTransport, topic: str, n: int, poison_every: int = 0) -> None:
     transport.ensure_topic(topic)
     for i in range(n):
-        transport.send(OutgoingMessage(topic, BODY, keys=(f"c-{i}",),
+        poison = poison_every and i % poison_every == poison_every // 2
+        transport.send(OutgoingMessage(topic, POISON_BODY if poison else BODY, keys=(f"c-{i}",),
                                        properties={"ckit_id": f"{topic}-{i}",
                                                    "ckit_src": "bench"}))
 
@@ -147,20 +158,17 @@ def raw_consume(addr: str, topic: str, n: int, threads: int) -> float:
         consumer.shutdown()
 
 
-def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads: int,
-                      callback: Callable[[Any], ConsumeStatus] | None = None,
-                      group: str | None = None) -> float:
+def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads: int) -> float:
     count = [0]
     lock = threading.Lock()
 
-    def on_delivery(delivery: Any) -> ConsumeStatus:
-        status = callback(delivery) if callback else ConsumeStatus.CONSUME_SUCCESS
+    def on_delivery(_delivery: Any) -> ConsumeStatus:
         with lock:
             count[0] += 1
-        return status
+        return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = transport.consumer(group or f"bench-c-{tag()}", [Subscription(topic)],
-                                  on_delivery, threads=threads)
+    consumer = transport.consumer(f"bench-c-{tag()}", [Subscription(topic)], on_delivery,
+                                  threads=threads)
     consumer.start()
     try:
         return wait_count(count, n)
@@ -169,27 +177,63 @@ def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads:
 
 
 def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
-                topic: str, n: int, threads: int, redis_url: str) -> float:
+                topic: str, n: int, threads: int, redis_url: str, poisoned: int = 0
+                ) -> tuple[float, collections.Counter[str], int]:
+    """A ConsumerApp (Redis + database dedupe) over `n` messages, `poisoned` of them always
+    failing: seconds until every healthy one was applied, applies per id, dead letters."""
     from consumer_kit import ConsumerApp, Message
 
     group = f"bench-app-{tag()}"
+    if poisoned:
+        transport.admin.prepare_group(group, retry_max_times=POISON_RETRIES)
     app = ConsumerApp(group=group, db=engine, redis=redis_url, receipts=None,
                       processed_table=names.processed, transport=transport, threads=threads)
+    applied: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
 
     @app.listener(topic)
     def handle(msg: Message, session: Any) -> None:
-        msg.json()
+        if msg.json()["sku"] == "POISON":
+            raise RuntimeError("poison message")
+        with lock:
+            applied[msg.id] += 1
 
     app.pipeline()
+    consumer = transport.consumer(group, [Subscription(topic)], app.process, threads=threads)
+    consumer.start()
     try:
-        return transport_consume(transport, topic, n, threads, app.process, group=group)
+        started = time.perf_counter()
+        deadline = started + (POISON_DEADLINE if poisoned else DEADLINE)
+        while len(applied) < n - poisoned and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        dead = 0
+        while poisoned and dead < poisoned and time.perf_counter() < deadline + 60:
+            time.sleep(0.5)
+            dead = len(transport.dead_letters(group))
+        return elapsed, applied, dead
     finally:
+        consumer.shutdown()
         app.close()
+
+
+def poison_rows(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
+                n: int, threads: int, redis_url: str, base: float) -> list[list[object]]:
+    """The ConsumerApp with 1% poison messages, against `base` (its success-path rate)."""
+    topic, every = f"BENCH_POISON_{tag()}", 100
+    fill_topic(transport, topic, n, poison_every=every)
+    poisoned = sum(1 for i in range(n) if i % every == every // 2)
+    elapsed, applied, dead = app_consume(transport, engine, names, topic, n, threads, redis_url,
+                                         poisoned)
+    rate = len(applied) / elapsed
+    return [[f"ConsumerApp, {poisoned} poison of {n:,} (1%), retryMaxTimes {POISON_RETRIES}",
+             f"{rate:,.0f}", f"{rate / base:.2f}x" if base else "-",
+             f"{sum(1 for c in applied.values() if c == 1):,}/{n - poisoned:,}",
+             sum(1 for c in applied.values() if c > 1), f"{dead}/{poisoned}"]]
 
 
 def rss_growth(addr: str, topic: str, n: int, body_bytes: int) -> list[list[object]]:
     body = (b'{"pad":"' + b"x" * body_bytes)[:body_bytes - 2] + b'"}'
-    rows: list[list[object]] = []
     before = rss_mb()
     raw_send(addr, topic, n, free=False, body=body)
     after_raw = rss_mb()
@@ -201,11 +245,10 @@ def rss_growth(addr: str, topic: str, n: int, body_bytes: int) -> list[list[obje
     finally:
         transport.close()
     after_transport = rss_mb()
-    rows.append(["raw send_sync, Message never freed (2.0.0 as shipped)", n,
-                 f"{after_raw - before:+.1f}"])
-    rows.append(["raw send_sync + DestroyMessage", n, f"{after_freed - after_raw:+.1f}"])
-    rows.append(["RocketMQTransport.send", n, f"{after_transport - after_freed:+.1f}"])
-    return rows
+    return [["raw send_sync, Message never freed (2.0.0 as shipped)", n,
+             f"{after_raw - before:+.1f}"],
+            ["raw send_sync + DestroyMessage", n, f"{after_freed - after_raw:+.1f}"],
+            ["RocketMQTransport.send", n, f"{after_transport - after_freed:+.1f}"]]
 
 
 def commit_to_handler(transport: RocketMQTransport, engine: sa.engine.Engine,
@@ -260,22 +303,56 @@ def consumer_rss(transport: RocketMQTransport, n: int, threads: int) -> list[lis
              f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}"]]
 
 
+def consume_rows(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
+                 args: argparse.Namespace) -> tuple[list[list[object]], float]:
+    """Raw PushConsumer (baseline), transport no-op and ConsumerApp, `args.repeat` times
+    interleaved; medians. Returns the rows and the ConsumerApp's median rate."""
+    n, threads = args.messages, args.threads
+    runs: list[tuple[str, Callable[[str], float]]] = [
+        ("raw PushConsumer, no-op callback (baseline)",
+         lambda t: raw_consume(args.addr, t, n, threads)),
+        ("RocketMQTransport consumer, no-op",
+         lambda t: transport_consume(transport, t, n, threads)),
+        (f"ConsumerApp listener (Redis + {engine.dialect.name} dedupe, no-op handler)",
+         lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)[0]),
+    ]
+    rates: dict[str, list[float]] = collections.defaultdict(list)
+    cpu: dict[str, list[float]] = collections.defaultdict(list)  # less load-sensitive than rate
+    for _ in range(args.repeat):
+        for label, run in runs:
+            topic = f"BENCH_CONSUME_{tag()}"
+            fill_topic(transport, topic, n)
+            cpu_before = time.process_time()
+            rates[label].append(n / run(topic))
+            cpu[label].append((time.process_time() - cpu_before) / n * 1e6)
+    base = statistics.median(rates[runs[0][0]])
+    rows: list[list[object]] = [
+        [label, f"{statistics.median(r):,.0f}", f"{statistics.median(r) / base:.3f}x",
+         f"{statistics.median(cpu[label]):.0f}", " ".join(f"{x:,.0f}" for x in r)]
+        for label, r in rates.items()]
+    return rows, statistics.median(rates[runs[-1][0]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--addr", default=os.environ.get("CKIT_TEST_ROCKETMQ", "127.0.0.1:9876"))
-    parser.add_argument("--url", default=os.environ.get(
-        "CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"),
+    add, env = parser.add_argument, os.environ.get
+    add("--addr", default=env("CKIT_TEST_ROCKETMQ", "127.0.0.1:9876"))
+    add("--url", default=env("CKIT_TEST_MYSQL_URL",
+                             "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"),
         help="database for the outbox, the relay and the app (default: the MariaDB test db)")
-    parser.add_argument("--redis", default=os.environ.get("CKIT_TEST_REDIS_URL",
-                                                          "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--latency-messages", type=int, default=500)
-    parser.add_argument("--rss-messages", type=int, default=100_000,
-                        help="messages consumed for the consumer RSS figure")
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rss-body-bytes", type=int, default=2048,
-                        help="body size for the RSS section (the leak grows with it)")
+    add("--redis", default=env("CKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    add("--latency-messages", type=int, default=500)
+    add("--rss-messages", type=int, default=100_000, help="consumed for the consumer RSS figure")
+    add("--messages", type=int, default=5000)
+    add("--threads", type=int, default=2)
+    add("--repeat", type=int, default=1, help="runs of each consume row (medians printed)")
+    add("--sections", default=",".join(SECTIONS), help=f"some of {','.join(SECTIONS)}")
+    add("--rss-body-bytes", type=int, default=2048, help="body size for the RSS section")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # the failing handlers of the poison section
+    sections = set(args.sections.split(","))
+    if not sections <= set(SECTIONS):
+        parser.error(f"unknown section in {args.sections!r}: use {', '.join(SECTIONS)}")
     n, threads = args.messages, args.threads
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("HOME", tmp)
@@ -287,62 +364,60 @@ def main() -> None:
         transport = RocketMQTransport(args.addr, producer_group=f"bench-{tag()}")
         try:
             print(machine_facts(engine))
+            print(f"load    : {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1/5/15 min)")
             print(f"broker  : {args.addr} (scripts/rocketmq.sh), {n:,} messages of "
                   f"{len(BODY)} bytes per row, {threads} consume threads")
-            topic = f"BENCH_SEND_{tag()}"
-            transport.ensure_topic(topic)
-            send_rows = []
-            elapsed, lat = raw_send(args.addr, topic, n, free=False)
-            base = n / elapsed
-            send_rows.append(["raw send_sync loop (baseline)", f"{n / elapsed:,.0f}", "1.00x",
-                              summary_us(lat)])
-            elapsed, lat = transport_send(transport, topic, n)
-            send_rows.append(["RocketMQTransport.send", f"{n / elapsed:,.0f}",
-                              f"{n / elapsed / base:.2f}x", summary_us(lat)])
-            for workers in (1, 2):
-                elapsed = relay_send(engine, names, args.addr, topic, n, workers)
-                send_rows.append([f"Relay.run_once (batch 500, {workers} worker)",
-                                  f"{n / elapsed:,.0f}", f"{n / elapsed / base:.2f}x", ""])
-            print("\nsend (one process, synchronous sends)")
-            print(table(["path", "msgs/s", "vs raw", "latency"], send_rows))
-
-            consume_rows = []
-            runs: list[tuple[str, Callable[[str], float]]] = [
-                ("raw PushConsumer, no-op callback (baseline)",
-                 lambda t: raw_consume(args.addr, t, n, threads)),
-                ("RocketMQTransport consumer, no-op",
-                 lambda t: transport_consume(transport, t, n, threads)),
-                (f"ConsumerApp listener (Redis + {engine.dialect.name} dedupe, no-op handler)",
-                 lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)),
-            ]
-            base = 0.0
-            for label, run in runs:
-                topic = f"BENCH_CONSUME_{tag()}"
-                fill_topic(transport, topic, n)
-                elapsed = run(topic)
-                rate = n / elapsed
-                base = base or rate
-                consume_rows.append([label, f"{rate:,.0f}", f"{rate / base:.2f}x"])
-            print(f"\nconsume {n:,} messages already on the broker")
-            print(table(["path", "msgs/s", "vs raw"], consume_rows))
-
-            lat = commit_to_handler(transport, engine, names, args.latency_messages)
-            print(f"\ncommit-to-handler latency through the after-commit dispatcher "
-                  f"({len(lat)} messages, one commit at a time): {summary_us(lat)}")
-
-            print(f"\nconsumer RSS over {args.rss_messages:,} messages (MiB)")
-            print(table(["consumer", "messages", "RSS before", "RSS after", "growth"],
-                        consumer_rss(transport, args.rss_messages, threads)))
-
-            topic = f"BENCH_RSS_{tag()}"
-            transport.ensure_topic(topic)
-            print(f"\nRSS growth while sending {args.rss_body_bytes}-byte bodies (MiB)")
-            print(table(["path", "messages", "RSS growth MiB"],
-                        rss_growth(args.addr, topic, n, args.rss_body_bytes)))
+            if "send" in sections:
+                send_section(transport, engine, names, args)
+            app_rate = 0.0
+            if "consume" in sections:
+                rows, app_rate = consume_rows(transport, engine, names, args)
+                print(f"\nconsume {n:,} messages already on the broker (median of "
+                      f"{args.repeat})")
+                print(table(["path", "msgs/s", "vs raw", "CPU us/msg", "runs (msgs/s)"],
+                            rows))
+            if "poison" in sections:
+                print("\nConsumerApp with poison messages (each fails every time); rate = "
+                      "healthy messages applied per second until the last one")
+                print(table(["path", "healthy/s", "vs success path", "applied once",
+                             "applied twice+", "DLQ"],
+                            poison_rows(transport, engine, names, n, threads, args.redis,
+                                        app_rate)))
+            if "latency" in sections:
+                lat = commit_to_handler(transport, engine, names, args.latency_messages)
+                print(f"\ncommit-to-handler latency through the after-commit dispatcher "
+                      f"({len(lat)} messages, one commit at a time): {summary_us(lat)}")
+            if "rss" in sections:
+                print(f"\nconsumer RSS over {args.rss_messages:,} messages (MiB)")
+                print(table(["consumer", "messages", "RSS before", "RSS after", "growth"],
+                            consumer_rss(transport, args.rss_messages, threads)))
+                topic = f"BENCH_RSS_{tag()}"
+                transport.ensure_topic(topic)
+                print(f"\nRSS growth while sending {args.rss_body_bytes}-byte bodies (MiB)")
+                print(table(["path", "messages", "RSS growth MiB"],
+                            rss_growth(args.addr, topic, n, args.rss_body_bytes)))
         finally:
             transport.close()
             metadata.drop_all(engine)
             engine.dispose()
+
+
+def send_section(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
+                 args: argparse.Namespace) -> None:
+    n, topic = args.messages, f"BENCH_SEND_{tag()}"
+    transport.ensure_topic(topic)
+    elapsed, lat = raw_send(args.addr, topic, n, free=False)
+    base = n / elapsed
+    rows = [["raw send_sync loop (baseline)", f"{base:,.0f}", "1.00x", summary_us(lat)]]
+    elapsed, lat = transport_send(transport, topic, n)
+    rows.append(["RocketMQTransport.send", f"{n / elapsed:,.0f}", f"{n / elapsed / base:.2f}x",
+                 summary_us(lat)])
+    for workers in (1, 2):
+        elapsed = relay_send(engine, names, args.addr, topic, n, workers)
+        rows.append([f"Relay.run_once (batch 500, {workers} worker)", f"{n / elapsed:,.0f}",
+                     f"{n / elapsed / base:.2f}x", ""])
+    print("\nsend (one process, synchronous sends)")
+    print(table(["path", "msgs/s", "vs raw", "latency"], rows))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ It needs pytest (`pip install 'consumer-kit[dev]'`).
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from consumer_kit.core.messages import (
     Delivery,
     OutgoingMessage,
     Subscription,
+    Verdict,
 )
 from consumer_kit.testing.harness import MAX_RECONSUME, Harness, wait_for
 from consumer_kit.transports.base import Consumer
@@ -34,12 +36,13 @@ from consumer_kit.transports.base import Consumer
 class Inbox:
     """Collects deliveries from a consumer callback; answers with `decide`."""
 
-    def __init__(self, decide: Callable[[Delivery], ConsumeStatus] | None = None) -> None:
+    def __init__(self, decide: Callable[[Delivery], ConsumeStatus | Verdict] | None = None
+                 ) -> None:
         self.items: list[Delivery] = []
         self.lock = threading.Lock()
         self.decide = decide or (lambda _d: ConsumeStatus.CONSUME_SUCCESS)
 
-    def __call__(self, delivery: Delivery) -> ConsumeStatus:
+    def __call__(self, delivery: Delivery) -> ConsumeStatus | Verdict:
         with self.lock:
             self.items.append(delivery)
         return self.decide(delivery)
@@ -236,6 +239,53 @@ class TransportConformance:
         finally:
             consumer.shutdown()
 
+
+    def test_a_failing_message_never_takes_healthy_messages_with_it(self, h: Harness) -> None:
+        # Given: a callback for which "poison" always fails, "flaky-*" fails once, "ok-*" never
+        topic, group = h.topic("conf_poison"), h.group("g_poison")
+        acked: collections.Counter[bytes] = collections.Counter()
+        lock = threading.Lock()
+
+        def decide(d: Delivery) -> Verdict:
+            if d.body == b"poison":
+                return Verdict(ConsumeStatus.RECONSUME_LATER, "poison pill")
+            if d.body.startswith(b"flaky") and d.reconsume_times == 0:
+                return Verdict(ConsumeStatus.RECONSUME_LATER, f"{d.body.decode()} failed once")
+            with lock:
+                acked[d.body] += 1
+            return Verdict(ConsumeStatus.CONSUME_SUCCESS)
+
+        inbox = Inbox(decide)
+        consumer = start(h, group, [Subscription(topic)], inbox)
+        try:
+            # When: the poison message is sent first, the healthy ones right behind it
+            ok = [f"ok-{i}".encode() for i in range(8)]
+            flaky = [f"flaky-{i}".encode() for i in range(4)]
+            h.transport.send(OutgoingMessage(topic, b"poison"))
+            for i, body in enumerate(ok):
+                h.transport.send(OutgoingMessage(topic, body))
+                if i % 2:
+                    h.transport.send(OutgoingMessage(topic, flaky[i // 2]))
+            dead = h.dead_letters(group, expect=1)
+            assert wait_for(lambda: sum(acked.values()) >= len(ok) + len(flaky), h.timeout)
+            time.sleep(h.quiet)
+            # Then: every healthy message acked once; the "ok" ones at their first delivery
+            assert acked == {body: 1 for body in ok + flaky}
+            with inbox.lock:
+                items = list(inbox.items)
+            assert sorted((d.body, d.reconsume_times) for d in items if d.body in ok) == \
+                [(body, 0) for body in sorted(ok)]
+            assert {(d.body, d.last_error) for d in items
+                    if d.body in flaky and d.reconsume_times} == \
+                {(body, f"{body.decode()} failed once") for body in flaky}
+            # only the poison message is dead, with its reason; each retry saw the last reason
+            assert [(d.body, d.last_error) for d in dead] == [(b"poison", "poison pill")]
+            assert [(d.reconsume_times, d.last_error) for d in items if d.body == b"poison"] \
+                == [(0, "")] + [(n, "poison pill") for n in range(1, MAX_RECONSUME + 1)]
+            assert {d.max_reconsume_times for d in items} == {MAX_RECONSUME}
+            assert all("ckit_reason" not in d.properties for d in items + dead)
+        finally:
+            consumer.shutdown()
 
     def test_oversized_body_is_refused_before_sending(self, h: Harness) -> None:
         topic = h.topic("conf_big")

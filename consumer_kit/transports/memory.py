@@ -3,8 +3,9 @@
 Topics are logs; each consumer group has an offset per topic (clustering: a message goes to one
 consumer of a group, and to every group); delayed sends wait in a schedule; RECONSUME_LATER
 re-queues with back-off and moves the message to the group's dead-letter list after
-`max_reconsume_times`. Each transport has its own broker unless given one: to connect a producer
-and a consumer, pass them the same `MemoryTransport` (or `MemoryBroker`).
+`max_reconsume_times` (each copy carries the callback's reason as `last_error`). Each transport
+has its own broker unless given one: to connect a producer and a consumer, pass them the same
+`MemoryTransport` (or `MemoryBroker`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from consumer_kit.core.messages import (
     OutgoingMessage,
     SendResult,
     Subscription,
+    Verdict,
     as_verdict,
     tag_matches,
 )
@@ -36,6 +38,7 @@ from consumer_kit.transports.base import (
     Consumer,
     Transport,
     check_body_size,
+    clip_reason,
     retry_delay,
 )
 
@@ -195,7 +198,7 @@ class MemoryConsumer(Consumer):
         broker.promote_due(now)
         retries = broker.retries.get(self.group)
         if retries and retries[0].due <= now:
-            return heapq.heappop(retries).delivery
+            return self._mine(heapq.heappop(retries).delivery)
         for sub in self.subscriptions:
             log_ = broker.logs.get(sub.topic, [])
             key = (self.group, sub.topic)
@@ -205,8 +208,13 @@ class MemoryConsumer(Consumer):
                 offset += 1
                 broker.offsets[key] = offset
                 if tag_matches(sub.expression, delivery.tags):
-                    return delivery
+                    return self._mine(delivery)
         return None
+
+    def _mine(self, delivery: Delivery) -> Delivery:
+        """The delivery as this group sees it (the log is shared by every group)."""
+        return dataclasses.replace(
+            delivery, max_reconsume_times=self.transport.max_reconsume_times)
 
     def _next_wakeup(self) -> float:
         dues = [s.due for s in self.broker.schedule[:1]]
@@ -223,24 +231,25 @@ class MemoryConsumer(Consumer):
                     continue
                 self._in_flight += 1
             try:
-                status = self._call(delivery)
+                verdict = self._call(delivery)
             finally:
                 with broker.cond:
                     self._in_flight -= 1
-            if status is not ConsumeStatus.CONSUME_SUCCESS:
-                self._reconsume_later(delivery)
+            if verdict.status is not ConsumeStatus.CONSUME_SUCCESS:
+                self._reconsume_later(delivery, verdict.reason)
 
-    def _call(self, delivery: Delivery) -> ConsumeStatus:
+    def _call(self, delivery: Delivery) -> Verdict:
         try:
-            return as_verdict(self.callback(delivery)).status
-        except Exception:  # the transport contract: an exception means RECONSUME_LATER
+            return as_verdict(self.callback(delivery))
+        except Exception as exc:  # the transport contract: an exception means RECONSUME_LATER
             log.exception("callback raised for message %s; reconsume later",
                           delivery.broker_message_id)
-            return ConsumeStatus.RECONSUME_LATER
+            return Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
 
-    def _reconsume_later(self, delivery: Delivery) -> None:
+    def _reconsume_later(self, delivery: Delivery, reason: str) -> None:
         transport = self.transport
         attempt = delivery.reconsume_times + 1
+        delivery = dataclasses.replace(delivery, last_error=clip_reason(reason))
         with self.broker.cond:
             if attempt > transport.max_reconsume_times:
                 self.broker.dlq.setdefault(self.group, []).append(delivery)

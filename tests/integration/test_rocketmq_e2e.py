@@ -241,7 +241,7 @@ def test_a_rejected_message_is_acked_once_and_its_row_becomes_rejected(
     assert world.state(mid) == (int(OutboxState.REJECTED), f"{world.group}: sku discontinued")
 
 
-def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(
+def test_a_message_failing_every_time_ends_in_the_dead_letter_queue_with_its_reason(
     world: World, env: Env
 ) -> None:
     [mid] = world.publish({"sku": "C"})
@@ -256,14 +256,22 @@ def test_a_message_failing_every_time_ends_in_the_dead_letter_queue(
     with running(app):
         assert wait_for(lambda: len(reader.dead_letters(world.group)) == 1, TIMEOUT,
                         interval=0.25)
+        assert flush_acks(app)
         time.sleep(QUIET)
+    why = "retries spent after 3 deliveries: RuntimeError: always down"
     [dead] = reader.dead_letters(world.group)
     assert dead.properties["ckit_id"] == mid
     assert json.loads(dead.body) == {"sku": "C"}
-    assert [m.reconsume_times for m in calls] == list(range(MAX_RECONSUME + 1))
+    assert dead.last_error == why
+    # each attempt knew the group's limit and saw the previous attempt's reason
+    assert [(m.reconsume_times, m.last_error, m.last_attempt) for m in calls] == [
+        (0, "", False), (1, "RuntimeError: always down", False),
+        (2, "RuntimeError: always down", True)]
     assert env.effects() == {}
-    assert env.processed() == []  # nothing recorded: the reconciler sees a SENT row
-    assert world.state(mid)[0] == int(OutboxState.SENT)
+    # the last attempt recorded why, and the producer's row is rejected with it
+    assert env.processed() == [(mid, "DEAD_LETTERED", why)]
+    world.ckit_acks_until(mid, OutboxState.REJECTED)
+    assert world.state(mid) == (int(OutboxState.REJECTED), f"{world.group}: {why}")
 
 
 def test_the_same_ckit_id_sent_twice_is_applied_once(world: World, env: Env) -> None:

@@ -31,13 +31,7 @@ BACKENDS = [
 
 
 #: Known failures of a backend, by test id: strict, so a fix shows up as an unexpected pass.
-KNOWN_FAILURES = {
-    "test_message_goes_to_the_dead_letter_queue_after_max_reconsume_times[rocketmq-v5broker]": (
-        "RocketMQ 5.x broker NPE on the old C++ client's send-back to the DLQ (no originTopic "
-        "in its header), and librocketmq drops a message whose send-back failed: the message is "
-        "lost, not dead-lettered (docs/rocketmq5.md)"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

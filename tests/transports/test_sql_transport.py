@@ -24,7 +24,13 @@ from consumer_kit.core.errors import (
 from consumer_kit.core.messages import retry_topic
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.testing.harness import wait_for
-from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
+from consumer_kit.transports import (
+    ConsumeStatus,
+    Delivery,
+    OutgoingMessage,
+    Subscription,
+    Verdict,
+)
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.group import GroupStore
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
@@ -452,6 +458,45 @@ def test_dead_letters_keep_the_message_the_reason_and_the_count(transport: SqlTr
     d = transport.tables.dlq
     (reason,) = rows(transport, sa.select(d.c.reason).where(d.c.consumer_group == group))
     assert "ValueError: bad payload" in reason[0]
+
+
+def test_a_verdicts_reason_is_in_the_retry_copys_properties_and_the_dead_letter_row(
+    transport: SqlTransport,
+) -> None:
+    # Given: a callback refusing every delivery with a reason naming the attempt
+    topic, group = "why_t", "why_g"
+    transport.ensure_topic(topic)
+    seen: list[Delivery] = []
+
+    def refuse(d: Delivery) -> Verdict:
+        seen.append(d)
+        return Verdict(ConsumeStatus.RECONSUME_LATER, f"sku unknown (attempt {d.reconsume_times})")
+
+    consumer = transport.consumer(group, [Subscription(topic)], refuse)
+    consumer.start()
+    try:
+        # When
+        transport.send(OutgoingMessage(topic, b"x", properties={"ckit_id": "W1"}))
+        assert wait_for(lambda: len(transport.dead_letters(group)) == 1, TIMEOUT)
+    finally:
+        consumer.shutdown()
+    # Then: each retry row carries the previous reason in its properties JSON ...
+    m = transport.tables.message
+    retry_props = [r[0] for r in rows(transport, sa.select(m.c.properties)
+                                      .where(m.c.topic == retry_topic(group))
+                                      .order_by(m.c.reconsume_times))]
+    assert retry_props == [{"ckit_id": "W1", "ckit_reason": f"sku unknown (attempt {n})"}
+                           for n in range(transport.max_reconsume_times)]
+    # ... which comes back as last_error, not as a property; the dead letter has the last one
+    assert [(d.last_error, dict(d.properties)) for d in seen] == \
+        [("", {"ckit_id": "W1"})] + [(f"sku unknown (attempt {n})", {"ckit_id": "W1"})
+                                     for n in range(transport.max_reconsume_times)]
+    assert {d.max_reconsume_times for d in seen} == {transport.max_reconsume_times}
+    d = transport.tables.dlq
+    last = f"sku unknown (attempt {transport.max_reconsume_times})"
+    assert rows(transport, sa.select(d.c.reason).where(d.c.consumer_group == group)) == \
+        [(last,)]
+    assert transport.dead_letters(group)[0].last_error == last
 
 
 def test_a_second_member_takes_half_the_queues_without_duplicates(transport: SqlTransport) -> None:

@@ -21,23 +21,37 @@ import re
 import socket
 import struct
 import threading
-import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from consumer_kit.core.errors import TransportError, TransportUnavailable
 from consumer_kit.core.messages import retry_topic
+from consumer_kit.transports.rocketmq.codec import (
+    StoredMessage,
+    decode_message,
+    decode_messages,
+    encode_properties,
+)
 from consumer_kit.transports.rocketmq.wire import DEFAULT_ADMIN_TIMEOUT, DEFAULT_TOPIC_QUEUES
 
 # Request codes (org.apache.rocketmq.common.protocol.RequestCode).
+SEND_MESSAGE = 10
 PULL_MESSAGE = 11
 UPDATE_AND_CREATE_TOPIC = 17
+GET_BROKER_CONFIG = 26
+VIEW_MESSAGE_BY_ID = 33
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
 
 # Response codes (ResponseCode).
 SUCCESS = 0
+SYSTEM_ERROR = 1
+SYSTEM_BUSY = 2
+FLUSH_DISK_TIMEOUT = 10
+SLAVE_NOT_AVAILABLE = 11
+FLUSH_SLAVE_TIMEOUT = 12
 TOPIC_NOT_EXIST = 17
 PULL_NOT_FOUND = 19
 PULL_RETRY_IMMEDIATELY = 20
@@ -53,26 +67,6 @@ _opaque = itertools.count(1)
 #: fastjson writes maps with integer keys unquoted (`{0:"host:port"}`): quote them.
 _BARE_INT_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
 
-_MESSAGE_MAGIC = {0xAABBCCDD, 0xDAA320A7}  # 4.x message magic codes (v1, blank)
-_SYSFLAG_COMPRESSED = 0x1
-_SYSFLAG_BORNHOST_V6 = 0x1 << 4
-_SYSFLAG_STOREHOST_V6 = 0x1 << 5
-_NAME_VALUE_SEPARATOR = "\x01"
-_PROPERTY_SEPARATOR = "\x02"
-
-
-@dataclasses.dataclass(frozen=True)
-class StoredMessage:
-    """A message as the broker stores it (decoded from a pull response)."""
-
-    topic: str
-    body: bytes
-    properties: dict[str, str]
-    queue_id: int
-    queue_offset: int
-    reconsume_times: int
-    born_timestamp_ms: int
-    store_timestamp_ms: int
 
 
 def _loads(raw: bytes) -> Any:
@@ -156,46 +150,6 @@ def _check(response: _Response, what: str) -> _Response:
     if response.code != SUCCESS:
         raise TransportError(f"{what} failed: code {response.code} {response.remark}".strip())
     return response
-
-
-def decode_messages(data: bytes) -> Iterator[StoredMessage]:
-    """Decode the concatenated messages of a pull response (MessageDecoder.decodes)."""
-    pos = 0
-    while pos + 4 <= len(data):
-        (total,) = struct.unpack_from(">i", data, pos)
-        yield _decode_one(data[pos:pos + total])
-        pos += total
-
-
-def _decode_one(buf: bytes) -> StoredMessage:
-    (_total, magic, _crc, queue_id, _flag, queue_offset, _phys, sysflag,
-     born_ts) = struct.unpack_from(">iIiiiqqiq", buf, 0)
-    if magic not in _MESSAGE_MAGIC:
-        raise TransportError(f"unknown message magic code {magic:#x}")
-    pos = struct.calcsize(">iIiiiqqiq")
-    pos += 20 if sysflag & _SYSFLAG_BORNHOST_V6 else 8
-    (store_ts,) = struct.unpack_from(">q", buf, pos)
-    pos += 8
-    pos += 20 if sysflag & _SYSFLAG_STOREHOST_V6 else 8
-    (reconsume_times, _prepared, body_len) = struct.unpack_from(">iqi", buf, pos)
-    pos += struct.calcsize(">iqi")
-    body = buf[pos:pos + body_len]
-    pos += body_len
-    if sysflag & _SYSFLAG_COMPRESSED:
-        body = zlib.decompress(body)
-    topic_len = buf[pos]
-    pos += 1
-    topic = buf[pos:pos + topic_len].decode("utf-8")
-    pos += topic_len
-    (props_len,) = struct.unpack_from(">h", buf, pos)
-    pos += 2
-    props: dict[str, str] = {}
-    for pair in buf[pos:pos + props_len].decode("utf-8").split(_PROPERTY_SEPARATOR):
-        name, sep, value = pair.partition(_NAME_VALUE_SEPARATOR)
-        if sep:
-            props[name] = value
-    return StoredMessage(topic, bytes(body), props, queue_id, queue_offset, reconsume_times,
-                         born_ts, store_ts)
 
 
 class RocketMQAdmin:
@@ -341,3 +295,76 @@ class RocketMQAdmin:
             for _broker, addr, queue_id, _perm in queues:
                 messages += self.read_queue(addr, topic, queue_id, group=group)
         return messages
+
+    # ------------------------------------------------------------------ one message, one group
+
+    def view_message(self, broker_addr: str, commit_log_offset: int) -> StoredMessage | None:
+        """The message stored at `commit_log_offset` of one broker's commit log, with every
+        property (VIEW_MESSAGE_BY_ID), or None when that broker has none there.
+
+        Raises:
+            TransportUnavailable: the broker did not answer.
+        """
+        response = call(broker_addr, VIEW_MESSAGE_BY_ID, {"offset": commit_log_offset},
+                        timeout=self.timeout)
+        if response.code != SUCCESS or not response.body:
+            return None
+        try:
+            return decode_message(response.body)
+        except (TransportError, ValueError, struct.error):  # not a message start
+            return None
+
+    def subscription_groups(self, broker_addr: str) -> dict[str, dict[str, Any]]:
+        """`{group: config}` of one broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG): `retryMaxTimes`,
+        `retryQueueNums`, ..."""
+        body = _check(call(broker_addr, GET_ALL_SUBSCRIPTIONGROUP_CONFIG, timeout=self.timeout),
+                      "GET_ALL_SUBSCRIPTIONGROUP_CONFIG").body
+        table: dict[str, dict[str, Any]] = _loads(body).get("subscriptionGroupTable") or {}
+        return table
+
+    def broker_config(self, broker_addr: str) -> dict[str, str]:
+        """One broker's configuration (GET_BROKER_CONFIG), e.g. `messageDelayLevel`."""
+        body = _check(call(broker_addr, GET_BROKER_CONFIG, timeout=self.timeout),
+                      "GET_BROKER_CONFIG").body.decode("utf-8")
+        config = {}
+        for line in body.splitlines():
+            name, sep, value = line.partition("=")
+            if sep:
+                config[name.strip()] = value.strip()
+        return config
+
+    def send_message(self, broker_addr: str, *, topic: str, body: bytes,
+                     properties: Mapping[str, str], producer_group: str, born_timestamp_ms: int,
+                     flag: int = 0, sys_flag: int = 0, reconsume_times: int | None = None,
+                     max_reconsume_times: int | None = None) -> dict[str, str]:
+        """Store one message on one broker (SEND_MESSAGE, to a queue the broker picks); return
+        the response fields (`msgId`, `queueId`, `queueOffset`).
+
+        For a `%RETRY%group` topic the broker moves the message to `%DLQ%group` when
+        `reconsume_times >= max_reconsume_times` (SendMessageProcessor.handleRetryAndDLQ).
+
+        Raises:
+            TransportUnavailable: the broker did not answer, or answered busy.
+            TransportError: the broker refused the message.
+        """
+        ext: dict[str, object] = {
+            "producerGroup": producer_group, "topic": topic, "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": DEFAULT_TOPIC_QUEUES, "queueId": -1, "sysFlag": sys_flag,
+            "bornTimestamp": born_timestamp_ms, "flag": flag,
+            "properties": encode_properties(properties), "unitMode": False, "batch": False,
+        }
+        if reconsume_times is not None:
+            ext["reconsumeTimes"] = reconsume_times
+        if max_reconsume_times is not None:
+            ext["maxReconsumeTimes"] = max_reconsume_times
+        response = call(broker_addr, SEND_MESSAGE, ext, body, timeout=self.timeout)
+        if response.code == SYSTEM_BUSY:
+            raise TransportUnavailable(f"broker {broker_addr} is busy: {response.remark}")
+        if response.code not in _STORED:
+            raise TransportError(f"send to {topic} on {broker_addr} failed: code "
+                                 f"{response.code} {response.remark}".strip())
+        return response.ext
+
+
+#: Send answers that mean the message is stored (flush or replication merely lagging).
+_STORED = frozenset({SUCCESS, FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT})

@@ -1,5 +1,12 @@
 """The RocketMQ push consumer of the transport: one PushConsumer per `consumer(...)` call, one
 routing callback for all its topics, never raising into the C++ client.
+
+A concurrent consumer never answers RECONSUME_LATER to the native client (which would send the
+whole pulled batch back, see `sendback`): a message whose callback failed is sent back
+by the transport itself, with the callback's reason, and answered CONSUME_SUCCESS. Only when
+that send-back fails is RECONSUME_LATER the last resort. An orderly consumer answers
+RECONSUME_LATER as before: the native client then suspends the queue and redelivers the batch
+in order (later messages of an ordered queue wait for the failed one by design).
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
     Subscription,
+    Verdict,
     as_verdict,
 )
 from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.rocketmq import native
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
+from consumer_kit.transports.rocketmq.sendback import SendBack
 from consumer_kit.transports.rocketmq.wire import make_delivery, read_properties, text, translate
 
 
@@ -33,6 +43,8 @@ class ConsumerHost(Protocol):
     create_topics: bool
     client_log_dir: str | None
     client_log_level: str | None
+    admin: RocketMQAdmin
+    send_back_patience: float
 
     def ensure_topic(self, topic: str) -> None: ...
 
@@ -65,6 +77,8 @@ class RocketMQConsumer(Consumer):
         self.callback = callback
         self.threads = threads
         self.orderly = all(s.topic in transport.ordered_topics for s in self.subscriptions)
+        self.send_back = SendBack(transport.admin, group,
+                                  patience=transport.send_back_patience)
         self.instance_name = native.new_instance_name("c")
         self._push: Any = None
         self._c_callback: Any = None
@@ -90,6 +104,8 @@ class RocketMQConsumer(Consumer):
             for sub in self.subscriptions:
                 transport.ensure_topic(sub.topic)
         transport.prepare_group(self.group)
+        if not self.orderly:
+            self.send_back.limit()  # known before the first delivery (Delivery.max_reconsume_times)
         client = native.client()
         push = client.PushConsumer(self.group, orderly=self.orderly)
         push.set_name_server_address(transport.addr)
@@ -129,27 +145,57 @@ class RocketMQConsumer(Consumer):
             self._in_flight += 1
         _local.in_callback = True
         try:
-            delivery = self._copy(handle)
+            try:
+                delivery = self._copy(handle)
+            except BaseException:
+                log.exception("consumer %s: cannot read a message; reconsume later", self.group)
+                return int(ConsumeStatus.RECONSUME_LATER)
             msg_id = delivery.properties.get(PROP_ID) or delivery.broker_message_id
-            status = as_verdict(self.callback(delivery)).status
-        except BaseException:
-            log.exception("consumer %s: message %s: callback failed; reconsume later",
-                          self.group, msg_id)
-            return int(ConsumeStatus.RECONSUME_LATER)
+            try:
+                verdict = as_verdict(self.callback(delivery))
+            except BaseException as exc:
+                log.exception("consumer %s: message %s: callback failed; reconsume later",
+                              self.group, msg_id)
+                verdict = Verdict(ConsumeStatus.RECONSUME_LATER,
+                                  f"{type(exc).__name__}: {exc}")
+            if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
+                return int(ConsumeStatus.CONSUME_SUCCESS)
+            if self.orderly:
+                log.debug("consumer %s: message %s: reconsume later (ordered)", self.group, msg_id)
+                return int(ConsumeStatus.RECONSUME_LATER)
+            return self._send_back(handle, delivery, msg_id, verdict.reason)
         finally:
             _local.in_callback = False
             with self._lock:
                 self._in_flight -= 1
-        if status is ConsumeStatus.RECONSUME_LATER:
-            log.debug("consumer %s: message %s: reconsume later", self.group, msg_id)
-        return int(status)
+
+    def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, reason: str) -> int:
+        """Send a failed message back ourselves and answer success, so that the native client
+        never sends its batch neighbours back; RECONSUME_LATER only when that fails."""
+        try:
+            offset = native.commit_log_offset(handle)
+            sent = self.send_back.send_back(delivery, offset, reason)
+        except Exception as exc:
+            log.error("consumer %s: message %s: could not send it back (%s); answering "
+                      "RECONSUME_LATER: the native client sends back this message and the rest "
+                      "of its batch", self.group, msg_id, exc)
+            return int(ConsumeStatus.RECONSUME_LATER)
+        if sent.delay_level:
+            log.info("consumer %s: message %s failed (%s): reconsume %d at delay level %d",
+                     self.group, msg_id, reason or "no reason given", sent.reconsume_times,
+                     sent.delay_level)
+        else:
+            log.warning("consumer %s: message %s moved to %s after %d reconsumes: %s",
+                        self.group, msg_id, sent.topic, sent.reconsume_times - 1,
+                        reason or "no reason given")
+        return int(ConsumeStatus.CONSUME_SUCCESS)
 
     def _copy(self, handle: Any) -> Delivery:
         """Copy everything out of the C message (valid only during the callback)."""
         msg = native.client().ReceivedMessage(handle)
-
+        reconsume_times = int(msg.reconsume_times)
         values = read_properties(lambda name: text(msg.get_property(name)),
-                                 self.transport.extra_properties)
+                                 self.transport.extra_properties, reason=reconsume_times > 0)
         return make_delivery(
             topic=text(msg.topic),
             body=bytes(msg.body or b""),
@@ -157,10 +203,11 @@ class RocketMQConsumer(Consumer):
             tags=text(msg.tags),
             keys=text(msg.keys),
             properties=values,
-            reconsume_times=int(msg.reconsume_times),
+            reconsume_times=reconsume_times,
             queue_id=int(msg.queue_id),
             queue_offset=int(msg.queue_offset),
             born_timestamp_ms=int(msg.born_timestamp),
+            max_reconsume_times=None if self.orderly else self.send_back.limit(),
         )
 
     def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:

@@ -80,6 +80,12 @@ def destroy_message(message: Any) -> None:
         message._handle = None
 
 
+def commit_log_offset(handle: Any) -> int:
+    """`GetMessageCommitLogOffset` of a received message handle (valid inside the callback
+    only): where the broker stores it, which the 2.0.0 `ReceivedMessage` does not expose."""
+    return int(dll().GetMessageCommitLogOffset(handle))
+
+
 def configure_client_log(handle: Any, *, kind: str, path: str | None, level: str | None) -> None:
     """Point the C++ client's own log (default `~/logs/rocketmq-cpp`) and level for one object.
 

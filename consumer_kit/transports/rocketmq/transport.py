@@ -10,6 +10,10 @@ What the old C++ client forces on this module (docs/rocketmq.md and the notes be
 - One callback per PushConsumer: every topic of a `consumer(...)` call goes to one routing
   callback, registered once, which catches everything and always returns a status (an exception
   escaping a ctypes callback hands the C++ client an undefined status: it may ack and lose it).
+- The native client answers a RECONSUME_LATER for the whole pulled batch and sends every message
+  of it back: a concurrent consumer therefore sends a failed message back itself (to
+  `%RETRY%group` with the next delay level and its reason as `ckit_reason`, or to `%DLQ%group`
+  once the group's `retryMaxTimes` is spent) and answers success (see `sendback`).
 - A running PushConsumer and its ctypes callback are kept alive by a module-level registry until
   `shutdown()` has returned: a collected callback crashes the process.
 - `Message` objects have no `__del__` in 2.0.0: every sent message's C object is freed right
@@ -45,6 +49,7 @@ from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin, StoredMessage
 from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+from consumer_kit.transports.rocketmq.sendback import DEFAULT_PATIENCE
 from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_CLIENT_LOG_LEVEL,
@@ -90,6 +95,8 @@ class RocketMQTransport(Transport):
             starts or a message is sent; routes are otherwise only learnt every 30 s.
         extra_properties: more property names to read on receive for messages from producers
             that do not send `ckit_props`.
+        send_back_patience: seconds a consumer keeps retrying to send a failed message back
+            (to `%RETRY%group` or `%DLQ%group`) before it falls back to RECONSUME_LATER.
         client_log_dir / client_log_level: the C++ client's own log (default `~/logs/rocketmq-cpp`,
             level `warn`).
 
@@ -115,6 +122,7 @@ class RocketMQTransport(Transport):
         topic_queues: int = DEFAULT_TOPIC_QUEUES,
         extra_properties: Iterable[str] = (),
         admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
+        send_back_patience: float = DEFAULT_PATIENCE,
         client_log_dir: str | None = None,
         client_log_level: str | None = DEFAULT_CLIENT_LOG_LEVEL,
     ) -> None:
@@ -138,6 +146,7 @@ class RocketMQTransport(Transport):
         self.create_topics = create_topics
         self.topic_queues = topic_queues
         self.extra_properties = tuple(extra_properties)
+        self.send_back_patience = send_back_patience
         self.client_log_dir = client_log_dir
         self.client_log_level = client_log_level
         self.admin = RocketMQAdmin(self.addr, timeout=admin_timeout)

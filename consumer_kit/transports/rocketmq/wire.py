@@ -14,6 +14,7 @@ from consumer_kit.core.envelope import (
     PROP_BIZ,
     PROP_ENC,
     PROP_ID,
+    PROP_REASON,
     PROP_SENT,
     PROP_SRC,
     PROP_TRACEPARENT,
@@ -124,16 +125,21 @@ def translate(exc: Exception, what: str) -> TransportError:
     return TransportError(f"{what}: {text}")
 
 
-def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> dict[str, str]:
+def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = (), *,
+                    reason: bool = True) -> dict[str, str]:
     """The non-empty properties of a received message whose names can be known: the envelope,
-    `ckit_enc`, `extra`, and the names its sender listed in `ckit_props` (the 2.0.0 client can
-    only look properties up by name: `lookup(name)` returns a value, `""` when missing).
+    `ckit_enc`, `ckit_reason` (unless `reason` is false: a first delivery has none, and each
+    lookup is a call into the C library), `extra`, and the names its sender listed in
+    `ckit_props` (the 2.0.0 client can only look properties up by name: `lookup(name)` returns
+    a value, `""` when missing).
 
     >>> props = {"ckit_id": "1", "ckit_props": "x", "x": "2", "y": "3", "traceparent": ""}
     >>> read_properties(lambda name: props.get(name, ""))
     {'ckit_id': '1', 'x': '2'}
     """
     names = [*ENVELOPE_PROPERTIES, PROP_ENC, *extra]
+    if reason:
+        names.append(PROP_REASON)
     listed = lookup(PROP_NAMES)
     if listed:
         names += [n for n in listed.split(",") if n]
@@ -141,11 +147,13 @@ def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = ()) -> 
 
 
 def make_delivery(*, body: bytes, properties: dict[str, str], **fields: Any) -> Delivery:
-    """A `Delivery` with the transport's own properties removed and a base64 body decoded."""
+    """A `Delivery` with the transport's own properties removed (`ckit_reason` becomes
+    `last_error`) and a base64 body decoded."""
     if properties.pop(PROP_ENC, "") == ENC_BASE64:
         body = base64.b64decode(body)
     properties.pop(PROP_NAMES, None)
-    return Delivery(body=body, properties=properties, **fields)
+    last_error = properties.pop(PROP_REASON, "")
+    return Delivery(body=body, properties=properties, last_error=last_error, **fields)
 
 
 def text(value: bytes | str | None) -> str:

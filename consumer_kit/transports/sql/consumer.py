@@ -20,19 +20,20 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumer_kit.core.clock import to_epoch_ms
 from consumer_kit.core.errors import CkitError
 from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
     DeliveryCallback,
     Subscription,
+    Verdict,
     as_verdict,
     retry_topic,
     tag_matches,
 )
 from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.sql.group import GroupStore, Lease, QueueKey, allocate, new_member_id
+from consumer_kit.transports.sql.transport import row_delivery
 
 if TYPE_CHECKING:
     from consumer_kit.transports.sql import SqlTransport
@@ -328,7 +329,8 @@ class SqlConsumer(Consumer):
             for row in rows:
                 offset = int(row.queue_offset)
                 if row.origin_topic is not None or tag_matches(state.expression, row.tags):
-                    work.append(_Work(state, offset, _delivery(row)))
+                    work.append(_Work(state, offset,
+                                      _delivery(row, self.transport.max_reconsume_times)))
             with self._cond:
                 state.cursor = int(rows[-1].queue_offset) + 1
                 state.pending.update(w.offset for w in work)
@@ -376,17 +378,16 @@ class SqlConsumer(Consumer):
     def _process(self, delivery: Delivery) -> bool:
         """Run the callback; on RECONSUME_LATER re-send to the retry topic. True when done."""
         try:
-            status = as_verdict(self.callback(delivery)).status
-            reason = "RECONSUME_LATER"
+            verdict = as_verdict(self.callback(delivery))
         except Exception as error:  # the transport contract: an exception means RECONSUME_LATER
             log.exception("callback raised for message %s; reconsume later",
                           delivery.broker_message_id)
-            status, reason = ConsumeStatus.RECONSUME_LATER, f"{type(error).__name__}: {error}"
-        if status is ConsumeStatus.CONSUME_SUCCESS:
+            verdict = Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(error).__name__}: {error}")
+        if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
             return True
         while True:
             try:
-                self.transport.reconsume_later(self.group, delivery, reason)
+                self.transport.reconsume_later(self.group, delivery, verdict.reason)
                 return True
             except CkitError as error:
                 log.warning("message %s: cannot schedule the retry yet: %s",
@@ -395,11 +396,8 @@ class SqlConsumer(Consumer):
                     return False  # stays uncommitted: delivered again after a restart
 
 
-def _delivery(row: Any) -> Delivery:
-    return Delivery(
-        topic=row.origin_topic or row.topic, body=bytes(row.body),
-        broker_message_id=row.uniq_key, tags=row.tags or "", keys=row.keys or "",
-        properties=dict(row.properties or {}), reconsume_times=int(row.reconsume_times),
-        queue_id=int(row.queue_id), queue_offset=int(row.queue_offset),
-        born_timestamp_ms=to_epoch_ms(row.born_at),
-    )
+def _delivery(row: Any, max_reconsume_times: int) -> Delivery:
+    return row_delivery(row, topic=row.origin_topic or row.topic,
+                        reconsume_times=int(row.reconsume_times),
+                        queue_offset=int(row.queue_offset),
+                        max_reconsume_times=max_reconsume_times)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from consumer_kit.core.clock import to_epoch_ms, utcnow
+from consumer_kit.core.envelope import PROP_REASON
 from consumer_kit.core.errors import ConfigError, DuplicateKey, TransportError
 from consumer_kit.core.messages import (
     Delivery,
@@ -48,6 +49,7 @@ from consumer_kit.transports.base import (
     DEFAULT_RETRY_DELAYS,
     Transport,
     check_body_size,
+    clip_reason,
     retry_delay,
 )
 from consumer_kit.transports.sql import retention
@@ -322,7 +324,8 @@ class SqlTransport(Transport):
 
     def reconsume_later(self, group: str, delivery: Delivery, reason: str) -> None:
         """Re-send `delivery` to `%RETRY%group` with back-off, or to the group's dead letters
-        after `max_reconsume_times` (RocketMQ's RECONSUME_LATER).
+        after `max_reconsume_times` (RocketMQ's RECONSUME_LATER). `reason` (the callback's)
+        travels in the copy's properties as `ckit_reason` and in the dead letter's `reason`.
 
         Raises:
             TransportUnavailable: the database stayed unreachable (the message stays
@@ -330,9 +333,13 @@ class SqlTransport(Transport):
         """
         attempt = delivery.reconsume_times + 1
         born = dt.datetime.fromtimestamp(delivery.born_timestamp_ms / 1000, dt.timezone.utc)
+        reason = clip_reason(reason)
+        properties = dict(delivery.properties)
+        if reason:
+            properties[PROP_REASON] = reason  # back as last_error (row_delivery)
         common = {
             "uniq_key": delivery.broker_message_id, "tags": delivery.tags or None,
-            "keys": delivery.keys or None, "properties": dict(delivery.properties) or None,
+            "keys": delivery.keys or None, "properties": properties or None,
             "body": delivery.body, "born_at": born.replace(tzinfo=None),
         }
         now = utcnow()
@@ -340,10 +347,11 @@ class SqlTransport(Transport):
             self.db.run(lambda conn: conn.execute(sa.insert(self.tables.dlq), [{
                 **common, "consumer_group": group, "topic": delivery.topic,
                 "queue_id": delivery.queue_id, "reconsume_times": delivery.reconsume_times,
-                "reason": reason[:2000], "moved_at": now,
+                "reason": reason or "RECONSUME_LATER", "moved_at": now,
             }]), write=True, what="move a message to the dead letters")
-            log.warning("message %s moved to %%DLQ%%%s after %d reconsumes",
-                        delivery.broker_message_id, group, delivery.reconsume_times)
+            log.warning("message %s moved to %%DLQ%%%s after %d reconsumes: %s",
+                        delivery.broker_message_id, group, delivery.reconsume_times,
+                        reason or "RECONSUME_LATER")
             return
         topic = retry_topic(group)
         count = self.queue_count(topic)
@@ -357,18 +365,16 @@ class SqlTransport(Transport):
                  attempt, delay)
 
     def dead_letters(self, group: str, *, limit: int = 1000) -> list[Delivery]:
-        """Messages of `group` that exhausted their reconsume times (`%DLQ%group`), oldest first."""
+        """Messages of `group` that exhausted their reconsume times (`%DLQ%group`), oldest first;
+        `last_error` is the reason of the last failed attempt."""
         self.check_schema()
         d = self.tables.dlq
         rows = self.db.run(lambda conn: conn.execute(
             sa.select(d).where(d.c.consumer_group == group).order_by(d.c.id).limit(limit)
         ).all(), write=False, what="read dead letters")
-        return [Delivery(
-            topic=r.topic, body=bytes(r.body), broker_message_id=r.uniq_key, tags=r.tags or "",
-            keys=r.keys or "", properties=dict(r.properties or {}),
-            reconsume_times=r.reconsume_times, queue_id=r.queue_id,
-            born_timestamp_ms=to_epoch_ms(r.born_at),
-        ) for r in rows]
+        return [row_delivery(
+            r, topic=r.topic, reconsume_times=r.reconsume_times, queue_offset=0,
+            max_reconsume_times=self.max_reconsume_times) for r in rows]
 
     def purge(self, before: dt.datetime, *, batch: int = 1000) -> PurgeResult:
         """Delete queued messages born before `before` (naive UTC) that every consumer group
@@ -408,6 +414,17 @@ class SqlTransport(Transport):
         for consumer in consumers:
             consumer.shutdown()
         self.db.dispose()
+
+
+def row_delivery(row: Any, **fields: Any) -> Delivery:
+    """A `Delivery` from a message or dead-letter row (`ckit_reason` becomes `last_error`);
+    `fields` gives what the two tables do not hold the same way."""
+    properties = dict(row.properties or {})
+    return Delivery(
+        body=bytes(row.body), broker_message_id=row.uniq_key, tags=row.tags or "",
+        keys=row.keys or "", properties=properties,
+        last_error=str(properties.pop(PROP_REASON, "") or ""), queue_id=int(row.queue_id),
+        born_timestamp_ms=to_epoch_ms(row.born_at), **fields)
 
 
 def _validate_topic(topic: str) -> None:
