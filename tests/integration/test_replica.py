@@ -1,12 +1,12 @@
-"""Scan the replica, write the primary: `ckit relay --read-url` and `ckit reconcile --read-url`
-on a real MariaDB replica (scripts/mariadb-replica.sh), in sync, lagging and stopped.
+"""Scan the replica, write the primary: `ckit relay --read-url` on a real MariaDB replica
+(scripts/mariadb-replica.sh), in sync, lagging and unreachable. `ckit reconcile --read-url`
+with the replica stopped: tests/reconcile/test_scale_out.py.
 
 The replica is read only for user ckit, so any write that reached it would fail these tests.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import socket
 import threading
 import time
@@ -15,12 +15,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.core.clock import utcnow
-from consumer_kit.core.receipt import Receipt
-from consumer_kit.core.receipts_applier import ReceiptApplier
-from consumer_kit.core.schema import outbox_table, processed_table
+from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
-from consumer_kit.reconcile import GroupSource, ReconcileConfig, RepairClass, run_reconcile
 from outbox_producer import Outbox, Relay
 from outbox_producer.replica import ReplicaClaimer
 from tests.integration.replica import ReplicaPair, replica_pair
@@ -132,46 +128,3 @@ def test_a_relay_whose_replica_is_unreachable_scans_the_primary_instead(
     # Then every row went out once, through the primary
     assert result.stats.sent == 20 and transport.counts() == {m: 1 for m in ids}
     assert scans(worker).stats.fallbacks >= 1 and scans(worker).stats.replica_scans == 0
-
-
-@pytest.mark.parametrize("engine", ["sql", pytest.param("spark", marks=pytest.mark.spark)])
-def test_reconcile_reads_a_stopped_replica_and_repairs_only_on_the_primary(
-        pair: ReplicaPair, engine: str) -> None:
-    if engine == "spark":
-        pytest.importorskip("pyspark")
-    # Given four messages SENT an hour ago, one processed by the group (its receipt lost)
-    ids = publish(pair, range(4))
-    Relay(pair.primary, RecordingTransport(), table=pair.names.outbox).run_once()
-    t = outbox_table(sa.MetaData(), pair.names.outbox)
-    p = processed_table(sa.MetaData(), pair.names.processed)
-    old = utcnow() - dt.timedelta(hours=1)
-    with pair.primary.begin() as conn:
-        conn.execute(sa.update(t).values(sent_at=old)
-                     .execution_options(ckit_transition="test-setup"))
-        for mid in ids[:2]:
-            conn.execute(sa.insert(p).values(consumer_group="inventory", message_id=mid,
-                                             topic="T", status="SUCCEEDED", attempts=1,
-                                             first_seen_at=old, processed_at=old))
-    pair.caught_up()
-    # and replication stopped, after which the primary applied the receipt of the first one
-    with pair.lagging(""):
-        ReceiptApplier(pair.primary, table=pair.names.outbox,
-                       receipt_table_name=pair.names.receipts).apply([Receipt(ids[0], "inventory")])
-        # When the reconciler reads the window from the stale replica
-        summary = run_reconcile(ReconcileConfig(
-            producer_url=pair.primary_url, read_urls=(pair.replica_url,), engine=engine,
-            outbox_table=pair.names.outbox, receipt_table=pair.names.receipts,
-            groups=(GroupSource("inventory", pair.primary_url, table=pair.names.processed),),
-            orphan_window=dt.timedelta(0), stuck_after=dt.timedelta(minutes=10)))
-        after = states(pair)
-        # Then the replica's stale view of the first row was refused by the guarded repair
-        lost = summary.classes[RepairClass.RECEIPT_LOST]
-        assert (lost.found, lost.applied, lost.conflicts) == (2, 1, 1)
-        # and the other repairs landed on the primary: the second consumed, the rest re-sent
-        assert summary.classes[RepairClass.RETRY].applied == 2
-        assert [after[m] for m in ids] == [OutboxState.CONSUMED, OutboxState.CONSUMED,
-                                           OutboxState.PENDING, OutboxState.PENDING]
-        # while the stopped replica still shows them SENT: nothing was written there
-        assert set(states(pair, pair.replica).values()) == {OutboxState.SENT}
-    pair.caught_up()
-    assert states(pair, pair.replica) == after
