@@ -3,6 +3,8 @@
 `Outbox.publish` hands committed rows here (SQLAlchemy `after_commit`); a worker thread claims
 them with a compare-and-set (so a relay that got there first wins), sends and marks them. A crash
 leaves them PENDING: the relay sends them later. Nothing here blocks the caller's commit.
+With `check_topic`, each batch first schedules a delayed check message naming its rows
+(`outbox_producer.checks`): the check, not a poll, re-sends a row this dispatcher could not.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
+from outbox_producer.checks import DEFAULT_CHECK_AFTER, CheckScheduler, database_key
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
 from outbox_producer.sender import Sender
 
@@ -47,12 +50,16 @@ class Dispatcher:
         queue_size: int = DEFAULT_QUEUE_SIZE,
         lease: dt.timedelta = DEFAULT_LEASE,
         backoff: Backoff | None = None,
+        check_topic: str | None = None,
+        check_after: float = DEFAULT_CHECK_AFTER,
     ) -> None:
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
         self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
+        self.checks = (CheckScheduler(transport, check_topic, database_key(self.engine),
+                                      check_after) if check_topic else None)
         self.worker: BatchWorker[OutboxRow] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
@@ -78,6 +85,8 @@ class Dispatcher:
         self.worker.close(timeout)
 
     def _handle(self, batch: list[OutboxRow]) -> None:
+        if self.checks is not None:  # before the send: a crash after it is covered too
+            self.checks.schedule([row.id for row in batch])
         try:
             claimed = self.claimer.claim_rows(batch)
             if claimed:
