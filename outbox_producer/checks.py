@@ -1,13 +1,13 @@
 """Delayed checks instead of polling (seed 001: "a delayed message instead of the timed scan").
 
-With `Dispatcher(..., check_topic=T)` the after-commit dispatcher sends, before it sends a batch
-of freshly committed rows, one delayed **check message** naming their ids (topic `T`, tag = the
-database's key, delay `check_after`). When it comes due, a `Checker` in the relay process looks
-the rows up on the primary by id: those sent meanwhile (the normal case: one indexed lookup) are
-done; those still due (the dispatcher crashed or its send failed) are claimed with the relay's
-own claim narrowed to them (`CandidateClaimer`) and sent; those waiting for a back-off or a live
-send lease get a new check at that time. The polling relay stays the fallback (for a crash
-before the check was sent, a check lost with a broker), run with a long `--idle-sleep`.
+With `Dispatcher(..., check_topic=T)` the after-commit dispatcher sends one delayed **check
+message** naming the ids of a batch it could not send in full (with `check_every_batch`: of
+every batch, before sending it), on topic `T`, tag = the database's key, delay `check_after`.
+When it comes due, a `Checker` in the relay process looks the rows up on the primary by id:
+those sent meanwhile are done (one indexed lookup); those still due are claimed with the
+relay's own claim narrowed to them (`CandidateClaimer`) and sent; those waiting for a back-off
+or a live send lease get a new check at that time. The polling relay stays the fallback (a
+crash before a check was sent, a check lost with its broker), run with a long `--idle-sleep`.
 
 Each database has its own consumer group `ckit-check-<key>` subscribed to tag `<key>`, so
 relays serving other databases never take its checks.

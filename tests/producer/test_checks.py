@@ -34,10 +34,14 @@ class FirstSendFails(MemoryTransport):
         self.lock = threading.Lock()
         self.tried: set[str] = set()
         self.sent: Counter[str] = Counter()
+        self.checks = 0
         self.fail = True
 
     def send(self, message: OutgoingMessage) -> SendResult:
         mid = message.properties.get("ckit_id")
+        if message.topic == TOPIC:
+            with self.lock:
+                self.checks += 1
         if mid is not None:
             with self.lock:
                 first = mid not in self.tried
@@ -110,6 +114,24 @@ def test_a_row_the_dispatcher_could_not_send_is_resent_by_its_check_not_by_a_pol
         assert transport.sent == {m: 1 for m in ids}
         assert checker.stats.resent == 3 and checker.stats.checks == 1
     dispatcher.close()
+
+
+@pytest.mark.parametrize("every_batch", [False, True])
+def test_a_dispatcher_schedules_checks_for_what_it_could_not_send_or_for_every_batch(
+        sqlite_db: Db, transport: FirstSendFails, every_batch: bool) -> None:
+    # Given a dispatcher with checks whose sends all go through
+    transport.fail = False
+    dispatcher = Dispatcher(sqlite_db.engine, transport, table=sqlite_db.names.outbox,
+                            check_topic=TOPIC, check_after=60, check_every_batch=every_batch)
+    dispatcher.start()
+    # When two transactions commit
+    publish_with(sqlite_db, dispatcher, range(2))
+    publish_with(sqlite_db, dispatcher, range(2, 4))
+    assert dispatcher.flush(10)
+    dispatcher.close()
+    # Then no check was needed, unless every batch schedules one (before it is sent)
+    assert len(transport.sent) == 4
+    assert transport.checks in ((1, 2) if every_batch else (0,))  # 1 or 2 batches
 
 
 def test_a_check_of_rows_already_sent_costs_one_lookup_and_sends_nothing(
