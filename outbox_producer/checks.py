@@ -68,6 +68,11 @@ def database_key(engine: Engine) -> str:
     return name
 
 
+def first_retry_due(backoff: Backoff) -> float:
+    """Seconds after a failed first send by when its retry is due, whatever the jitter."""
+    return max(MIN_RECHECK, backoff.schedule[0] * (1 + backoff.jitter))
+
+
 def check_group(key: str) -> str:
     """The consumer group that handles the checks of database `key`."""
     return f"ckit-check-{key}"
@@ -186,13 +191,15 @@ class Checker:
         due = [i for i, at in waiting.items() if at <= now]
         if due:
             rows = self.claimer.claim_among(due, len(due))
-            if rows:
-                stats = self.sender.send_rows(rows)
-                self.stats.send.add(stats)
-                self.stats.resent += stats.sent
-                if stats.outage:
-                    return stats.outage
-            waiting = self._open(ids)
+            stats = self.sender.send_rows(rows) if rows else SendStats()
+            self.stats.send.add(stats)
+            self.stats.resent += stats.sent
+            if stats.outage:
+                return stats.outage
+            if stats.sent == len(due):  # all sent: what waits is what was not due yet
+                waiting = {i: at for i, at in waiting.items() if at > now}
+            else:
+                waiting = self._open(ids)
         if not waiting:
             return None
         delay = max(MIN_RECHECK, (min(waiting.values()) - utcnow()).total_seconds())

@@ -6,7 +6,9 @@ leaves them PENDING: the relay sends them later. Nothing here blocks the caller'
 With `check_topic`, a batch this dispatcher could not send in full schedules a delayed check
 message naming its rows (`outbox_producer.checks`): the check, not a poll, re-sends them. With
 `check_every_batch` every batch schedules its check before it is sent (seed 001's literal
-design: a crash in the middle of a send is covered too, for one more message per batch).
+design: a crash in the middle of a send is covered too, for one more message per batch). The
+check comes due when a failed send's first retry is (`check_after` by default: the back-off's
+first step with its jitter), or, for every batch, once a send lease has run out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
-from outbox_producer.checks import DEFAULT_CHECK_AFTER, CheckScheduler, database_key
+from outbox_producer.checks import (
+    DEFAULT_CHECK_AFTER,
+    CheckScheduler,
+    database_key,
+    first_retry_due,
+)
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
 from outbox_producer.sender import Sender
 
@@ -53,14 +60,18 @@ class Dispatcher:
         lease: dt.timedelta = DEFAULT_LEASE,
         backoff: Backoff | None = None,
         check_topic: str | None = None,
-        check_after: float = DEFAULT_CHECK_AFTER,
+        check_after: float | None = None,
         check_every_batch: bool = False,
     ) -> None:
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
-        self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
+        backoff = backoff or Backoff()
+        self.sender = Sender(self.engine, self.table, transport, self.owner, backoff)
+        if check_after is None:  # a crash mid-send: after the lease; a failed send: its retry
+            check_after = (max(DEFAULT_CHECK_AFTER, lease.total_seconds() + 1)
+                           if check_every_batch else first_retry_due(backoff))
         self.checks = (CheckScheduler(transport, check_topic, database_key(self.engine),
                                       check_after) if check_topic else None)
         self.check_every_batch = check_every_batch
