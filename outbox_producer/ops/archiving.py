@@ -6,11 +6,12 @@ the receipt rows of the moved messages with them), one
 instance per table at a time (GET_LOCK on MariaDB/MySQL, an advisory lock on PostgreSQL, the
 write lock itself on SQLite).
 
-No delete storms on a hot outbox: batches are small, picked in primary-key order (each locks
-only its own rows, never a range the relay or `publish` needs), with `pause` seconds between
-them so the server's purge and replication keep up. Receipt-driven archiving (`expect`): a
-CONSUMED row is archivable once every group expected for its topic has its consumed receipt
-stored, checked against the receipt rows themselves in the batch's own statements.
+No delete storms on a hot outbox: batches are small, picked in primary-key order at READ
+COMMITTED (each locks only its own rows, never a gap or a range the relay or `publish` needs),
+with `pause` seconds between them so the server's purge and replication keep up.
+Receipt-driven archiving (`expect`): a CONSUMED row is archivable once every group expected for
+its topic has its consumed receipt stored, checked against the receipt rows themselves in the
+batch's own statements.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import check_tables, dialect_name
+from consumer_kit.core.db import check_tables, dialect_name, read_committed
 from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.states import TERMINAL_STATES, OutboxState
@@ -112,6 +113,10 @@ def archive(
             count = conn.scalar(sa.select(sa.func.count()).select_from(tables.outbox).where(guard))
         return ArchiveResult(int(count or 0), 0, cutoff, False, dry_run=True)
     tables.archive.create(engine, checkfirst=True)
+    # READ COMMITTED: the batch's locking read locks the rows it picks, not every row and gap
+    # its range scan passes (REPEATABLE READ's next-key locks reach the due rows the relay
+    # claims and the end of the table where publish inserts)
+    batches_engine = read_committed(engine)
     moved = batches = 0
     last_id = 0
     more = False
@@ -120,7 +125,7 @@ def archive(
             if max_batches is not None and batches >= max_batches:
                 more = True
                 break
-            count, last_id = _archive_batch(engine, tables, guard, last_id, batch)
+            count, last_id = _archive_batch(batches_engine, tables, guard, last_id, batch)
             if count == 0 and last_id == 0:
                 break
             moved += count

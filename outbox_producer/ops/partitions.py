@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import dialect_name
+from consumer_kit.core.db import dialect_name, read_committed
 from consumer_kit.core.errors import ConfigError, OutboxError
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import outbox_table
@@ -80,6 +80,15 @@ def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
         comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
         mysql_engine="InnoDB", mysql_charset="utf8mb4",
     )
+
+
+def key_trigger(outbox: str) -> str:
+    """`CREATE TRIGGER <outbox>_biz_key`: each new outbox row's key into `<outbox>_key`, in the
+    same statement (a duplicate key fails the INSERT as a unique key of the outbox would)."""
+    keys = validate_identifier(f"{outbox}_key")
+    return (f"CREATE TRIGGER {validate_identifier(outbox + '_biz_key')} BEFORE INSERT ON "
+            f"{outbox} FOR EACH ROW INSERT INTO {keys} (biz_type, biz_key, message_id, "
+            "gmt_create) VALUES (NEW.biz_type, NEW.biz_key, NEW.message_id, NEW.gmt_create)")
 
 
 def partitioned_outbox_table(metadata: sa.MetaData, name: str) -> sa.Table:
@@ -154,10 +163,7 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
         conn.exec_driver_sql(f"ALTER TABLE {name} PARTITION BY RANGE COLUMNS(message_id) "
                              f"({parts}, PARTITION pmax VALUES LESS THAN ({MAX}))")
         keys.create(conn, checkfirst=True)
-        conn.exec_driver_sql(
-            f"CREATE TRIGGER {validate_identifier(name + '_biz_key')} BEFORE INSERT ON {name} "
-            f"FOR EACH ROW INSERT INTO {keys.name} (biz_type, biz_key, message_id, gmt_create) "
-            "VALUES (NEW.biz_type, NEW.biz_key, NEW.message_id, NEW.gmt_create)")
+        conn.exec_driver_sql(key_trigger(name))
     tables.receipts.create(engine, checkfirst=True)
     tables.archive.create(engine, checkfirst=True)
     return [*(day_name(d) for d in days), "pmax"]
@@ -177,16 +183,18 @@ def partitions(engine: Engine, table: str) -> list[Partition]:
 def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DAYS_AHEAD,
            older_than: dt.timedelta = dt.timedelta(days=1), batch: int = DEFAULT_BATCH,
            pause: float = 0.0, include_rejected: bool = False,
-           now: dt.datetime | None = None) -> RotateResult:
+           now: dt.datetime | None = None, max_drops: int | None = None) -> RotateResult:
     """Add the partitions of the next `days_ahead` days; archive and drop each day partition
     whose day ended `older_than` ago and whose rows are all CONSUMED (or REJECTED with
-    `include_rejected`). A partition still holding other rows is kept (`kept` says why).
+    `include_rejected`), at most `max_drops` of them. A partition still holding other rows is
+    kept (`kept` says why).
 
     Raises:
         ConfigError: not MySQL/MariaDB, the table is not partitioned, or bad numbers.
         ArchiveBusy: another archive or rotation of this table runs.
     """
     _require_mysql(engine)
+    engine = read_committed(engine)  # no gap locks from the copies' and deletes' range reads
     if batch < 1 or days_ahead < 0 or pause < 0:
         raise ConfigError("--batch must be >= 1, --days-ahead and --pause >= 0")
     now = now or utcnow()
@@ -204,7 +212,8 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
             done.add(int(OutboxState.REJECTED))
         lower = ""
         for part in partitions(engine, name)[:-1]:
-            if part.upper > horizon:
+            if part.upper > horizon or (max_drops is not None
+                                        and len(result.dropped) >= max_drops):
                 break
             why = _retire(engine, tables, part, lower, done, batch, pause, result)
             if why:
