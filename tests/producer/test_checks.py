@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -203,3 +204,40 @@ def test_a_check_message_of_another_database_or_unreadable_is_acked_and_ignored(
         delivery = Delivery(topic=TOPIC, body=body, broker_message_id="B")
         assert checker.handle(delivery) is ConsumeStatus.CONSUME_SUCCESS
     assert checker.stats.checks == 0
+
+
+def test_checks_and_replica_scans_change_rows_only_through_the_transition_table(
+        sqlite_db: Db, transport: FirstSendFails, tmp_path: Path) -> None:
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.schema import build_metadata
+    from consumer_kit.core.states import TRANSITIONS, Actor
+    from outbox_producer import Relay
+    from tests.test_state_machine import Statements
+
+    statements = Statements(sqlite_db.names.outbox)
+    try:
+        # Given a failed dispatcher send re-sent by its check
+        dispatcher = Dispatcher(sqlite_db.engine, transport, table=sqlite_db.names.outbox,
+                                backoff=Backoff(schedule=(0.0,), jitter=0.0),
+                                check_topic=TOPIC, check_after=0.2).start()
+        with checker_for(sqlite_db, transport):
+            ids = publish_with(sqlite_db, dispatcher, range(2))
+            assert wait_for(lambda: all(state_of(sqlite_db, m) is OutboxState.SENT
+                                        for m in ids))
+        dispatcher.close()
+        # and rows claimed through a (here empty, so swept) read replica
+        replica = make_engine(f"sqlite:///{tmp_path / 'replica.db'}")
+        build_metadata(sqlite_db.names, include_transport=False).create_all(replica)
+        more = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox)
+        with sqlite_db.engine.begin() as conn:
+            more.publish(conn, "T", {}, biz_type="t", biz_key="r")
+        transport.fail = False
+        Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox, read_engine=replica,
+              sweep_every=0).run_once()
+    finally:
+        statements.close()
+    # Then every UPDATE of the outbox named its transition, and only senders' transitions ran
+    assert [s for s in statements.seen if s[1] is None] == []
+    sender = {t.name for t in TRANSITIONS if t.actor is Actor.SENDER}
+    assert {name for _, name in statements.seen} <= sender
+    assert {name for _, name in statements.seen} >= {"claim", "mark_sent"}
