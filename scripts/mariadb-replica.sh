@@ -238,6 +238,7 @@ cmd_start() {
     start_instance "${OWN_SOURCE[@]}"
   else
     shared_has_binlog || die "the shared server on ${SHARED_PORT} does not run with the binary log"
+    stop_instance "${OWN_SOURCE[0]}"  # a private source of an earlier run is not needed now
   fi
   provision_source "$kind"
   start_instance "${REPLICA[@]}"
