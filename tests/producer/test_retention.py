@@ -103,6 +103,33 @@ def test_the_archive_command_takes_a_pause_and_expected_groups(sqlite_db: Db) ->
     assert json.loads(result.output)["moved"] == 3
 
 
+def test_the_processed_purge_deletes_the_oldest_rows_first_in_paced_batches(
+        sqlite_db: Db) -> None:
+    from consumer_kit.core.schema import processed_table
+    from consumer_kit.processed import ProcessedStore
+
+    # Given six processed rows of one group, processed 10 to 15 days ago, newest first by key
+    p = processed_table(sa.MetaData(), sqlite_db.names.processed)
+    now = utcnow()
+    with sqlite_db.engine.begin() as conn:
+        for i in range(6):
+            at = now - dt.timedelta(days=10 + i)
+            conn.execute(sa.insert(p).values(consumer_group="g", message_id=f"m{i}", topic="T",
+                                             status="SUCCEEDED", attempts=1, first_seen_at=at,
+                                             processed_at=at))
+    store = ProcessedStore(sqlite_db.engine, "g", table=sqlite_db.names.processed)
+    # When one batch of two is purged
+    assert store.purge(dt.timedelta(days=7), batch=2, max_batches=1) == 2
+    # Then the two oldest went
+    with sqlite_db.engine.connect() as conn:
+        left = set(conn.execute(sa.select(p.c.message_id)).scalars())
+    assert left == {"m0", "m1", "m2", "m3"}
+    # and the rest go in batches with a pause after each full one
+    started = time.monotonic()
+    assert store.purge(dt.timedelta(days=7), batch=2, pause=0.1) == 4
+    assert time.monotonic() - started >= 0.2
+
+
 # --- the day-partitioned outbox (MariaDB) ---------------------------------------------------
 
 def ulid_at(moment: dt.datetime) -> str:
