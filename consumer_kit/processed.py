@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,9 +223,10 @@ class ProcessedStore:
     # -- retention ----------------------------------------------------------------------------
 
     def purge(self, older_than: dt.timedelta, *, batch: int = 1000,
-              max_batches: int | None = None) -> int:
-        """Delete this group's rows processed before `now - older_than`, in bounded batches;
-        rows whose receipt is still owed are kept."""
+              max_batches: int | None = None, pause: float = 0.0) -> int:
+        """Delete this group's rows processed before `now - older_than`, in bounded batches
+        picked oldest first (the `processed_at` index), each deleted by primary key, with
+        `pause` seconds between batches; rows whose receipt is still owed are kept."""
         t = self.table
         horizon = utcnow() - older_than
         deleted = batches = 0
@@ -233,7 +235,8 @@ class ProcessedStore:
                 keys = conn.execute(
                     sa.select(t.c.message_id).where(t.c.consumer_group == self.group,
                                                     t.c.processed_at < horizon,
-                                                    t.c.receipt_due_at.is_(None)).limit(batch)
+                                                    t.c.receipt_due_at.is_(None))
+                    .order_by(t.c.processed_at).limit(batch)
                 ).scalars().all()
                 if not keys:
                     break
@@ -241,4 +244,8 @@ class ProcessedStore:
                     t.c.consumer_group == self.group, t.c.message_id.in_(keys),
                     t.c.receipt_due_at.is_(None))).rowcount
             batches += 1
+            if len(keys) < batch:
+                break
+            if pause:
+                time.sleep(pause)
         return deleted

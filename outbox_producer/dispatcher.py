@@ -3,6 +3,12 @@
 `Outbox.publish` hands committed rows here (SQLAlchemy `after_commit`); a worker thread claims
 them with a compare-and-set (so a relay that got there first wins), sends and marks them. A crash
 leaves them PENDING: the relay sends them later. Nothing here blocks the caller's commit.
+With `check_topic`, a batch this dispatcher could not send in full schedules a delayed check
+message naming its rows (`outbox_producer.checks`): the check, not a poll, re-sends them. With
+`check_every_batch` every batch schedules its check before it is sent (seed 001's literal
+design: a crash in the middle of a send is covered too, for one more message per batch). The
+check comes due when a failed send's first retry is (`check_after` by default: the back-off's
+first step with its jitter), or, for every batch, once a send lease has run out.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer.backoff import Backoff
+from outbox_producer.checks import (
+    DEFAULT_CHECK_AFTER,
+    CheckScheduler,
+    database_key,
+    first_retry_due,
+)
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
 from outbox_producer.sender import Sender
 
@@ -47,12 +59,22 @@ class Dispatcher:
         queue_size: int = DEFAULT_QUEUE_SIZE,
         lease: dt.timedelta = DEFAULT_LEASE,
         backoff: Backoff | None = None,
+        check_topic: str | None = None,
+        check_after: float | None = None,
+        check_every_batch: bool = False,
     ) -> None:
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
-        self.sender = Sender(self.engine, self.table, transport, self.owner, backoff or Backoff())
+        backoff = backoff or Backoff()
+        self.sender = Sender(self.engine, self.table, transport, self.owner, backoff)
+        if check_after is None:  # a crash mid-send: after the lease; a failed send: its retry
+            check_after = (max(DEFAULT_CHECK_AFTER, lease.total_seconds() + 1)
+                           if check_every_batch else first_retry_due(backoff))
+        self.checks = (CheckScheduler(transport, check_topic, database_key(self.engine),
+                                      check_after) if check_topic else None)
+        self.check_every_batch = check_every_batch
         self.worker: BatchWorker[OutboxRow] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
@@ -78,15 +100,29 @@ class Dispatcher:
         self.worker.close(timeout)
 
     def _handle(self, batch: list[OutboxRow]) -> None:
+        checked = self.checks is not None and self.check_every_batch
+        if checked:  # before the send: a crash after it is covered too
+            self._check(batch)
         try:
             claimed = self.claimer.claim_rows(batch)
             if claimed:
                 stats = self.sender.send_rows(claimed)
                 if stats.outage:  # the unsent rows are PENDING again: the relay has them
                     log.warning("dispatcher: %s", stats.outage)
+                if stats.sent < len(claimed) and not checked:
+                    self._check(claimed)
         except CkitError as exc:  # e.g. the transport's tables are missing: rows left as they
             log.error("dispatcher: batch of %d left PENDING for the relay (first message %s): "
                       "%s", len(batch), batch[0].message_id, exc)
+            if not checked:
+                self._check(batch)
         except Exception:  # the rows stay PENDING or SENDING under a lease: the relay has them
             log.exception("dispatcher: batch of %d left for the relay (first message %s)",
                           len(batch), batch[0].message_id)
+            if not checked:
+                self._check(batch)
+
+    def _check(self, rows: Sequence[OutboxRow]) -> None:
+        """Schedule the delayed check of `rows` (a no-op without `check_topic`)."""
+        if self.checks is not None:
+            self.checks.schedule([row.id for row in rows])

@@ -20,6 +20,7 @@ from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, default_owner
+from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
 from outbox_producer.sender import Sender, SendStats
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class Relay:
     Several relays (threads or processes) can run side by side: claims are row locks with
     SKIP LOCKED (MariaDB >= 10.6, MySQL 8, PostgreSQL) or an optimistic token claim (SQLite), so
     no row is sent twice in the normal case. `shard` restricts a relay to `MOD(id, N) = i`.
+    `read_engine` (a read replica of `engine`) takes the scans for due rows and the backlog
+    gauges; claims, sends and marks stay on `engine`, and a primary sweep every `sweep_every`
+    seconds finds what a lagging replica hides (`outbox_producer.replica`).
 
     >>> relay = Relay(engine, transport, batch=500)          # doctest: +SKIP
     >>> relay.run_once()                                     # drain what is due, then return
@@ -94,6 +98,8 @@ class Relay:
         owner: str | None = None,
         workers: int = 1,
         once_outage_limit: float = DEFAULT_ONCE_OUTAGE_LIMIT,
+        read_engine: Engine | str | None = None,
+        sweep_every: float = DEFAULT_SWEEP_EVERY,
     ) -> None:
         if batch < 1 or workers < 1:
             raise ConfigError("batch and workers must be at least 1")
@@ -106,8 +112,14 @@ class Relay:
         self.batch = batch
         self.workers = workers
         self.idle_sleep = idle_sleep
-        self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease, shard=shard,
-                               retry_failed=failed_retry_after is not None)
+        self.read_engine = make_engine(read_engine) if read_engine is not None else None
+        if self.read_engine is None:
+            self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease, shard=shard,
+                                   retry_failed=failed_retry_after is not None)
+        else:
+            self.claimer = ReplicaClaimer(self.engine, self.table, self.owner, lease=lease,
+                                          shard=shard, retry_failed=failed_retry_after is not None,
+                                          read_engine=self.read_engine, sweep_every=sweep_every)
         self.sender = Sender(self.engine, self.table, transport, self.owner,
                              backoff or Backoff(), failed_retry_after)
         self.limiter = RateLimiter(max_rate) if max_rate else None
@@ -229,7 +241,7 @@ class Relay:
 
     def _refresh_metrics(self) -> None:
         try:
-            metrics.refresh_backlog(self.engine, self.table)
+            metrics.refresh_backlog(self.read_engine or self.engine, self.table)
         except DBAPIError as exc:  # a metric must never stop the relay
             log.debug("relay %s: backlog metrics skipped: %s", self.owner, exc)
 

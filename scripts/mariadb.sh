@@ -4,9 +4,14 @@
 # usage: scripts/mariadb.sh [install|start|provision|stop|status|all]   (default: all)
 #
 #   install    apt-get install mariadb-server mariadb-client (apt-get update only when needed)
-#              and write /etc/mysql/mariadb.conf.d/99-ckit.cnf
+#              and write /etc/mysql/mariadb.conf.d/99-ckit.cnf and 99-ckit-binlog.cnf (the
+#              binary log the replica of scripts/mariadb-replica.sh follows: server id 1, ROW
+#              format, only database ckit_replica logged, so the other databases pay nothing;
+#              a running server is restarted for 99-ckit.cnf changes, never for this file alone:
+#              it takes effect at the next start)
 #   start      start the server unless it already answers; wait (bounded) for `mariadb-admin ping`
-#   provision  databases ckit_test, ckit_test2, ckit_bench; user ckit/ckit on 127.0.0.1 and
+#   provision  databases ckit_test, ckit_test2, ckit_bench, ckit_shard1..3 (the sharded-outbox
+#              tests), ckit_replica (the replica tests); user ckit/ckit on 127.0.0.1 and
 #              localhost with all privileges on `ckit%` databases (idempotent)
 #   stop       shut the server down (whoever started it)
 #   status     say whether the server answers, on the socket and on 127.0.0.1:3306
@@ -23,8 +28,9 @@ readonly LOGDIR=/var/log/mysql
 readonly ERRLOG=${LOGDIR}/error.log
 readonly LAUNCH_LOG=${LOGDIR}/ckit-launch.log
 readonly CONF=/etc/mysql/mariadb.conf.d/99-ckit.cnf
+readonly BINLOG_CONF=/etc/mysql/mariadb.conf.d/99-ckit-binlog.cnf
 readonly TIMEOUT=${CKIT_MARIADB_TIMEOUT:-60}
-readonly DATABASES=(ckit_test ckit_test2 ckit_bench)
+readonly DATABASES=(ckit_test ckit_test2 ckit_bench ckit_shard1 ckit_shard2 ckit_shard3 ckit_replica)
 
 LOG_TAG=mariadb
 # shellcheck source=scripts/lib.sh
@@ -59,11 +65,39 @@ EOF
   return 0
 }
 
+# The binary log for the replica tests. binlog_do_db keeps every other database out of it (ROW
+# format: a change is logged by the database of its table), so the shared server writes no binlog
+# for ckit_test, ckit_bench and the others; log_bin_trust_function_creators lets user ckit create
+# triggers as it could without a binary log.
+write_binlog_conf() {
+  local tmp
+  tmp=$(mktemp)
+  cat >"$tmp" <<EOF
+# Written by consumer-kit scripts/mariadb.sh: the binary log scripts/mariadb-replica.sh replicates.
+[mysqld]
+server_id                       = 1
+log_bin                         = ckit-bin
+binlog_format                   = ROW
+binlog_do_db                    = ckit_replica
+log_bin_trust_function_creators = 1
+binlog_expire_logs_seconds      = 86400
+max_binlog_size                 = 64M
+EOF
+  if cmp -s "$tmp" "$BINLOG_CONF"; then
+    rm -f "$tmp"
+    return 0
+  fi
+  install -m 0644 "$tmp" "$BINLOG_CONF"
+  rm -f "$tmp"
+  log "wrote $BINLOG_CONF (takes effect at the server's next start)"
+}
+
 cmd_install() {
   need_root
   local changed=0
   # The conf goes in before the packages so a server started by their postinst already uses it.
   write_conf && changed=1
+  write_binlog_conf
   apt_install mariadb-server mariadb-client
   # Settings changed while a server is up: restart it so they take effect.
   if ((changed)) && alive; then

@@ -3,9 +3,9 @@
 #
 # usage: scripts/setup.sh
 #
-# Steps: python-deps.sh (extras dev,spark,rocketmq,rocketmq5), mariadb.sh, postgres.sh, redis.sh,
-# jdbc.sh, librocketmq.sh, `rocketmq.sh start` (4.9.7) and `rocketmq5.sh start` (5.3.3 and its
-# proxy).
+# Steps: python-deps.sh (extras dev,spark,rocketmq,rocketmq5), mariadb.sh, mariadb-replica.sh,
+# postgres.sh, redis.sh, jdbc.sh, librocketmq.sh, `rocketmq.sh start` (4.9.7) and
+# `rocketmq5.sh start` (5.3.3 and its proxy).
 # One line per step with its duration; a step's own output goes to a log file, whose tail is
 # printed when the step fails.
 # Writes the service addresses to .ckit-test.env at the repo root (source it; nothing is exported
@@ -51,12 +51,15 @@ step() {
 }
 
 write_env() {
-  local jars=$1 pg_url=$2 pg_url2=$3 tmp
+  local jars=$1 pg_url=$2 pg_url2=$3 primary_url=$4 replica_url=$5 tmp
   tmp=$(mktemp "${ENV_FILE}.XXXXXX")
   cat >"$tmp" <<EOF
 # Written by scripts/setup.sh: addresses of the local test services (fixed test credentials).
 CKIT_TEST_MYSQL_URL=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test
 CKIT_TEST_MYSQL_URL2=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test2
+CKIT_TEST_MYSQL_SHARD_URLS=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard1,mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard2,mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard3
+CKIT_TEST_MYSQL_PRIMARY_URL=${primary_url}
+CKIT_TEST_MYSQL_REPLICA_URL=${replica_url}
 CKIT_TEST_PG_URL=${pg_url}
 CKIT_TEST_PG_URL2=${pg_url2}
 CKIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0
@@ -89,6 +92,7 @@ main() {
   step python-deps env CKIT_PY_EXTRAS="${CKIT_PY_EXTRAS:-dev,spark,rocketmq,rocketmq5}" \
     bash "${SCRIPTS}/python-deps.sh"
   step mariadb bash "${SCRIPTS}/mariadb.sh"
+  step replica bash "${SCRIPTS}/mariadb-replica.sh"
   step postgres bash "${SCRIPTS}/postgres.sh"
   step redis bash "${SCRIPTS}/redis.sh"
   step jdbc bash "${SCRIPTS}/jdbc.sh"
@@ -103,7 +107,11 @@ main() {
   pg_url=$(bash "${SCRIPTS}/postgres.sh" url ckit_test 2>>"${LOG_DIR}/postgres.log" 9>&-) \
     && pg_url2=$(bash "${SCRIPTS}/postgres.sh" url ckit_test2 2>>"${LOG_DIR}/postgres.log" 9>&-) \
     || { echo "setup: could not read the PostgreSQL port (see ${LOG_DIR}/postgres.log)" >&2; exit 1; }
-  write_env "$jars" "$pg_url" "$pg_url2"
+  local primary_url replica_url
+  primary_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url primary 2>>"${LOG_DIR}/replica.log" 9>&-) \
+    && replica_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url replica 2>>"${LOG_DIR}/replica.log" 9>&-) \
+    || { echo "setup: could not read the replica's URLs (see ${LOG_DIR}/replica.log)" >&2; exit 1; }
+  write_env "$jars" "$pg_url" "$pg_url2" "$primary_url" "$replica_url"
   printf 'setup: wrote %s; all done in %ss\n' "${ENV_FILE#"$ROOT"/}" \
     "$(awk -v a="$total" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
 }

@@ -94,11 +94,14 @@ def window_bounds(engine: sa.Engine, config: ReconcileConfig,
 
 
 def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt.datetime,
-                bounds: dict[str, WindowPart]) -> Any:
-    """The window as one DataFrame: SENT before the cutoff (partitioned by id over the bounds)
-    union SENDING with a lease expired before the cutoff (usually a handful of rows).
+                bounds: dict[str, WindowPart], *, shard: int = 0) -> Any:
+    """The window of one producer database as one DataFrame: SENT before the cutoff
+    (partitioned by id over the bounds) union SENDING with a lease expired before the cutoff
+    (usually a handful of rows), with a `shard` column naming the database.
 
     Called only when `bounds` holds at least one row."""
+    from pyspark.sql import functions as F
+
     outbox = outbox_table(sa.MetaData(), config.outbox_table)
     cores = int(spark.sparkContext.defaultParallelism)
     frames = []
@@ -111,7 +114,7 @@ def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
-    return frame.select(*WINDOW_COLUMNS)
+    return frame.select(*WINDOW_COLUMNS).withColumn("shard", F.lit(shard))
 
 
 def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:
@@ -124,16 +127,22 @@ def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:
     return out
 
 
-def read_evidence_by_ids(spark: Any, config: ReconcileConfig, producer: JdbcSource,
+def read_evidence_by_ids(spark: Any, config: ReconcileConfig,
+                         receipts_from: Sequence[tuple[JdbcSource, Sequence[str]]],
                          groups: dict[str, JdbcSource], ids: Sequence[str]) -> Any:
-    """Receipt rows and each group's processed rows for the window's (safe) message ids."""
+    """Each group's processed rows for the window's (safe) message `ids`, and the receipt rows
+    of each producer database in `receipts_from` for its own ids (a sharded outbox keeps the
+    receipts of its messages beside them)."""
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     frames = []
+    for producer, own in receipts_from:
+        if own:
+            preds = id_predicates("message_id", own, f"consumer_group IN ({names})")
+            receipts = jdbc_read(spark, producer,
+                                 RECEIPT_QUERY.format(table=config.receipt_table),
+                                 schema="received_at STRING", predicates=preds)
+            frames.append(_receipt_evidence(receipts))
     if ids:
-        preds = id_predicates("message_id", ids, f"consumer_group IN ({names})")
-        receipts = jdbc_read(spark, producer, RECEIPT_QUERY.format(table=config.receipt_table),
-                         schema="received_at STRING", predicates=preds)
-        frames.append(_receipt_evidence(receipts))
         for group in config.groups:
             prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
             processed = jdbc_read(spark, groups[group.name],
@@ -144,17 +153,20 @@ def read_evidence_by_ids(spark: Any, config: ReconcileConfig, producer: JdbcSour
     return _union(spark, frames)
 
 
-def read_evidence_by_range(spark: Any, config: ReconcileConfig, producer: JdbcSource,
-                           groups: dict[str, JdbcSource], since: dt.datetime,
-                           until: dt.datetime) -> Any:
+def read_evidence_by_range(spark: Any, config: ReconcileConfig,
+                           producers: Sequence[JdbcSource], groups: dict[str, JdbcSource],
+                           since: dt.datetime, until: dt.datetime) -> Any:
     """Evidence for a large window: processed rows with `processed_at >= since` read in time
-    slices (the `processed_at` index), receipts with `received_at >= since`; joined in Spark."""
+    slices (the `processed_at` index), receipts with `received_at >= since` from every
+    producer database; joined in Spark."""
     names = ", ".join(require_literal(g.name, "consumer group") for g in config.groups)
     slices = time_slices(since, until, MAX_PARTITIONS // 4 or 1)
-    receipts = jdbc_read(spark, producer, RECEIPT_QUERY.format(table=config.receipt_table),
-                     schema="received_at STRING", predicates=[
-        f"consumer_group IN ({names}) AND received_at >= {timestamp_literal(since)}"])
-    frames = [_receipt_evidence(receipts)]
+    frames = []
+    for producer in producers:
+        receipts = jdbc_read(spark, producer, RECEIPT_QUERY.format(table=config.receipt_table),
+                             schema="received_at STRING", predicates=[
+            f"consumer_group IN ({names}) AND received_at >= {timestamp_literal(since)}"])
+        frames.append(_receipt_evidence(receipts))
     for group in config.groups:
         prefix = f"consumer_group = {require_literal(group.name, 'consumer group')}"
         processed = jdbc_read(spark, groups[group.name],

@@ -1,11 +1,13 @@
 """The Spark source of the reconciler (`--engine spark`): partitioned JDBC reads joined in Spark.
 
 Fix the window's bounds on the driver (a cheap indexed query), read the window partitioned by
-id, read the evidence of its message ids (IN-list predicates, or for a very large window a
-`processed_at` range read joined in Spark), group it per message and join it to the window; the
-loop (`consumer_kit.reconcile.loop`) classifies and repairs the joined rows as they stream to the
-driver. Orphan candidates: the processed window anti-joined with recent outbox ids in Spark (the
-loop checks the survivors exactly). `spark/reconcile_job.py` is the spark-submit entry.
+id (of every producer database of a sharded outbox, each from its read replica when it has
+one: one union of partitioned reads, one job), read the evidence of its message ids (IN-list
+predicates, or for a very large window a `processed_at` range read joined in Spark), group it
+per message and join it to the window; the loop (`consumer_kit.reconcile.loop`) classifies and
+repairs the joined rows as they stream to the driver (each on its own producer's primary).
+Orphan candidates: the processed window anti-joined with recent outbox ids in Spark (the loop
+checks the survivors exactly). `spark/reconcile_job.py` is the spark-submit entry.
 """
 
 from __future__ import annotations
@@ -63,14 +65,14 @@ class SparkSource(Source):
                 require_literal(topic, "topic")
         if config.src:
             require_literal(config.src, "producer name (--src)")
-        self.producer = to_jdbc(config.producer_url)
+        self.producers = [to_jdbc(p.scan_url) for p in config.producers]
         self.groups = {g.name: to_jdbc(g.url) for g in config.groups}
         started = time.monotonic()
         session = spark or SparkSession.getActiveSession()
         self.own_session = session is None
         if session is None:
             run.progress(f"starting Spark ({config.master or 'spark-submit master'})")
-            session = build_session(config, {self.producer.dialect,
+            session = build_session(config, {*(p.dialect for p in self.producers),
                                              *(g.dialect for g in self.groups.values())})
         self.spark = session
         run.builder.summary.durations["spark_start"] = time.monotonic() - started
@@ -102,19 +104,32 @@ class SparkSource(Source):
         run = self.run
         config, builder = run.config, run.builder
         durations = builder.summary.durations
-        engine = run.engines.get(config.producer_url)
         phase = time.monotonic()
-        bounds = window_bounds(engine, config, run.cutoff)
+        bounds = [window_bounds(run.engines.get(p.scan_url), config, run.cutoff)
+                  for p in config.producers]
         durations["bounds"] = time.monotonic() - phase
-        sent, sending = bounds["sent"], bounds["sending"]
-        builder.summary.details["bounds"] = {name: part._asdict() for name, part in bounds.items()}
-        run.progress(f"window: {sent.rows + sending.rows} outbox rows before cutoff "
-                     f"{run.cutoff.isoformat(sep=' ')} (SENT ids {sent.min_id}..{sent.max_id}, "
-                     f"SENDING {sending.rows})")
-        if not sent.rows + sending.rows:
+        details = builder.summary.details
+        details["bounds"] = {name: part._asdict() for name, part in bounds[0].items()}
+        if len(bounds) > 1:
+            details["bounds_by_producer"] = [{name: part._asdict() for name, part in b.items()}
+                                             for b in bounds]
+        for p, b in zip(config.producers, bounds):
+            sent, sending = b["sent"], b["sending"]
+            where = f" of producer {p.index}" if len(bounds) > 1 else ""
+            run.progress(f"window{where}: {sent.rows + sending.rows} outbox rows before cutoff "
+                         f"{run.cutoff.isoformat(sep=' ')} (SENT ids {sent.min_id}.."
+                         f"{sent.max_id}, SENDING {sending.rows})")
+        parts = [(p.index, b) for p, b in zip(config.producers, bounds)
+                 if b["sent"].rows + b["sending"].rows]
+        if not parts:
             return
         phase = time.monotonic()
-        window = self._keep(read_window(self.spark, self.producer, config, run.cutoff, bounds))
+        frames = [read_window(self.spark, self.producers[i], config, run.cutoff, b, shard=i)
+                  for i, b in parts]
+        window = frames[0]
+        for other in frames[1:]:
+            window = window.unionByName(other)
+        window = self._keep(window)
         rows = window.count()
         builder.read("window", rows)
         durations["read_window"] = time.monotonic() - phase
@@ -123,15 +138,22 @@ class SparkSource(Source):
 
         phase = time.monotonic()
         if rows <= config.in_list_max:
-            ids = [r.message_id for r in window.select("message_id").collect()]
-            safe, unsafe = split_safe(ids)
-            evidence = read_evidence_by_ids(self.spark, config, self.producer, self.groups, safe)
+            by_shard: dict[int, list[str]] = {}
+            for r in window.select("message_id", "shard").collect():
+                by_shard.setdefault(int(r.shard), []).append(r.message_id)
+            own = {i: split_safe(ids) for i, ids in by_shard.items()}
+            safe = [m for s, _ in own.values() for m in s]
+            evidence = read_evidence_by_ids(
+                self.spark, config, [(self.producers[i], s) for i, (s, _) in own.items()],
+                self.groups, safe)
+            unsafe = {i: u for i, (_, u) in own.items() if u}
             if unsafe:  # quotes or control characters: fetched with bound parameters instead
                 evidence = evidence.unionByName(self._driver_evidence(unsafe))
             builder.summary.details["evidence_read"] = "in_lists"
         else:
-            oldest = sent.oldest_sent_at or run.cutoff
-            evidence = read_evidence_by_range(self.spark, config, self.producer, self.groups,
+            oldest = min((b["sent"].oldest_sent_at for _, b in parts
+                          if b["sent"].oldest_sent_at is not None), default=run.cutoff)
+            evidence = read_evidence_by_range(self.spark, config, self.producers, self.groups,
                                               since=oldest - RANGE_SKEW, until=run.now)
             evidence = evidence.join(window.select("message_id"), "message_id", "left_semi")
             builder.summary.details["evidence_read"] = "range"
@@ -153,13 +175,16 @@ class SparkSource(Source):
                                  receipt_outcome=e["receipt_outcome"],
                                  receipt_reason=e["receipt_reason"]) for e in (r["ev"] or ())]
 
-    def _driver_evidence(self, ids: Sequence[str]) -> Any:
+    def _driver_evidence(self, by_shard: dict[int, list[str]]) -> Any:
         rows: list[tuple[str | None, ...]] = []
-        for chunk in chunks(ids, IN_CHUNK):
-            found = fetch_evidence(self.run.engines, self.run.config, chunk, self.run.builder)
-            for message_id, items in found.items():
-                rows.extend((message_id, e.group, e.processed_status, e.processed_error,
-                             e.receipt_outcome, e.receipt_reason) for e in items)
+        producers = self.run.config.producers
+        for shard, ids in by_shard.items():
+            for chunk in chunks(ids, IN_CHUNK):
+                found = fetch_evidence(self.run.engines, self.run.config, chunk,
+                                       self.run.builder, receipts_url=producers[shard].scan_url)
+                for message_id, items in found.items():
+                    rows.extend((message_id, e.group, e.processed_status, e.processed_error,
+                                 e.receipt_outcome, e.receipt_reason) for e in items)
         return self.spark.createDataFrame(rows, EVIDENCE_SCHEMA)
 
     def orphan_candidates(self, group: GroupSource, since: dt.datetime) -> Iterator[Orphan]:
@@ -182,9 +207,14 @@ class SparkSource(Source):
             # Outbox rows are created before they are processed; the loop's exact check catches
             # the rare message created before this range (a long delay, many retries) and the
             # messages already moved to the archive.
-            self._outbox_ids = self._keep(read_outbox_ids_since(
-                self.spark, run.engines.get(config.producer_url), self.producer, config,
-                since - config.orphan_window))
+            frames = [read_outbox_ids_since(self.spark, run.engines.get(p.scan_url),
+                                            self.producers[p.index], config,
+                                            since - config.orphan_window)
+                      for p in config.producers]
+            ids = frames[0]
+            for other in frames[1:]:
+                ids = ids.unionByName(other)
+            self._outbox_ids = self._keep(ids)
         candidates = window.join(self._outbox_ids, "message_id", "left_anti").collect()
         run.progress(f"orphan scan {group.name}: {count} processed rows in the window, "
                      f"{len(candidates)} without a recent outbox row")

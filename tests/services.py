@@ -21,6 +21,12 @@ import pytest
 
 DEFAULT_MYSQL_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"
 DEFAULT_MYSQL_URL2 = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test2"
+DEFAULT_MYSQL_SHARD_URLS = ",".join(
+    f"mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard{i}" for i in (1, 2, 3))
+#: scripts/mariadb-replica.sh: the primary is the shared server when it runs with the binary log,
+#: else a private source on 3308 (`scripts/mariadb-replica.sh url primary` says which).
+DEFAULT_MYSQL_PRIMARY_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_replica"
+DEFAULT_MYSQL_REPLICA_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3307/ckit_replica"
 DEFAULT_PG_URL = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"
 DEFAULT_PG_URL2 = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test2"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -44,6 +50,23 @@ def mysql_url() -> str:
 def mysql_url2() -> str:
     """SQLAlchemy URL of the second MariaDB test database (`CKIT_TEST_MYSQL_URL2`)."""
     return _env("CKIT_TEST_MYSQL_URL2", DEFAULT_MYSQL_URL2)
+
+
+def mysql_shard_urls() -> list[str]:
+    """The three MariaDB shard databases ckit_shard1..3 (`CKIT_TEST_MYSQL_SHARD_URLS`, comma
+    separated)."""
+    return _env("CKIT_TEST_MYSQL_SHARD_URLS", DEFAULT_MYSQL_SHARD_URLS).split(",")
+
+
+def mysql_primary_url() -> str:
+    """Database ckit_replica on the server the test replica follows
+    (`CKIT_TEST_MYSQL_PRIMARY_URL`)."""
+    return _env("CKIT_TEST_MYSQL_PRIMARY_URL", DEFAULT_MYSQL_PRIMARY_URL)
+
+
+def mysql_replica_url() -> str:
+    """Database ckit_replica on the read replica (`CKIT_TEST_MYSQL_REPLICA_URL`, read only)."""
+    return _env("CKIT_TEST_MYSQL_REPLICA_URL", DEFAULT_MYSQL_REPLICA_URL)
 
 
 def pg_url() -> str:
@@ -178,6 +201,9 @@ def ping_rocketmq5(namesrv: str | None = None, proxy: str | None = None) -> None
 
 __all__ = [
     "is_ci",
+    "mysql_primary_url",
+    "mysql_replica_url",
+    "mysql_shard_urls",
     "mysql_url",
     "mysql_url2",
     "pg_url",

@@ -381,7 +381,7 @@ def test_a_second_archive_run_on_the_same_table_is_refused_while_one_runs(db: Db
         pytest.skip("SQLite serialises archive batches through its write lock instead")
     insert(db, OutboxState.CONSUMED, gmt_create=NOW - dt.timedelta(days=40))
     # Given a run holding the lock (from another connection)
-    with archive._single_instance(db.engine, tables(db).outbox.name), \
+    with archive.single_instance(db.engine, tables(db).outbox.name), \
             pytest.raises(ArchiveBusy, match="another"):
         # When a second run starts, then it is refused
         archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)

@@ -29,6 +29,20 @@ def url(help_text: str = "SQLAlchemy URL of the database (env CKIT_DB_URL)") -> 
     return typer.Option(None, "--url", envvar="CKIT_DB_URL", help=help_text, show_default=False)
 
 
+def urls(help_text: str) -> Any:
+    """`--url` (repeatable) / CKIT_DB_URL (space separated): the databases of a command that
+    serves several (a sharded producer)."""
+    return typer.Option([], "--url", envvar="CKIT_DB_URL", help=help_text, show_default=False)
+
+
+def read_urls() -> Any:
+    """`--read-url` (repeatable) / CKIT_READ_URL: read replicas of the `--url` databases, in
+    the same order."""
+    return typer.Option([], "--read-url", envvar="CKIT_READ_URL", show_default=False,
+                        help="a read replica of the i-th --url (repeat once per --url): scans "
+                             "go there, claims and repairs stay on the primary")
+
+
 def transport() -> Any:
     """`--transport` / CKIT_TRANSPORT."""
     return typer.Option(None, "--transport", envvar="CKIT_TRANSPORT", help=TRANSPORT_HELP,

@@ -16,6 +16,8 @@ from sqlalchemy.engine import Engine
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
+from consumer_kit.cli.partitions import partitions_app
+from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import fail, friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
@@ -227,6 +229,12 @@ def archive_cmd(
     max_batches: int = typer.Option(ops.DEFAULT_ARCHIVE_MAX_BATCHES, "--max-batches", min=1,
                                     help="stop after N batches (run again for the rest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count the rows, move nothing"),
+    pause: str = typer.Option("0", "--pause", help="wait between batches (e.g. 50ms) so a hot "
+                              "outbox, its purge and its replicas keep up"),
+    expect: list[str] = typer.Option(
+        [], "--expect", metavar="TOPIC=g1,g2",
+        help="receipt-driven: move CONSUMED rows of TOPIC once every group's consumed receipt "
+             "is stored (repeatable; --older-than is then a grace period)"),
     url: str | None = options.url(),
     outbox_table: str = options.outbox_table(),
     receipt_table: str = options.receipt_table(),
@@ -234,13 +242,17 @@ def archive_cmd(
 ) -> None:
     """Move CONSUMED and REJECTED rows last changed before the horizon into <table>_archive.
 
-    Bounded batches, one transaction each; one run per table at a time (a second run exits 2).
+    Small batches in primary-key order, one transaction each, --pause between them; one run
+    per table at a time (a second run exits 2). With --expect only rows every expected group
+    acknowledged move.
     """
     horizon = parse_duration(older_than, option="--older-than")
+    wait = parse_duration(pause, option="--pause").total_seconds()
     engine = _engine(url)
     tables = _tables(outbox_table, receipt_table)
     result = ops.archive(engine, tables, horizon, batch=batch, max_batches=max_batches,
-                         dry_run=dry_run)
+                         dry_run=dry_run, pause=wait,
+                         expect=expected_groups(expect) if expect else None)
     if as_json:
         data: dict[str, Any] = result.to_dict()
         data["archive_table"] = tables.archive.name
@@ -257,5 +269,6 @@ def archive_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `outbox` sub-command group to the `ckit` app."""
+    """Add the `outbox` sub-command group (with `outbox partitions`) to the `ckit` app."""
+    outbox_app.add_typer(partitions_app, name="partitions")
     app.add_typer(outbox_app, name="outbox")

@@ -24,6 +24,8 @@ def purge(
                                    help="delete rows processed before now minus this"),
     batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),
     max_batches: int | None = typer.Option(None, "--max-batches", min=1),
+    pause: str = typer.Option("0", "--pause", help="wait between batches (e.g. 50ms): lets "
+                              "purge and replication keep up on a busy server"),
     processed_table: str = options.processed_table(),
     force: bool = typer.Option(False, "--force", help=f"allow --older-than under the safety "
                                f"floor of {PURGE_FLOOR.days} days"),
@@ -45,7 +47,8 @@ def purge(
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
     store = ProcessedStore(engine, group, table=processed_table)
     check_tables(engine, store.table)
-    deleted = store.purge(window, batch=batch, max_batches=max_batches)
+    deleted = store.purge(window, batch=batch, max_batches=max_batches,
+                          pause=parse_duration(pause, option="--pause").total_seconds())
     if as_json:
         print_json({"deleted": deleted, "group": group})
     else:

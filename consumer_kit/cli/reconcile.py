@@ -53,7 +53,10 @@ def duration_text(value: dt.timedelta) -> str:
 
 def reconcile(
     ctx: typer.Context,
-    url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
+    url: list[str] = options.urls("SQLAlchemy URL of the producer database; repeat it for every "
+                                  "shard of a sharded outbox (one run, one Spark job) (env "
+                                  "CKIT_DB_URL, space separated)"),
+    read_url: list[str] = options.read_urls(),
     group: list[str] = typer.Option(
         [], "--group", "-g", metavar="NAME[:TOPIC,...][@TABLE]=DB_URL",
         help="a consumer group, its database and processed table (repeatable); topics limit "
@@ -97,7 +100,10 @@ def reconcile(
 ) -> None:
     """Compare the outbox with every group's processed table and repair stuck rows.
 
-    Every option is checked before anything is read or repaired (one line, exit 2)."""
+    Several --url reconcile the shards of a sharded outbox in one run; --read-url reads each
+    from its replica (in the same order) while every repair goes to its primary. Every option
+    is checked before anything is read or repaired (one line, exit 2).
+    """
     spark_submit = bool(ctx.obj and ctx.obj.get("spark_submit"))
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
@@ -108,7 +114,9 @@ def reconcile(
     spark_conf = tuple(_pair(c) for c in conf)
     output_dir = writable_folder(output, option="--output") if output else None
     config = ReconcileConfig(
-        producer_url=require(url, "--url", "CKIT_DB_URL"),
+        producer_url=require(url[0] if url else None, "--url", "CKIT_DB_URL"),
+        shards=tuple(url[1:]),
+        read_urls=tuple(read_url),
         groups=tuple(GroupSource.parse(g, table=processed_table) for g in group),
         outbox_table=outbox_table,
         receipt_table=receipt_table,

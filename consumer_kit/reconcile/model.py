@@ -122,6 +122,22 @@ class GroupSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class Producer:
+    """One producer database of the run: where its outbox is written (`url`, where every repair
+    goes) and where it is read (`read_url`, a read replica, else `url`). `index` is its place
+    in the run's list, carried by each window row (`WindowRow.shard`)."""
+
+    index: int
+    url: str
+    read_url: str | None = None
+
+    @property
+    def scan_url(self) -> str:
+        """Where the window, the receipts and the orphan scan's outbox ids are read."""
+        return self.read_url or self.url
+
+
+@dataclasses.dataclass(frozen=True)
 class Thresholds:
     """Alerting thresholds: the run exits non-zero when one is crossed.
 
@@ -138,6 +154,11 @@ class Thresholds:
 @dataclasses.dataclass(frozen=True)
 class ReconcileConfig:
     """Everything one reconcile run needs. Build it from the CLI or from code.
+
+    `shards` are further producer databases (the other shards of a sharded outbox),
+    reconciled in the same run; `read_urls` are read replicas, one per producer database in
+    the order `producer_url, *shards`: the window is read there, every repair goes to the
+    primary as a compare-and-set on the `lock_version` read, so a stale row is a conflict.
 
     >>> cfg = ReconcileConfig(producer_url="sqlite:///orders.db",
     ...                       groups=(GroupSource("inventory", "sqlite:///inv.db"),))
@@ -163,10 +184,18 @@ class ReconcileConfig:
     now: dt.datetime | None = None
     spark_conf: tuple[tuple[str, str], ...] = ()
     in_list_max: int = DEFAULT_IN_LIST_MAX
+    shards: tuple[str, ...] = ()
+    read_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.producer_url:
             raise ConfigError("missing the producer database URL (--url or CKIT_DB_URL)")
+        urls = [self.producer_url, *self.shards]
+        if len(set(urls)) != len(urls):
+            raise ConfigError("a producer database is named twice (--url)")
+        if self.read_urls and len(self.read_urls) != len(urls):
+            raise ConfigError(f"give one --read-url per --url ({len(urls)}), or none; got "
+                              f"{len(self.read_urls)}")
         if not self.groups:
             raise ConfigError("give at least one consumer group (--group NAME=DB_URL)")
         names = [g.name for g in self.groups]
@@ -183,6 +212,13 @@ class ReconcileConfig:
         if self.batch_size < 1:
             raise ConfigError("batch size must be >= 1")
 
+    @property
+    def producers(self) -> tuple[Producer, ...]:
+        """Every producer database of the run, `producer_url` first."""
+        urls = (self.producer_url, *self.shards)
+        return tuple(Producer(i, url, self.read_urls[i] if self.read_urls else None)
+                     for i, url in enumerate(urls))
+
 
 @dataclasses.dataclass(frozen=True)
 class WindowRow:
@@ -197,6 +233,8 @@ class WindowRow:
     lock_version: int
     sent_at: str | None = None
     lease_until: str | None = None
+    #: which producer database the row is in (`ReconcileConfig.producers`): repairs go there
+    shard: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

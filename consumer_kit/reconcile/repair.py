@@ -67,6 +67,17 @@ class RepairResult:
     receipts_inserted: int = 0
     statements: int = 0
 
+    def add(self, other: RepairResult, *, conflict_sample: int = 100) -> None:
+        """Add another applier's result (one per producer database of a sharded run)."""
+        for klass, count in other.counts.items():
+            mine = self.counts.setdefault(klass, RepairCount())
+            mine.intended += count.intended
+            mine.applied += count.applied
+        room = max(0, conflict_sample - len(self.conflict_ids))
+        self.conflict_ids.extend(other.conflict_ids[:room])
+        self.receipts_inserted += other.receipts_inserted
+        self.statements += other.statements
+
 
 class RepairApplier:
     """Apply decisions as batched compare-and-set updates (nothing is written when `dry_run`).

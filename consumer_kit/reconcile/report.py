@@ -120,7 +120,9 @@ class SummaryBuilder:
             dry_run=config.dry_run,
             now=now,
             cutoff=cutoff,
-            producer=mask_url(config.producer_url),
+            producer=", ".join(
+                mask_url(p.url) + (f" (read from {mask_url(p.read_url)})" if p.read_url else "")
+                for p in config.producers),
             groups=[{"name": g.name, "url": mask_url(g.url), "table": g.table,
                      "topics": list(g.topics)} for g in config.groups],
         )
@@ -133,6 +135,7 @@ class SummaryBuilder:
             "state": d.row.state, "retry_count": d.row.retry_count,
             "max_retries": d.row.max_retries, "lock_version": d.row.lock_version,
             "sent_at": d.row.sent_at, "lease_until": d.row.lease_until, "reason": d.reason,
+            "shard": d.row.shard,
             "missing_receipts": list(d.missing_receipts), "groups_missing": list(d.groups_missing),
         })
 

@@ -26,6 +26,7 @@ from consumer_kit.reconcile.model import (
     Evidence,
     GroupSource,
     Orphan,
+    Producer,
     ReconcileConfig,
     WindowRow,
     chunks,
@@ -48,24 +49,27 @@ def window_ids(conn: sa.Connection, outbox: sa.Table, cutoff: dt.datetime) -> li
 
 
 def window_rows(conn: sa.Connection, outbox: sa.Table, ids: Sequence[int],
-                cutoff: dt.datetime) -> list[WindowRow]:
-    """Fetch window rows by primary key, re-checking the window condition (rows move)."""
+                cutoff: dt.datetime, *, shard: int = 0) -> list[WindowRow]:
+    """Fetch window rows by primary key, re-checking the window condition (rows move); `shard`
+    is the producer database they are read from."""
     c = outbox.c
     stmt = sa.select(*(c[n] for n in WINDOW_COLUMNS)).where(
         c.id.in_(list(ids)), sa.or_(*window_conditions(outbox, cutoff).values()),
     ).order_by(c.id)
     return [WindowRow(**{**r._mapping, "sent_at": _text(r.sent_at),
-                         "lease_until": _text(r.lease_until)})
+                         "lease_until": _text(r.lease_until)}, shard=shard)
             for r in conn.execute(stmt)]
 
 
 def fetch_evidence(dbs: Engines, config: ReconcileConfig, message_ids: Sequence[str],
-                   builder: SummaryBuilder) -> dict[str, list[Evidence]]:
-    """Receipt rows (producer database) and processed rows (each group's) for `message_ids`."""
+                   builder: SummaryBuilder, *, receipts_url: str | None = None
+                   ) -> dict[str, list[Evidence]]:
+    """Receipt rows (from `receipts_url`, default the producer database) and processed rows
+    (each group's) for `message_ids`."""
     found: dict[str, list[Evidence]] = {}
     names = [g.name for g in config.groups]
     rt = receipt_table(sa.MetaData(), config.receipt_table)
-    with dbs.get(config.producer_url).connect() as conn:
+    with dbs.get(receipts_url or config.producer_url).connect() as conn:
         stmt = sa.select(rt.c.message_id, rt.c.consumer_group, rt.c.outcome, rt.c.reason).where(
             rt.c.message_id.in_(list(message_ids)), rt.c.consumer_group.in_(names))
         rows = conn.execute(stmt).all()
@@ -91,25 +95,32 @@ class SqlSource(Source):
     """The plain-SQL source: SQLAlchemy Core only, no JVM. The window's ids come through the
     `(state, sent_at)` and `(state, next_retry_at)` indexes (index-only scans), then the rows,
     the receipts and each group's processed rows by primary key in chunks, so the cost follows
-    the window, not the table."""
+    the window, not the table. Producer databases (shards) are read one after the other, each
+    on its read replica when it has one."""
 
     def window(self) -> Iterator[tuple[WindowRow, Sequence[Evidence]]]:
+        for producer in self.run.config.producers:
+            yield from self._window(producer)
+
+    def _window(self, producer: Producer) -> Iterator[tuple[WindowRow, Sequence[Evidence]]]:
         run = self.run
         config, builder = run.config, run.builder
-        producer = run.engines.get(config.producer_url)
+        reads = run.engines.get(producer.scan_url)
         outbox = outbox_table(sa.MetaData(), config.outbox_table)
         started = time.monotonic()
-        with producer.connect() as conn:
+        with reads.connect() as conn:
             ids = window_ids(conn, outbox, run.cutoff)
-        builder.summary.durations["window_ids"] = time.monotonic() - started
-        run.progress(f"window: {len(ids)} outbox rows before cutoff "
+        durations = builder.summary.durations
+        durations["window_ids"] = durations.get("window_ids", 0.0) + time.monotonic() - started
+        where = f" of producer {producer.index}" if len(config.producers) > 1 else ""
+        run.progress(f"window{where}: {len(ids)} outbox rows before cutoff "
                      f"{run.cutoff.isoformat(sep=' ')}")
         for chunk in chunks(ids, IN_CHUNK):
-            with producer.connect() as conn:
-                rows = window_rows(conn, outbox, chunk, run.cutoff)
+            with reads.connect() as conn:
+                rows = window_rows(conn, outbox, chunk, run.cutoff, shard=producer.index)
             builder.read("window", len(rows))
             evidence = fetch_evidence(run.engines, config, [r.message_id for r in rows],
-                                      builder)
+                                      builder, receipts_url=producer.scan_url)
             for row in rows:
                 yield row, evidence.get(row.message_id, ())
 

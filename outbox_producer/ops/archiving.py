@@ -5,6 +5,13 @@ batches, each one transaction (insert-select by id list, then delete with the sa
 the receipt rows of the moved messages with them), one
 instance per table at a time (GET_LOCK on MariaDB/MySQL, an advisory lock on PostgreSQL, the
 write lock itself on SQLite).
+
+No delete storms on a hot outbox: batches are small, picked in primary-key order at READ
+COMMITTED (each locks only its own rows, never a gap or a range the relay or `publish` needs),
+with `pause` seconds between them so the server's purge and replication keep up.
+Receipt-driven archiving (`expect`): a CONSUMED row is archivable once every group expected for
+its topic has its consumed receipt stored, checked against the receipt rows themselves in the
+batch's own statements.
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import check_tables, dialect_name
+from consumer_kit.core.db import check_tables, dialect_name, read_committed
 from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
+from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.states import TERMINAL_STATES, OutboxState
 from consumer_kit.core.transitions import OPTION
 from outbox_producer.ops.tables import OutboxTables
@@ -57,8 +66,14 @@ def archive(
     states: Sequence[OutboxState] = ARCHIVE_STATES,
     dry_run: bool = False,
     now: dt.datetime | None = None,
+    pause: float = 0.0,
+    expect: Mapping[str, Sequence[str]] | None = None,
 ) -> ArchiveResult:
     """Move terminal rows last changed before `now - older_than` into the archive table.
+
+    `pause` seconds pass between batches. With `expect` (topic -> consumer groups) archiving is
+    receipt-driven: only CONSUMED rows of those topics whose every expected group's consumed
+    receipt is stored are moved (`older_than` is then a grace period).
 
     Each batch is one transaction: pick up to `batch` ids (keyset on `id`), lock them (`FOR
     UPDATE` on MySQL/PostgreSQL), `INSERT INTO archive SELECT ... WHERE id IN (...)`, then `DELETE`
@@ -68,7 +83,8 @@ def archive(
     single write lock, so concurrent runs interleave batches but never move a row twice.
 
     Raises:
-        ConfigError: `older_than` is not positive, or `batch`/`max_batches` < 1.
+        ConfigError: `older_than` is not positive, `batch`/`max_batches` < 1, `pause` < 0,
+            or an `expect` topic without groups.
         ArchiveBusy: another run holds the lock.
         SchemaError: the outbox table is missing.
         sqlalchemy.exc.SQLAlchemyError: the database failed.
@@ -77,6 +93,8 @@ def archive(
         raise ConfigError(f"--older-than must be positive, got {older_than}")
     if batch < 1 or (max_batches is not None and max_batches < 1):
         raise ConfigError("--batch and --max-batches must be at least 1")
+    if pause < 0:
+        raise ConfigError(f"--pause must not be negative, got {pause}")
     bad = [s.name for s in states if s not in ARCHIVE_STATES]
     if bad:
         raise ConfigError(f"only terminal states can be archived, not {', '.join(bad)}")
@@ -84,7 +102,8 @@ def archive(
     cutoff = (now or utcnow()) - older_than
     c = tables.outbox.c
     guard = sa.and_(
-        c.state.in_([int(s) for s in states]),
+        c.state.in_([int(s) for s in states]) if expect is None
+        else sa.and_(c.state == int(OutboxState.CONSUMED), receipts_complete(tables, expect)),
         c.gmt_modified < cutoff,
         # implied by the line above; lets ix_<outbox>_gmt_create bound the scan
         c.gmt_create < cutoff,
@@ -94,22 +113,50 @@ def archive(
             count = conn.scalar(sa.select(sa.func.count()).select_from(tables.outbox).where(guard))
         return ArchiveResult(int(count or 0), 0, cutoff, False, dry_run=True)
     tables.archive.create(engine, checkfirst=True)
+    # READ COMMITTED: the batch's locking read locks the rows it picks, not every row and gap
+    # its range scan passes (REPEATABLE READ's next-key locks reach the due rows the relay
+    # claims and the end of the table where publish inserts)
+    batches_engine = read_committed(engine)
     moved = batches = 0
     last_id = 0
     more = False
-    with _single_instance(engine, tables.outbox.name):
+    with single_instance(engine, tables.outbox.name):
         while True:
             if max_batches is not None and batches >= max_batches:
                 more = True
                 break
-            count, last_id = _archive_batch(engine, tables, guard, last_id, batch)
+            count, last_id = _archive_batch(batches_engine, tables, guard, last_id, batch)
             if count == 0 and last_id == 0:
                 break
             moved += count
             batches += 1
             if last_id == 0:  # the selection came back short: nothing older is left
                 break
+            if pause:
+                time.sleep(pause)
     return ArchiveResult(moved, batches, cutoff, more)
+
+
+def receipts_complete(tables: OutboxTables, expect: Mapping[str, Sequence[str]]
+                      ) -> sa.ColumnElement[bool]:
+    """True for an outbox row of an `expect` topic whose every expected group has a consumed
+    receipt row (one probe of the receipt table's primary key per group).
+
+    Raises:
+        ConfigError: `expect` is empty or names a topic without groups.
+    """
+    if not expect or not all(expect.values()):
+        raise ConfigError("receipt-driven archiving needs TOPIC=group1,group2 for each topic")
+    c, r = tables.outbox.c, tables.receipts.c
+    parts = []
+    for topic, groups in expect.items():
+        wanted = sorted(set(groups))
+        stored = (sa.select(sa.func.count()).select_from(tables.receipts)
+                  .where(r.message_id == c.message_id, r.consumer_group.in_(wanted),
+                         r.outcome == ReceiptOutcome.CONSUMED.value)
+                  .scalar_subquery())
+        parts.append(sa.and_(c.topic == topic, stored == len(wanted)))
+    return sa.or_(*parts)
 
 
 def _archive_batch(
@@ -152,7 +199,7 @@ def _archive_batch(
 
 
 @contextlib.contextmanager
-def _single_instance(engine: Engine, table_name: str) -> Iterator[None]:
+def single_instance(engine: Engine, table_name: str) -> Iterator[None]:
     """Hold a server-side lock naming this outbox table for the whole run (see `archive`)."""
     dialect = dialect_name(engine)
     if dialect not in ("mysql", "postgresql"):

@@ -33,7 +33,7 @@ from consumer_kit.core.messages import (
 )
 from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.sql.group import GroupStore, Lease, QueueKey, allocate, new_member_id
-from consumer_kit.transports.sql.transport import row_delivery
+from consumer_kit.transports.sql.rows import row_delivery
 
 if TYPE_CHECKING:
     from consumer_kit.transports.sql import SqlTransport

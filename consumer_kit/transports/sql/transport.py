@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from consumer_kit.core.clock import to_epoch_ms, utcnow
+from consumer_kit.core.clock import utcnow
 from consumer_kit.core.envelope import PROP_REASON
 from consumer_kit.core.errors import ConfigError, DuplicateKey, TransportError
 from consumer_kit.core.messages import (
@@ -59,6 +59,7 @@ from consumer_kit.transports.sql.database import (
     Database,
 )
 from consumer_kit.transports.sql.retention import PurgeResult
+from consumer_kit.transports.sql.rows import row_delivery
 
 if TYPE_CHECKING:
     from consumer_kit.transports.sql.consumer import SqlConsumer
@@ -414,17 +415,6 @@ class SqlTransport(Transport):
         for consumer in consumers:
             consumer.shutdown()
         self.db.dispose()
-
-
-def row_delivery(row: Any, **fields: Any) -> Delivery:
-    """A `Delivery` from a message or dead-letter row (`ckit_reason` becomes `last_error`);
-    `fields` gives what the two tables do not hold the same way."""
-    properties = dict(row.properties or {})
-    return Delivery(
-        body=bytes(row.body), broker_message_id=row.uniq_key, tags=row.tags or "",
-        keys=row.keys or "", properties=properties,
-        last_error=str(properties.pop(PROP_REASON, "") or ""), queue_id=int(row.queue_id),
-        born_timestamp_ms=to_epoch_ms(row.born_at), **fields)
 
 
 def _validate_topic(topic: str) -> None:

@@ -1,0 +1,323 @@
+"""A day-partitioned outbox on MySQL/MariaDB: retention by DROP PARTITION, not by DELETE.
+
+`ckit outbox partitions create` makes the outbox a table partitioned `BY RANGE COLUMNS
+(message_id)`: message ids are ULIDs, whose first ten characters are their creation time, so a
+day's messages are one range of ids, partition `pYYYYMMDD`, plus a catch-all `pmax`. InnoDB
+wants the partitioning column in every unique key; keying on `message_id` keeps it exact:
+
+- `message_id` stays UNIQUE on its own (it is the partitioning column), and the primary key is
+  `(id, message_id)` (`id` is still AUTO_INCREMENT, so still unique);
+- `(biz_type, biz_key)` cannot stay unique in a partitioned table, so it moves to a small
+  unpartitioned key table `<outbox>_key` (primary key `(biz_type, biz_key)`), filled by a
+  BEFORE INSERT trigger: a second publish of a key fails on it with the same duplicate-key
+  error as before, and `Outbox.publish` returns the first message id unchanged (the outbox
+  keeps a plain index on `(biz_type, biz_key)` for that lookup).
+
+`rotate` adds the coming days' partitions (splitting the empty `pmax`: no rows move) and
+retires old days: a partition goes only when every row in it is CONSUMED (REJECTED too with
+`include_rejected`), after its rows are copied to the archive in small key-ordered batches and
+its receipt and key rows are deleted the same way; then `DROP PARTITION`, a metadata change
+instead of millions of row deletes. One run per table at a time (the archive's lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import dialect_name, read_committed
+from consumer_kit.core.errors import ConfigError, OutboxError
+from consumer_kit.core.identifiers import validate_identifier
+from consumer_kit.core.schema import outbox_table
+from consumer_kit.core.states import OutboxState
+from outbox_producer.ops.archiving import single_instance
+from outbox_producer.ops.tables import OutboxTables
+
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+MAX = "MAXVALUE"
+DEFAULT_DAYS_AHEAD = 3
+DEFAULT_BATCH = 1000
+
+
+def ulid_floor(moment: dt.datetime) -> str:
+    """The smallest ULID of `moment`'s millisecond (naive UTC): its ten time characters and
+    sixteen zeros. Message ids made at or after `moment` sort at or after it."""
+    ms = int(moment.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+    chars = []
+    for _ in range(10):
+        chars.append(_ALPHABET[ms & 31])
+        ms >>= 5
+    return "".join(reversed(chars)) + "0" * 16
+
+
+def day_name(day: dt.date) -> str:
+    """`pYYYYMMDD`: the partition of the messages made on `day` (UTC)."""
+    return f"p{day:%Y%m%d}"
+
+
+def _day_bound(day: dt.date) -> str:
+    """The upper bound of `day`'s partition: the first ULID of the next day."""
+    return ulid_floor(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()))
+
+
+def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
+    """`<outbox>_key`: the publish-once key of a partitioned outbox."""
+    name = validate_identifier(f"{outbox}_key")
+    outbox_cols = outbox_table(sa.MetaData(), outbox).c
+    return sa.Table(
+        name, metadata,
+        sa.Column("biz_type", outbox_cols.biz_type.type, primary_key=True),
+        sa.Column("biz_key", outbox_cols.biz_key.type, primary_key=True),
+        sa.Column("message_id", outbox_cols.message_id.type, nullable=False),
+        sa.Column("gmt_create", outbox_cols.gmt_create.type, nullable=False),
+        sa.Index(f"ix_{name}_message_id", "message_id"),
+        comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
+        mysql_engine="InnoDB", mysql_charset="utf8mb4",
+    )
+
+
+def key_trigger(outbox: str) -> str:
+    """`CREATE TRIGGER <outbox>_biz_key`: each new outbox row's key into `<outbox>_key`, in the
+    same statement (a duplicate key fails the INSERT as a unique key of the outbox would)."""
+    keys = validate_identifier(f"{outbox}_key")
+    return (f"CREATE TRIGGER {validate_identifier(outbox + '_biz_key')} BEFORE INSERT ON "
+            f"{outbox} FOR EACH ROW INSERT INTO {keys} (biz_type, biz_key, message_id, "
+            "gmt_create) VALUES (NEW.biz_type, NEW.biz_key, NEW.message_id, NEW.gmt_create)")
+
+
+def partitioned_outbox_table(metadata: sa.MetaData, name: str) -> sa.Table:
+    """The outbox's columns and indexes with the keys a partitioned InnoDB table allows."""
+    base = outbox_table(sa.MetaData(), name)
+    columns = []
+    for column in base.columns:
+        copy = column._copy()
+        copy.primary_key = column.name in ("id", "message_id")
+        columns.append(copy)
+    indexes = [sa.Index(i.name, *[c.name for c in i.columns]) for i in base.indexes]
+    return sa.Table(
+        name, metadata, *columns, *indexes,
+        sa.UniqueConstraint("message_id", name=f"uk_{name}_message_id"),
+        sa.Index(f"ix_{name}_biz", "biz_type", "biz_key"),
+        comment="consumer-kit transactional outbox, partitioned by day of message_id",
+        mysql_engine="InnoDB", mysql_charset="utf8mb4",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One partition: its name, exclusive upper bound (a ULID, or MAXVALUE) and estimated rows."""
+
+    name: str
+    upper: str
+    rows: int
+
+
+@dataclasses.dataclass
+class RotateResult:
+    """What `rotate` did: partitions added, dropped (with the rows archived first), kept."""
+
+    added: list[str] = dataclasses.field(default_factory=list)
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    archived: int = 0
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def _require_mysql(engine: Engine) -> None:
+    if dialect_name(engine) != "mysql":
+        raise ConfigError("a partitioned outbox needs MySQL or MariaDB")
+
+
+def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DAYS_AHEAD,
+           today: dt.date | None = None) -> list[str]:
+    """Create the partitioned outbox (today's and `days_ahead` more days, then `pmax`), its key
+    table and trigger, and the receipt and archive tables. Returns the partition names.
+
+    Raises:
+        ConfigError: not MySQL/MariaDB, or the outbox table exists already (partitioning a
+            live table is an online schema change: docs/scale-out.md).
+    """
+    _require_mysql(engine)
+    name = tables.outbox.name
+    if sa.inspect(engine).has_table(name):
+        raise ConfigError(f"table {name} exists; a partitioned outbox is created new "
+                          "(see docs/scale-out.md for moving a live one)")
+    metadata = sa.MetaData()
+    outbox = partitioned_outbox_table(metadata, name)
+    keys = key_table(metadata, name)
+    day = today or utcnow().date()
+    days = [day + dt.timedelta(days=i) for i in range(days_ahead + 1)]
+    parts = ", ".join(f"PARTITION {day_name(d)} VALUES LESS THAN ('{_day_bound(d)}')"
+                      for d in days)
+    with engine.begin() as conn:
+        outbox.create(conn)
+        conn.exec_driver_sql(f"ALTER TABLE {name} PARTITION BY RANGE COLUMNS(message_id) "
+                             f"({parts}, PARTITION pmax VALUES LESS THAN ({MAX}))")
+        keys.create(conn, checkfirst=True)
+        conn.exec_driver_sql(key_trigger(name))
+    tables.receipts.create(engine, checkfirst=True)
+    tables.archive.create(engine, checkfirst=True)
+    return [*(day_name(d) for d in days), "pmax"]
+
+
+def partitions(engine: Engine, table: str) -> list[Partition]:
+    """The table's partitions in order (empty when it is not partitioned)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS "
+            "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() "
+            "AND TABLE_NAME = :t AND PARTITION_NAME IS NOT NULL "
+            "ORDER BY PARTITION_ORDINAL_POSITION"), {"t": table}).all()
+    return [Partition(str(n), str(d).strip("'"), int(r or 0)) for n, d, r in rows]
+
+
+def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DAYS_AHEAD,
+           older_than: dt.timedelta = dt.timedelta(days=1), batch: int = DEFAULT_BATCH,
+           pause: float = 0.0, include_rejected: bool = False,
+           now: dt.datetime | None = None, max_drops: int | None = None) -> RotateResult:
+    """Add the partitions of the next `days_ahead` days; archive and drop each day partition
+    whose day ended `older_than` ago and whose rows are all CONSUMED (or REJECTED with
+    `include_rejected`), at most `max_drops` of them. A partition still holding other rows is
+    kept (`kept` says why).
+
+    Raises:
+        ConfigError: not MySQL/MariaDB, the table is not partitioned, or bad numbers.
+        ArchiveBusy: another archive or rotation of this table runs.
+    """
+    _require_mysql(engine)
+    engine = read_committed(engine)  # no gap locks from the copies' and deletes' range reads
+    if batch < 1 or days_ahead < 0 or pause < 0:
+        raise ConfigError("--batch must be >= 1, --days-ahead and --pause >= 0")
+    now = now or utcnow()
+    name = tables.outbox.name
+    result = RotateResult()
+    with single_instance(engine, name):
+        found = partitions(engine, name)
+        if not found or found[-1].upper != MAX:
+            raise ConfigError(f"table {name} is not a partitioned outbox (ckit outbox "
+                              "partitions create)")
+        result.added = _add_days(engine, name, found, now.date(), days_ahead)
+        horizon = ulid_floor(now - older_than)
+        done = {int(OutboxState.CONSUMED)}
+        if include_rejected:
+            done.add(int(OutboxState.REJECTED))
+        lower = ""
+        for part in partitions(engine, name)[:-1]:
+            if part.upper > horizon or (max_drops is not None
+                                        and len(result.dropped) >= max_drops):
+                break
+            why = _retire(engine, tables, part, lower, done, batch, pause, result)
+            if why:
+                result.kept[part.name] = why
+            lower = part.upper
+    return result
+
+
+def _add_days(engine: Engine, name: str, found: list[Partition], today: dt.date,
+              days_ahead: int) -> list[str]:
+    last = found[-2].upper if len(found) > 1 else ""
+    wanted = [today + dt.timedelta(days=i) for i in range(days_ahead + 1)]
+    new = [d for d in wanted if _day_bound(d) > last]
+    if not new:
+        return []
+    parts = ", ".join(f"PARTITION {day_name(d)} VALUES LESS THAN ('{_day_bound(d)}')"
+                      for d in new)
+    # added ahead of time, the new days split an empty pmax: no row moves (if the rotation
+    # fell behind, the rows pmax took meanwhile are copied into their day: run it daily)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {name} REORGANIZE PARTITION pmax INTO "
+                             f"({parts}, PARTITION pmax VALUES LESS THAN ({MAX}))")
+    return [day_name(d) for d in new]
+
+
+def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, done: set[int],
+            batch: int, pause: float, result: RotateResult) -> str | None:
+    """Archive, clean and drop one partition; return why it was kept instead, or None."""
+    name = tables.outbox.name
+    if _open_rows(engine, name, part.name, done):
+        return "rows not yet CONSUMED"
+    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
+    with engine.connect() as conn:
+        held = conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
+        archived = conn.scalar(
+            sa.select(sa.func.count()).select_from(tables.archive)
+            .where(tables.archive.c.message_id >= lower,
+                   tables.archive.c.message_id < part.upper))
+    if int(archived or 0) < int(held or 0):
+        raise OutboxError(f"partition {part.name}: {held} rows but only {archived} archived; "
+                          "not dropped")
+    keys = key_table(sa.MetaData(), name)
+    for table in (tables.receipts, keys):
+        _delete_range(engine, table, lower, part.upper, batch, pause)
+    if _open_rows(engine, name, part.name, done):  # an operator moved a row meanwhile
+        return "a row left CONSUMED while it was archived"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
+    result.dropped.append(part.name)
+    return None
+
+
+def _open_rows(engine: Engine, table: str, part: str, done: set[int]) -> bool:
+    states = ", ".join(str(s) for s in sorted(done))
+    with engine.connect() as conn:
+        return conn.execute(sa.text(f"SELECT 1 FROM {table} PARTITION ({part}) "
+                                    f"WHERE state NOT IN ({states}) LIMIT 1")).first() is not None
+
+
+def _copy_to_archive(engine: Engine, tables: OutboxTables, part: str, batch: int,
+                     pause: float) -> int:
+    """Copy the partition's rows into the archive in id order, `batch` rows per transaction,
+    skipping rows an interrupted earlier run copied already."""
+    outbox, archive = tables.outbox, tables.archive
+    quote = engine.dialect.identifier_preparer.quote  # `keys` is a reserved word
+    columns = ", ".join(quote(c.name) for c in outbox.columns)
+    copied, last = 0, 0
+    while True:
+        with engine.begin() as conn:
+            ids = list(conn.execute(sa.text(
+                f"SELECT id FROM {outbox.name} PARTITION ({part}) WHERE id > :last "
+                "ORDER BY id LIMIT :n"), {"last": last, "n": batch}).scalars())
+            if not ids:
+                return copied
+            copied += _insert_missing(conn, outbox.name, archive.name, columns, part, ids)
+        last = ids[-1]
+        if len(ids) < batch:
+            return copied
+        if pause:
+            time.sleep(pause)
+
+
+def _insert_missing(conn: Connection, outbox: str, archive: str, columns: str, part: str,
+                    ids: list[int]) -> int:
+    marks = ", ".join(str(int(i)) for i in ids)
+    return int(conn.exec_driver_sql(
+        f"INSERT INTO {archive} ({columns}) SELECT {columns} FROM {outbox} PARTITION ({part}) o "
+        f"WHERE o.id IN ({marks}) AND NOT EXISTS "
+        f"(SELECT 1 FROM {archive} a WHERE a.message_id = o.message_id)").rowcount)
+
+
+def _delete_range(engine: Engine, table: sa.Table, lower: str, upper: str, batch: int,
+                  pause: float) -> None:
+    """Delete `table`'s rows whose message_id is in [lower, upper), in message_id order."""
+    m = table.c.message_id
+    key = [c for c in table.primary_key.columns]
+    while True:
+        with engine.begin() as conn:
+            rows = conn.execute(sa.select(*key).where(m >= lower, m < upper)
+                                .order_by(m).limit(batch)).all()
+            if not rows:
+                return
+            conn.execute(sa.delete(table).where(sa.tuple_(*key).in_([tuple(r) for r in rows])))
+        if len(rows) < batch:
+            return
+        if pause:
+            time.sleep(pause)

@@ -1,0 +1,81 @@
+"""One relay process for several producer databases (seed 001: "split databases and tables").
+
+A sharded service keeps one outbox per database. `MultiRelay` runs one `Relay` per database in
+one process, each on its own thread(s) with its own engines, claims and back-off, sharing the
+transport: a database that is down waits out its outage alone while the others keep sending.
+Each database may have its own read replica (`read_urls`) and its own delayed checks
+(`outbox_producer.checks`). One process per shard works as well (`ckit relay --url` once per
+process); this is the same thing with fewer processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
+from consumer_kit.transports.base import Transport
+from outbox_producer.relay import Relay, RelayResult
+
+
+class MultiRelay:
+    """A `Relay` per producer database, run side by side.
+
+    >>> relays = MultiRelay(["mysql+pymysql://.../orders_0", "mysql+pymysql://.../orders_1"],
+    ...                     transport, batch=500)                          # doctest: +SKIP
+    >>> relays.run(once=True).stats.sent                                   # doctest: +SKIP
+    """
+
+    def __init__(self, urls: Sequence[str], transport: Transport, *,
+                 read_urls: Sequence[str] = (), **relay_options: Any) -> None:
+        if not urls:
+            raise ConfigError("give at least one producer database (--url)")
+        if len(set(urls)) != len(urls):
+            raise ConfigError("a producer database is named twice (--url)")
+        if read_urls and len(read_urls) != len(urls):
+            raise ConfigError(f"give one --read-url per --url ({len(urls)}), or none; got "
+                              f"{len(read_urls)}")
+        self.urls = list(urls)
+        self.relays = [Relay(url, transport, read_engine=read_urls[i] if read_urls else None,
+                             **relay_options) for i, url in enumerate(urls)]
+        self.results: list[RelayResult] = [RelayResult() for _ in self.relays]
+
+    def stop(self) -> None:
+        """Ask every relay to finish its batch and return (safe from a signal handler)."""
+        for relay in self.relays:
+            relay.stop()
+
+    def run(self, *, once: bool = False) -> RelayResult:
+        """Run every relay until `stop()` (with `once`, until each has drained what is due);
+        return the totals (`results` holds each database's, in the order of `urls`)."""
+        if len(self.relays) == 1:
+            self.results[0] = self.relays[0].run(once=once)
+            return self.results[0]
+
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                self.results[i] = self.relays[i].run(once=once)
+            except BaseException as exc:  # re-raised below, after the others stopped
+                errors.append(exc)
+                self.stop()
+
+        threads = [threading.Thread(target=work, args=(i,), name=f"ckit-relay-db{i}")
+                   for i in range(len(self.relays))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        total = RelayResult()
+        for part in self.results:
+            total.add(part)
+        return total
+
+    def names(self) -> list[str]:
+        """The databases, passwords masked, in the order of `urls`."""
+        return [mask_url(url) for url in self.urls]

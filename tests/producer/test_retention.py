@@ -1,0 +1,213 @@
+"""Bounded tables without delete storms: archiving in small key-ordered batches with a pause,
+receipt-driven archiving, and a day-partitioned outbox on MariaDB whose old days are dropped."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from consumer_kit.cli.main import app
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.receipt import Receipt
+from consumer_kit.core.receipts_applier import ReceiptApplier
+from consumer_kit.core.schema import TableNames
+from outbox_producer import Outbox, Relay, ops
+from outbox_producer.ops import partitions as parts
+from tests.conftest import Db, unique_names
+from tests.recording import RecordingTransport
+
+FAST = dt.timedelta(microseconds=1)
+
+
+def tables(db: Db) -> ops.OutboxTables:
+    return ops.OutboxTables.from_names(db.names)
+
+
+def publish(db: Db, keys: range, topic: str = "T", engine: sa.Engine | None = None,
+            names: TableNames | None = None) -> list[str]:
+    outbox = Outbox(engine or db.engine, producer="orders", table=(names or db.names).outbox)
+    with (engine or db.engine).begin() as conn:
+        return [outbox.publish(conn, topic, {"k": k}, biz_type="t", biz_key=f"{topic}{k}")
+                for k in keys]
+
+
+def consume(db: Db, receipts: list[Receipt], names: TableNames | None = None,
+            engine: sa.Engine | None = None) -> None:
+    names = names or db.names
+    ReceiptApplier(engine or db.engine, table=names.outbox,
+                   receipt_table_name=names.receipts).apply(receipts)
+
+
+def remaining(db: Db) -> set[str]:
+    t = tables(db).outbox
+    with db.engine.connect() as conn:
+        return set(conn.execute(sa.select(t.c.message_id)).scalars())
+
+
+def test_archive_moves_rows_in_small_batches_with_a_pause_between_them(sqlite_db: Db) -> None:
+    # Given 25 consumed rows
+    ids = publish(sqlite_db, range(25))
+    Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox).run_once()
+    consume(sqlite_db, [Receipt(m, "inventory") for m in ids])
+    # When they are archived 10 at a time with a 0.1 s pause
+    started = time.monotonic()
+    result = ops.archive(sqlite_db.engine, tables(sqlite_db), FAST, batch=10, pause=0.1,
+                         now=utcnow() + dt.timedelta(seconds=1))
+    # Then three batches moved them, with a pause after each full one
+    assert (result.moved, result.batches) == (25, 3)
+    assert time.monotonic() - started >= 0.2
+    assert remaining(sqlite_db) == set()
+
+
+def test_receipt_driven_archiving_waits_for_every_expected_group(
+        db: Db, tmp_path: Path) -> None:
+    # Given three consumed messages of topic T (every expected group answered for the first,
+    # only inventory for the second: CONSUMED by the applier's any-one-group default) and one
+    # of a topic the archiving does not name
+    complete, partial = publish(db, range(2))
+    (other,) = publish(db, range(1), topic="U")
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    consume(db, [Receipt(complete, "inventory"), Receipt(complete, "billing"),
+                 Receipt(partial, "inventory"), Receipt(other, "inventory")])
+    expect = {"T": ["inventory", "billing"]}
+    later = utcnow() + dt.timedelta(seconds=1)
+    # When receipt-driven archiving runs
+    first = ops.archive(db.engine, tables(db), FAST, expect=expect, now=later)
+    # Then only the message every expected group acknowledged moved
+    assert first.moved == 1 and remaining(db) == {partial, other}
+    # and once billing's receipt for the second is stored, it moves too
+    consume(db, [Receipt(partial, "billing")])
+    assert ops.archive(db.engine, tables(db), FAST, expect=expect, now=later).moved == 1
+    assert remaining(db) == {other}
+
+
+def test_the_archive_command_takes_a_pause_and_expected_groups(sqlite_db: Db) -> None:
+    ids = publish(sqlite_db, range(3))
+    Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox).run_once()
+    consume(sqlite_db, [Receipt(m, g) for m in ids for g in ("a", "b")])
+    time.sleep(0.01)  # the rows' last change must be older than --older-than 1ms
+    result = CliRunner().invoke(app, [
+        "outbox", "archive", "--url", sqlite_db.url, "--outbox-table", sqlite_db.names.outbox,
+        "--receipt-table", sqlite_db.names.receipts, "--older-than", "1ms", "--pause", "1ms",
+        "--batch", "2", "--expect", "T=a,b", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["moved"] == 3
+
+
+def test_the_processed_purge_deletes_the_oldest_rows_first_in_paced_batches(
+        sqlite_db: Db) -> None:
+    from consumer_kit.core.schema import processed_table
+    from consumer_kit.processed import ProcessedStore
+
+    # Given six processed rows of one group, processed 10 to 15 days ago, newest first by key
+    p = processed_table(sa.MetaData(), sqlite_db.names.processed)
+    now = utcnow()
+    with sqlite_db.engine.begin() as conn:
+        for i in range(6):
+            at = now - dt.timedelta(days=10 + i)
+            conn.execute(sa.insert(p).values(consumer_group="g", message_id=f"m{i}", topic="T",
+                                             status="SUCCEEDED", attempts=1, first_seen_at=at,
+                                             processed_at=at))
+    store = ProcessedStore(sqlite_db.engine, "g", table=sqlite_db.names.processed)
+    # When one batch of two is purged
+    assert store.purge(dt.timedelta(days=7), batch=2, max_batches=1) == 2
+    # Then the two oldest went
+    with sqlite_db.engine.connect() as conn:
+        left = set(conn.execute(sa.select(p.c.message_id)).scalars())
+    assert left == {"m0", "m1", "m2", "m3"}
+    # and the rest go in batches with a pause after each full one
+    started = time.monotonic()
+    assert store.purge(dt.timedelta(days=7), batch=2, pause=0.1) == 4
+    assert time.monotonic() - started >= 0.2
+
+
+# --- the day-partitioned outbox (MariaDB) ---------------------------------------------------
+
+def ulid_at(moment: dt.datetime) -> str:
+    return parts.ulid_floor(moment)[:10] + os.urandom(8).hex().upper()[:16].replace("I", "J")
+
+
+@pytest.fixture
+def partitioned(mariadb: Db) -> Iterator[tuple[Db, TableNames]]:
+    names = unique_names("p")
+    yield mariadb, names
+    with mariadb.engine.begin() as conn:
+        for table in (names.outbox, f"{names.outbox}_key", names.receipts,
+                      names.outbox_archive):
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+
+
+def publish_at(db: Db, names: TableNames, moment: dt.datetime, key: str,
+               monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr("outbox_producer.outbox.new_message_id", lambda: ulid_at(moment))
+    outbox = Outbox(db.engine, producer="orders", table=names.outbox)
+    with db.engine.begin() as conn:
+        return outbox.publish(conn, "T", {"key": key}, biz_type="t", biz_key=key)
+
+
+def count(db: Db, table: str) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}").scalar() or 0)
+
+
+@pytest.mark.mariadb
+def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_days(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    today = utcnow().date()
+    days = [dt.datetime.combine(today - dt.timedelta(days=n), dt.time(12)) for n in (3, 2, 0)]
+    # Given a partitioned outbox made three days ago
+    made = parts.create(db.engine, ops.OutboxTables.from_names(names), days_ahead=3,
+                        today=today - dt.timedelta(days=3))
+    assert made[0] == parts.day_name(today - dt.timedelta(days=3)) and made[-1] == "pmax"
+    # and messages published three days ago, two days ago and today
+    old = [publish_at(db, names, days[0], f"a{i}", monkeypatch) for i in range(3)]
+    middle = [publish_at(db, names, days[1], f"b{i}", monkeypatch) for i in range(2)]
+    new = publish_at(db, names, days[2], "c0", monkeypatch)
+    # When a key published three days ago is published again today
+    again = publish_at(db, names, days[2], "a0", monkeypatch)
+    # Then the first message id comes back (the key table spans every partition)
+    assert again == old[0]
+    # Given every message sent and all but one consumed
+    Relay(db.engine, RecordingTransport(), table=names.outbox).run_once()
+    consume(db, [Receipt(m, "inventory") for m in [*old, middle[0], new]], names=names)
+    # When the partitions rotate
+    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2)
+    # Then the day whose rows are all CONSUMED was archived and dropped, the day with a SENT
+    # row kept, and partitions exist two days ahead
+    assert result.dropped == [parts.day_name(today - dt.timedelta(days=3))]
+    assert result.kept == {parts.day_name(today - dt.timedelta(days=2)): "rows not yet CONSUMED"}
+    assert result.archived == 3 and count(db, names.outbox_archive) == 3
+    names_now = [p.name for p in parts.partitions(db.engine, names.outbox)]
+    assert parts.day_name(today + dt.timedelta(days=2)) in names_now
+    assert parts.day_name(today - dt.timedelta(days=3)) not in names_now
+    # and the dropped day's receipt and key rows are gone, the others kept
+    assert count(db, names.receipts) == 2 and count(db, f"{names.outbox}_key") == 3
+    # and a rotation again changes nothing
+    assert parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2).dropped == []
+
+
+@pytest.mark.mariadb
+def test_partitions_show_and_refusals_are_one_line(
+        partitioned: tuple[Db, TableNames], sqlite_db: Db) -> None:
+    db, names = partitioned
+    runner = CliRunner()
+    common: list[Any] = ["--url", db.url, "--outbox-table", names.outbox, "--receipt-table",
+                         names.receipts]
+    assert runner.invoke(app, ["outbox", "partitions", "create", *common]).exit_code == 0
+    shown = runner.invoke(app, ["outbox", "partitions", "show", "--url", db.url,
+                                "--outbox-table", names.outbox, "--json"])
+    assert [p["name"] for p in json.loads(shown.output)][-1] == "pmax"
+    again = runner.invoke(app, ["outbox", "partitions", "create", *common])
+    assert again.exit_code == 2 and f"table {names.outbox} exists" in again.output
+    on_sqlite = runner.invoke(app, ["outbox", "partitions", "rotate", "--url", sqlite_db.url])
+    assert on_sqlite.exit_code == 2 and "needs MySQL or MariaDB" in on_sqlite.output
