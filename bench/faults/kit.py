@@ -1,0 +1,58 @@
+"""Everything the fault runner takes from consumer-kit, in one module.
+
+The runner drives the product through its command line (`python -m consumer_kit.cli.main`) and
+its public API; the package layout is changing, so when a name moves only this file changes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from bench.common import machine_facts
+from consumer_kit import ConsumerApp, Message
+from consumer_kit.transports import open_transport
+from outbox_producer import Dispatcher, Outbox, OutboxState
+
+#: the command line, run as a module so the spawned process uses this checkout (PYTHONPATH)
+CLI = (sys.executable, "-m", "consumer_kit.cli.main")
+
+#: the default table names that `ckit db init` creates (schema/columns.md)
+OUTBOX_TABLE = "ckit_outbox"
+ACK_TABLE = "ckit_outbox_ack"
+PROCESSED_TABLE = "ckit_processed"
+
+#: outbox states by code, and the reverse
+STATE_NAMES = {int(s): s.name for s in OutboxState}
+CONSUMED = int(OutboxState.CONSUMED)
+SENT = int(OutboxState.SENT)
+
+_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+
+
+def mask(text: str) -> str:
+    """`text` with the password of every URL in it replaced by `***`.
+
+    >>> mask("mysql+pymysql://ckit:secret@127.0.0.1/db")
+    'mysql+pymysql://ckit:***@127.0.0.1/db'
+    """
+    return _PASSWORD.sub(r"\1***@", text)
+
+
+__all__ = [
+    "ACK_TABLE",
+    "CLI",
+    "CONSUMED",
+    "OUTBOX_TABLE",
+    "PROCESSED_TABLE",
+    "SENT",
+    "STATE_NAMES",
+    "ConsumerApp",
+    "Dispatcher",
+    "Message",
+    "Outbox",
+    "OutboxState",
+    "machine_facts",
+    "mask",
+    "open_transport",
+]
