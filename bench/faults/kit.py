@@ -14,8 +14,12 @@ from consumer_kit import ConsumerApp, Message
 from consumer_kit.transports import open_transport
 from outbox_producer import Dispatcher, Outbox, OutboxState
 
-#: the command line, run as a module so the spawned process uses this checkout (PYTHONPATH)
-CLI = (sys.executable, "-m", "consumer_kit.cli.main")
+#: the command line (`ckit`'s own entry point, so the spawned process uses this checkout through
+#: PYTHONPATH), with the `consumer_kit.cli` logger at DEBUG: the CLI turns an unexpected error
+#: into one line and logs its traceback at DEBUG, which a fault run needs in the role's log
+CLI = (sys.executable, "-c",
+       "import logging, sys; logging.getLogger('consumer_kit.cli').setLevel(logging.DEBUG); "
+       "from consumer_kit.cli.main import main; sys.argv[0] = 'ckit'; main()")
 
 #: the default table names that `ckit db init` creates (schema/columns.md)
 OUTBOX_TABLE = "ckit_outbox"

@@ -52,11 +52,11 @@ def title(cfg: Config) -> str:
 
 def pauses(records: list[dict[str, Any]], times: list[float], flow_stop: float) -> None:
     """Add `pause_s` to each fault record: the longest stretch without an effect that begins
-    between the fault and two seconds after its recovery (cut at a minute, and where the
-    producer stopped placing orders)."""
-    for rec in records:
+    between the fault and two seconds after its recovery, counted up to the next fault (at most
+    a minute, and only while the producer was still placing orders)."""
+    for rec, nxt in zip(records, [*records[1:], None]):
         start = rec["at"]
-        end = min(start + PAUSE_WINDOW, flow_stop)
+        end = min(start + PAUSE_WINDOW, flow_stop, nxt["at"] if nxt else flow_stop)
         recovered = (rec["restarted_at"] or start) + 2.0
         if end <= start:
             rec["pause_s"] = None
