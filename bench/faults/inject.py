@@ -88,6 +88,7 @@ class Injector:
         elif fault.kind == "dup-storm":
             rec.target = "outbox"
             self._storm(rec)
+            rec.note = (rec.note + "; " if rec.note else "") + f"took {self.clock() - rec.at:.1f}s"
         else:
             self._kill_service(fault, rec)
         return rec

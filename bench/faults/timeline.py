@@ -91,7 +91,7 @@ def render(path: Path, *, title: str, effect_times: Sequence[float], t0: float, 
 
     width = 1.0 if end <= 900 else 5.0
     bins = per_second(effect_times, t0, end, width)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 7.5), sharex=True,
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(15, 7.5), sharex=True,
                                       gridspec_kw={"height_ratios": [1, 1]})
     top.plot([i * width for i in range(len(bins))], [b / width for b in bins],
              lw=0.8, color="tab:green")
@@ -119,8 +119,10 @@ def render(path: Path, *, title: str, effect_times: Sequence[float], t0: float, 
         for ax in (top, bottom):
             ax.axvline(converged_at, color="black", lw=1.2, ls="--")
         top.annotate("converged", (converged_at, top_y * 0.9), fontsize=8)
-    top.legend(loc="upper left", fontsize=7, ncol=5)
-    bottom.legend(loc="upper left", fontsize=7)
+    top.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, title="faults",
+               title_fontsize=8)
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
+                  title="outbox state", title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

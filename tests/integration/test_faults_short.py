@@ -58,6 +58,7 @@ def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
     final = report["final"]
     assert final is not None, output
     assert (final["orders"], final["lost"], final["doubled"]) == (1000, 0, 0), output
-    assert final["processed_ok"] == final["outbox_rows"] == final["consumed"] == 1000, output
+    assert final["processed_ok"] == final["outbox_rows"] == final["states"]["CONSUMED"] == 1000, \
+        output
     assert proc.stdout.strip().splitlines()[-1].startswith("ok: "), output
     assert proc.returncode == 0, output
