@@ -88,7 +88,7 @@ class Injector:
         elif fault.kind == "dup-storm":
             rec.target = "outbox"
             self._storm(rec)
-            rec.note = (rec.note + "; " if rec.note else "") + f"took {self.clock() - rec.at:.1f}s"
+            rec.note += f"; the storm took {self.clock() - rec.at:.1f}s"
         else:
             self._kill_service(fault, rec)
         return rec
@@ -148,9 +148,11 @@ class Injector:
             rec.rows = 0
             rec.note = "no SENT or CONSUMED rows yet"
             return
+        began = time.monotonic()
         proc = subprocess.run(
             [*kit.CLI, "outbox", "retry", "--force", "--json", *(str(r.id) for r in picked)],
             env=self.cli_env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False)
+        rec.note = f"ckit outbox retry took {time.monotonic() - began:.1f}s"
         try:
             result = json.loads(proc.stdout)
         except json.JSONDecodeError:
@@ -163,4 +165,4 @@ class Injector:
         self.stormed.update(r.message_id for r in picked if r.id in changed)
         refused = len(result.get("refused", []))
         if refused:
-            rec.note = f"{refused} rows moved meanwhile (refused)"
+            rec.note += f"; {refused} rows moved meanwhile (refused)"

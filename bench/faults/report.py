@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from bench.faults import checks, kit, settle, world
+from bench.faults import checks, kit, logscan, settle, world
 from bench.faults.processes import HANG_AFTER
 
 if TYPE_CHECKING:
@@ -152,6 +152,8 @@ def build(*, cfg: Config, run: Run, settled: settle.Settled | None,
         "consumers": consumers(run, effects, run.stopped_at or flow_end),
         "shutdown_s": shutdown,
         "slow_shutdowns": {k: v for k, v in shutdown.items() if v is not None and v > HANG_AFTER},
+        "logs": logscan.scan(cfg.run_dir / "logs"),
+        "producer_rate": round(cfg.messages / flow_stop, 1) if flow_stop > 0 else None,
         "samples": [{"t": s.t, **s.states} for s in samples],
     }
     rep["verdict"] = verdict(rep, cfg)
@@ -175,7 +177,9 @@ def text(rep: dict[str, Any]) -> str:
     """The figures as aligned lines (the verdict is printed separately, last)."""
     final = rep["final"] or {}
     lines = ["faults by kind   : " + ", ".join(f"{k} {v}" for k, v in
-                                                 sorted(rep["faults_by_kind"].items()))]
+                                                 sorted(rep["faults_by_kind"].items())),
+             f"producer         : {rep['producer_rate']} orders/s achieved (asked "
+             f"{rep['config']['rate']}/s)"]
     if final:
         lines += [
             f"orders committed : {final['orders']:,}; outbox rows {final['outbox_rows']:,} "
@@ -213,6 +217,10 @@ def text(rep: dict[str, Any]) -> str:
             lines.append(f"silent consumer  : {c['role']} pid {c['pid']} ({c['how']}): no effect "
                          f"for {c['silent_s']}s after t={c['last_effect']} while others "
                          f"applied {c['others_meanwhile']}")
+    if rep["logs"]:
+        lines.append("role logs        : " + "; ".join(
+            f"{role} " + ", ".join(f"{k} {v}" for k, v in counts.items())
+            for role, counts in rep["logs"].items()))
     if rep["slow_shutdowns"]:
         lines.append(f"slow shutdowns   : {rep['slow_shutdowns']} (seconds after SIGTERM; over "
                      f"{HANG_AFTER:g}s)")

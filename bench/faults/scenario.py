@@ -142,22 +142,44 @@ class Run:
             self.supervisor.add(Proc(kind, index, argv, env, logs / f"{kind}-{index}.log",
                                      cwd=ROOT, done_on_success=kind == "producer"))
 
+    def placed(self, engine: sa.engine.Engine) -> int:
+        """The highest order id committed (orders are placed in id order), 0 when unknown."""
+        try:
+            with engine.connect() as conn:
+                return int(conn.execute(sa.select(sa.func.max(world.orders.c.id))).scalar() or 0)
+        except sa.exc.DBAPIError:
+            return 0
+
     def inject_faults(self, injector: Injector, plan: list[schedule.Fault]) -> None:
-        for fault in plan:
-            wait = fault.at - self.clock()
-            if wait > 0:
-                time.sleep(min(wait, max(0.0, self.deadline - self.clock())))
-            if self.clock() >= self.deadline:
-                self.errors.append(f"deadline reached before fault {fault.kind} at {fault.at}s")
-                return
-            try:
-                rec = injector.apply(fault)
-            except (ServiceError, OSError) as exc:
-                self.errors.append(f"fault {fault.kind} could not be carried out: {exc}")
-                self.say(f"ERROR: {self.errors[-1]}")
-                return
-            self.records.append(rec)
-            self.say(rec.line())
+        """Each fault at its planned time, and not before the producer is as far through the
+        orders as the plan is through the window: when the producer runs slower than asked,
+        the faults still fall all along the flow."""
+        engine = world.engine(self.urls.orders)
+        try:
+            for fault in plan:
+                due = int(fault.at / self.cfg.window * self.cfg.messages)
+                while self.clock() < self.deadline and (
+                        self.clock() < fault.at or self.placed(engine) < due):
+                    time.sleep(min(0.5, max(0.01, fault.at - self.clock())))
+                if self.clock() >= self.deadline:
+                    self.errors.append(f"deadline reached before fault {fault.kind} "
+                                       f"planned at {fault.at}s")
+                    return
+                if not self._inject(injector, fault):
+                    return
+        finally:
+            engine.dispose()
+
+    def _inject(self, injector: Injector, fault: schedule.Fault) -> bool:
+        try:
+            rec = injector.apply(fault)
+        except (ServiceError, OSError) as exc:
+            self.errors.append(f"fault {fault.kind} could not be carried out: {exc}")
+            self.say(f"ERROR: {self.errors[-1]}")
+            return False
+        self.records.append(rec)
+        self.say(rec.line())
+        return True
 
     def wait_producer(self) -> None:
         producer = self.supervisor.procs["producer-1"]

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pymysql
@@ -75,11 +76,12 @@ def check_ports_free(ports: list[int]) -> None:
                                "--port-offset")
 
 
-def wait_until(what: str, check: object, timeout: float, interval: float = 0.2) -> None:
+def wait_until(what: str, check: Callable[[], bool], timeout: float,
+               interval: float = 0.2) -> None:
     """Poll `check()` until true or raise ServiceError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(interval)
     raise ServiceError(f"timed out after {timeout:g}s waiting for {what}")
@@ -328,4 +330,4 @@ def program(name: str) -> str:
 def missing_programs(rocketmq: bool) -> list[str]:
     """The programs the run needs that this machine lacks (scripts/setup.sh installs them)."""
     needed = ["mariadbd", "mariadb-install-db", "redis-server"] + (["java"] if rocketmq else [])
-    return [name for name in needed if program(name) == name and shutil.which(name) is None]
+    return [name for name in needed if program(name) == name]

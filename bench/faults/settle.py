@@ -80,8 +80,8 @@ def drain(probe: Callable[[], checks.Snapshot | None], *, expected: int,
     last_change = started
     snap: checks.Snapshot | None = None
     while True:
-        now = clock()
         latest = probe()
+        now = clock()  # after the probe: on a loaded machine the reads take seconds
         if latest is not None:
             snap = latest
             if snap.converged(expected):
