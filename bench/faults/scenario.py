@@ -243,6 +243,10 @@ def run(cfg: Config, out: Callable[[str], None] = print) -> dict[str, Any]:
         if r.supervisor.procs:
             r.stopped_at = r.clock()
             shutdown = r.supervisor.stop_all()
+        try:  # the latest deadlock, for the report's reader
+            (cfg.run_dir / "innodb-status.txt").write_text(r.mariadb.innodb_status())
+        except Exception as exc:  # a diagnostic must not fail the run
+            r.say(f"could not read SHOW ENGINE INNODB STATUS: {exc}")
         if not cfg.keep_services:
             for service in (r.rocketmq, r.redis, r.mariadb):
                 if service is not None:

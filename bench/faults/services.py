@@ -207,6 +207,16 @@ class MariaDB(_Daemon):
         finally:
             conn.close()
 
+    def innodb_status(self) -> str:
+        """`SHOW ENGINE INNODB STATUS` (its LATEST DETECTED DEADLOCK names both statements)."""
+        conn = self.root()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW ENGINE INNODB STATUS")
+                return str(cur.fetchone()[2])
+        finally:
+            conn.close()
+
     def version(self) -> str:
         conn = self.root()
         try:
