@@ -8,7 +8,7 @@ Starts its own MariaDB, Redis (and RocketMQ name server + broker) on loopback po
 (the shared services' ports + --port-offset) with their data in --dir, then as OS processes: a
 producer placing the orders (order row + outbox row in one transaction, sent after commit, at a
 bounded rate), two `ckit relay`, two `ckit consume bench.faults.app:app` (Redis + MariaDB dedupe;
-the handler writes an effect row to a table without a unique key) and `ckit acks`. Faults follow
+the handler writes an effect row to a table without a unique key) and `ckit receipts`. Faults follow
 a seeded schedule: kill -9 (and restart) of each process kind, Redis FLUSHALL, Redis / MariaDB /
 broker / name server kill -9 and restart, duplicate storms (`ckit outbox retry --force` on a few
 percent of the SENT and CONSUMED rows). Then it drains, runs `ckit reconcile --engine sql` on what

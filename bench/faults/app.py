@@ -3,7 +3,8 @@
 Its handler writes one effect row per order in the same transaction as the processed row. The
 effect table has no unique key, so a message applied twice leaves two rows: the checks count
 them. Configured by environment (set by the runner): FAULTS_INVENTORY_URL, FAULTS_REDIS_URL,
-FAULTS_TRANSPORT. Receipts go back on the producer's ack topic (`ckit acks` applies them).
+FAULTS_TRANSPORT. Receipts go back on the producer's receipt topic (`ckit receipts`
+applies them).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ app = kit.ConsumerApp(
     db=os.environ.get("FAULTS_INVENTORY_URL", "sqlite:///faults-inventory.db"),
     redis=os.environ.get("FAULTS_REDIS_URL") or None,
     transport=os.environ.get("FAULTS_TRANSPORT"),
-    ack="topic",
+    receipts="topic",
 )
 
 

@@ -143,3 +143,20 @@ def problems(snap: Snapshot, expected: int) -> list[str]:
         others = {k: v for k, v in snap.states.items() if k != "CONSUMED"}
         out.append(f"{snap.outbox_rows - snap.consumed} outbox rows not CONSUMED {others}")
     return out
+
+
+def dead_letters(transport_url: str) -> dict[str, Any]:
+    """The group's dead letters on the transport (RocketMQ's `%DLQ%group`): messages whose
+    retries were spent. Each is an order only a re-send (the reconciler's) can still apply."""
+    transport = kit.open_transport(transport_url)
+    try:
+        letters = transport.dead_letters(world.GROUP)
+    finally:
+        transport.close()
+    ids = [d.properties.get(kit.PROP_ID, "") for d in letters]
+    reasons: dict[str, int] = {}
+    for d in letters:
+        reason = (d.last_error or "?").splitlines()[0][:120]
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return {"count": len(letters), "messages": len(set(ids)), "sample": ids[:SAMPLE],
+            "reasons": reasons}

@@ -29,6 +29,11 @@ STORM_MAX = 2_000
 CLI_TIMEOUT = 120.0
 
 
+class InjectError(RuntimeError):
+    """A fault could not be carried out (the run fails: a fault that did not happen proves
+    nothing)."""
+
+
 @dataclasses.dataclass
 class FaultRecord:
     """What one fault did: when (seconds into the run), to what, and how long recovery took."""
@@ -150,16 +155,16 @@ class Injector:
             return
         began = time.monotonic()
         proc = subprocess.run(
-            [*kit.CLI, "outbox", "retry", "--force", "--json", *(str(r.id) for r in picked)],
+            [*kit.CLI, "outbox", "retry", "--force", "--json",
+             *(kit.ROW_TARGET.format(r.id) for r in picked)],
             env=self.cli_env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False)
         rec.note = f"ckit outbox retry took {time.monotonic() - began:.1f}s"
         try:
             result = json.loads(proc.stdout)
         except json.JSONDecodeError:
-            rec.note = f"ckit outbox retry failed ({proc.returncode}): " + kit.mask(
-                proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
-            rec.rows = 0
-            return
+            raise InjectError("ckit outbox retry failed ({}): {}".format(
+                proc.returncode, kit.mask(proc.stderr.strip().splitlines()[-1]
+                                          if proc.stderr.strip() else "no output"))) from None
         changed = set(result.get("changed", []))
         rec.rows = len(changed)
         self.stormed.update(r.message_id for r in picked if r.id in changed)

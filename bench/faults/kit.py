@@ -12,7 +12,7 @@ import sys
 from bench.common import machine_facts
 from consumer_kit import ConsumerApp, Message
 from consumer_kit.transports import open_transport
-from outbox_producer import Dispatcher, Outbox, OutboxState
+from outbox_producer import Dispatcher, Outbox, OutboxState, receipt_topic
 
 #: the command line (`ckit`'s own entry point, so the spawned process uses this checkout through
 #: PYTHONPATH), with the `consumer_kit.cli` logger at DEBUG: the CLI turns an unexpected error
@@ -23,8 +23,13 @@ CLI = (sys.executable, "-c",
 
 #: the default table names that `ckit db init` creates (schema/columns.md)
 OUTBOX_TABLE = "ckit_outbox"
-ACK_TABLE = "ckit_outbox_ack"
 PROCESSED_TABLE = "ckit_processed"
+#: the receipt applier's subcommand (`ckit acks` before the receipts were made durable)
+RECEIPTS_COMMAND = "receipts"
+#: how `ckit outbox retry` names one row by its id (a bare number could also be a biz key)
+ROW_TARGET = "id:{}"
+#: the ckit_id property: the outbox message id on every message (and dead letter)
+PROP_ID = "ckit_id"
 
 #: outbox states by code, and the reverse
 STATE_NAMES = {int(s): s.name for s in OutboxState}
@@ -44,11 +49,13 @@ def mask(text: str) -> str:
 
 
 __all__ = [
-    "ACK_TABLE",
     "CLI",
     "CONSUMED",
     "OUTBOX_TABLE",
     "PROCESSED_TABLE",
+    "PROP_ID",
+    "RECEIPTS_COMMAND",
+    "ROW_TARGET",
     "SENT",
     "STATE_NAMES",
     "ConsumerApp",
@@ -59,4 +66,5 @@ __all__ = [
     "machine_facts",
     "mask",
     "open_transport",
+    "receipt_topic",
 ]

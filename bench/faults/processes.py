@@ -1,6 +1,6 @@
 """The system under test as separate OS processes, supervised.
 
-A `Proc` is one role (`producer-1`, `relay-2`, `consume-1`, `acks-1`, ...) that the runner keeps
+A `Proc` is one role (`producer-1`, `relay-2`, `consume-1`, `receipts-1`, ...) that the runner keeps
 running: its output goes to `logs/NAME.log` (appended across restarts), and each start is an
 incarnation with its own pid. The `Supervisor` restarts a role that exits by itself (recorded as
 an unplanned exit, with the log's last lines) after a short back-off, except the producer, which

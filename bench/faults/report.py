@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 PAUSE_WINDOW = 60.0
 LATENCY_AROUND = 5.0
-SILENT_AFTER = 30.0
+SILENT_AFTER = 60.0  # the SQL transport's consumer lease is 30 s
 #: reconciler classes that bring a row to CONSUMED (directly, or through a re-send)
-TO_CONSUMED = ("ack_lost", "retry", "stuck_sending")
+TO_CONSUMED = ("receipt_lost", "ack_lost", "retry", "stuck_sending")  # ack_lost: before 0.2
 
 
 def effect_rows(inventory: Engine) -> list[tuple[int, int, float]]:
@@ -153,6 +153,7 @@ def build(*, cfg: Config, run: Run, settled: settle.Settled | None,
         "shutdown_s": shutdown,
         "slow_shutdowns": {k: v for k, v in shutdown.items() if v is not None and v > HANG_AFTER},
         "logs": logscan.scan(cfg.run_dir / "logs"),
+        "dead_letters": run.dead_letters,
         "producer_rate": round(cfg.messages / flow_stop, 1) if flow_stop > 0 else None,
         "samples": [{"t": s.t, **s.states} for s in samples],
     }
@@ -217,6 +218,8 @@ def text(rep: dict[str, Any]) -> str:
             lines.append(f"silent consumer  : {c['role']} pid {c['pid']} ({c['how']}): no effect "
                          f"for {c['silent_s']}s after t={c['last_effect']} while others "
                          f"applied {c['others_meanwhile']}")
+    if rep["dead_letters"]:
+        lines.append(f"dead letters     : {rep['dead_letters']}")
     if rep["logs"]:
         lines.append("role logs        : " + "; ".join(
             f"{role} " + ", ".join(f"{k} {v}" for k, v in counts.items())

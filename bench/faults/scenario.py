@@ -7,6 +7,7 @@ process and service it started, and returns the report (`report.build`).
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.faults import checks, kit, report, schedule, settle, timeline, world
-from bench.faults.inject import FaultRecord, Injector
+from bench.faults.inject import FaultRecord, InjectError, Injector
 from bench.faults.processes import Proc, Supervisor
 from bench.faults.services import (
     MariaDB,
@@ -75,6 +76,7 @@ class Run:
         self.records: list[FaultRecord] = []
         self.errors: list[str] = []
         self.stopped_at: float | None = None  # clock() when the processes were told to stop
+        self.dead_letters: dict[str, Any] | None = None
 
     def clock(self) -> float:
         """Seconds since the producer started (since the run started, before that)."""
@@ -111,7 +113,7 @@ class Run:
         world.create_tables(self.urls, sql_transport=self.cfg.transport == "sql")
         transport = kit.open_transport(self.urls.transport)
         try:
-            for topic in (world.TOPIC, world.ACK_TOPIC):
+            for topic in (world.TOPIC, world.RECEIPT_TOPIC):
                 transport.ensure_topic(topic)
         finally:
             transport.close()
@@ -132,7 +134,7 @@ class Run:
         roles: list[tuple[str, int, list[str]]] = [
             ("consume", 1, [*kit.CLI, "consume", "bench.faults.app:app"]),
             ("consume", 2, [*kit.CLI, "consume", "bench.faults.app:app"]),
-            ("acks", 1, [*kit.CLI, "acks", "--producer", world.PRODUCER]),
+            ("receipts", 1, [*kit.CLI, kit.RECEIPTS_COMMAND, "--producer", world.PRODUCER]),
             ("relay", 1, [*kit.CLI, "relay"]),
             ("relay", 2, [*kit.CLI, "relay"]),
             ("producer", 1, [sys.executable, "-m", "bench.faults.producer",
@@ -173,7 +175,7 @@ class Run:
     def _inject(self, injector: Injector, fault: schedule.Fault) -> bool:
         try:
             rec = injector.apply(fault)
-        except (ServiceError, OSError) as exc:
+        except (ServiceError, InjectError, OSError, subprocess.SubprocessError) as exc:
             self.errors.append(f"fault {fault.kind} could not be carried out: {exc}")
             self.say(f"ERROR: {self.errors[-1]}")
             return False
@@ -229,6 +231,10 @@ def run(cfg: Config, out: Callable[[str], None] = print) -> dict[str, Any]:
                 env=r.env(), inventory_url=r.urls.inventory,
                 out_dir=cfg.run_dir / "reconcile", stormed=injector.stormed, say=r.say)
             final = checks.snapshot(orders, inventory)
+            try:
+                r.dead_letters = checks.dead_letters(r.urls.transport)
+            except Exception as exc:  # a diagnostic: report it, do not fail the run on it
+                r.dead_letters = {"error": kit.mask(f"{type(exc).__name__}: {exc}")}
             effects = report.effect_rows(inventory)
             placed = report.placed_times(orders)
         finally:

@@ -13,14 +13,14 @@ import dataclasses
 import random
 
 #: process kills (the role restarts after the down time)
-PROCESS_KINDS = ("kill-producer", "kill-relay", "kill-consume", "kill-acks")
+PROCESS_KINDS = ("kill-producer", "kill-relay", "kill-consume", "kill-receipts")
 #: faults of the services every transport uses
 SERVICE_KINDS = ("redis-flush", "redis-kill", "mariadb-kill", "dup-storm")
 #: faults of the RocketMQ broker's processes (on the SQL transport the broker is MariaDB)
 ROCKETMQ_KINDS = ("broker-kill", "namesrv-kill")
 
 #: how many instances each killed role has (the target is drawn among them)
-INSTANCES = {"kill-producer": 1, "kill-relay": 2, "kill-consume": 2, "kill-acks": 1}
+INSTANCES = {"kill-producer": 1, "kill-relay": 2, "kill-consume": 2, "kill-receipts": 1}
 #: down time range in seconds (kill -9 -> restart)
 DOWN = {"kill": (0.5, 3.0), "redis-kill": (1.0, 4.0), "mariadb-kill": (1.0, 4.0),
         "broker-kill": (1.0, 4.0), "namesrv-kill": (1.0, 4.0)}

@@ -21,7 +21,7 @@ from bench.faults import kit, world
 SAMPLE_INTERVAL = 1.0
 MARKERS = {
     "kill-producer": ("v", "tab:blue"), "kill-relay": ("v", "tab:orange"),
-    "kill-consume": ("v", "tab:green"), "kill-acks": ("v", "tab:purple"),
+    "kill-consume": ("v", "tab:green"), "kill-receipts": ("v", "tab:purple"),
     "redis-flush": ("x", "tab:red"), "redis-kill": ("X", "tab:red"),
     "mariadb-kill": ("D", "black"), "broker-kill": ("s", "tab:brown"),
     "namesrv-kill": ("P", "tab:brown"), "dup-storm": ("*", "tab:pink"),

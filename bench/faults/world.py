@@ -22,7 +22,7 @@ TOPIC = "FAULT_ORDER"
 TAGS = "created"
 PRODUCER = "fault-orders"
 GROUP = "fault-inventory"
-ACK_TOPIC = f"ckit-ack-{PRODUCER}"
+RECEIPT_TOPIC = kit.receipt_topic(PRODUCER)
 
 ORDERS_DB = "faults_orders"
 INVENTORY_DB = "faults_inventory"
