@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from bench.faults.scenario import Config, run
 from bench.faults.services import ServiceError
 
 SHORT = {"messages": 1000, "repeats": 1, "max_seconds": 340.0}
-LONG = {"messages": 50_000, "repeats": 5, "max_seconds": 3000.0}
+LONG = {"messages": 50_000, "repeats": 5, "max_seconds": 4800.0}
 #: seconds the producer takes to place the orders (the faults fall inside): a RocketMQ name
 #: server or broker takes about 30 s to be back in the cluster, so its runs get more room
 WINDOW = {("sql", False): 90.0, ("rocketmq", False): 150.0,
@@ -54,7 +55,7 @@ def parse(argv: list[str]) -> Config:
     p.add_argument("--port-offset", type=int, default=10_000,
                    help="ports = the shared services' ports + this (default 10000)")
     p.add_argument("--max-seconds", type=float,
-                   help="the whole run's deadline (short 340, long 3000, at least window + 240)")
+                   help="the whole run's deadline (short 340, long 4800, at least window + 240)")
     p.add_argument("--quiet", type=float, default=35.0,
                    help="a drain ends when nothing moved for this long (default 35)")
     p.add_argument("--stuck-after", type=float, default=10.0,
@@ -82,8 +83,14 @@ def parse(argv: list[str]) -> Config:
         json_path=a.json or run_dir / "report.json", keep_services=a.keep_services)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str]) -> int:
     cfg = parse(argv)
+    # SIGTERM unwinds like Ctrl-C: the run stops every process and service it started
+    signal.signal(signal.SIGTERM, _interrupt)
     print(kit.mask(kit.machine_facts()))
     print(f"run     : {report.title(cfg)}; folder {cfg.run_dir}", flush=True)
     try:
