@@ -175,6 +175,9 @@ class MariaDB(_Daemon):
                      f"--socket={self.socket}", f"--pid-file={self.folder / 'mysqld.pid'}",
                      f"--log-error={self.error_log}", "--skip-name-resolve",
                      "--innodb-buffer-pool-size=256M", "--max-connections=500",
+                     # every deadlock (both statements) goes to the error log: the status
+                     # keeps only the latest, and a kill -9 of the server loses even that
+                     "--innodb-print-all-deadlocks=ON",
                      *self._user()])
 
         def up() -> bool:
