@@ -131,12 +131,13 @@ class Run:
         logs = self.cfg.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = self.env()
+        cli = [*kit.CLI, "-v"]  # INFO: busy and reconsumed messages, queue hand-overs, shutdowns
         roles: list[tuple[str, int, list[str]]] = [
-            ("consume", 1, [*kit.CLI, "consume", "bench.faults.app:app"]),
-            ("consume", 2, [*kit.CLI, "consume", "bench.faults.app:app"]),
-            ("receipts", 1, [*kit.CLI, kit.RECEIPTS_COMMAND, "--producer", world.PRODUCER]),
-            ("relay", 1, [*kit.CLI, "relay"]),
-            ("relay", 2, [*kit.CLI, "relay"]),
+            ("consume", 1, [*cli, "consume", "bench.faults.app:app"]),
+            ("consume", 2, [*cli, "consume", "bench.faults.app:app"]),
+            ("receipts", 1, [*cli, kit.RECEIPTS_COMMAND, "--producer", world.PRODUCER]),
+            ("relay", 1, [*cli, "relay"]),
+            ("relay", 2, [*cli, "relay"]),
             ("producer", 1, [sys.executable, "-m", "bench.faults.producer",
                              "--orders", str(self.cfg.messages), "--rate", f"{self.cfg.rate:.3f}"]),
         ]
