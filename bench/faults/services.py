@@ -1,0 +1,346 @@
+"""The fault run's own services: a MariaDB, a Redis and (for RocketMQ) a name server + broker.
+
+Other engineers use the shared services of scripts/setup.sh at the same time, so the runner never
+touches those: it starts its own instances on loopback ports of their own, with their data in the
+run folder, and kills or restarts only processes whose PIDs it started. MariaDB and Redis run
+from the Debian packages that setup.sh installs (`mariadb-install-db` + `mariadbd --no-defaults`,
+`redis-server`); RocketMQ runs through `scripts/rocketmq.sh` with its run folder and ports given
+by environment (the jars and the loopback bind shim come from the cache setup.sh filled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pymysql
+import redis
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
+
+
+class ServiceError(RuntimeError):
+    """A service did not start or stop in time (the message says where its log is)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """The run's loopback ports: the shared services' ports plus `offset`."""
+
+    offset: int = 10_000
+
+    @property
+    def mariadb(self) -> int:
+        return 3306 + self.offset
+
+    @property
+    def redis(self) -> int:
+        return 6379 + self.offset
+
+    @property
+    def namesrv(self) -> int:
+        return 9876 + self.offset
+
+    @property
+    def broker(self) -> int:
+        return 10911 + self.offset
+
+    def all(self, rocketmq: bool) -> list[int]:
+        """Every port the run listens on (the broker also takes PORT-2 and PORT+1)."""
+        extra = [self.namesrv, self.broker - 2, self.broker, self.broker + 1] if rocketmq else []
+        return [self.mariadb, self.redis, *extra]
+
+
+def port_open(port: int) -> bool:
+    """True when something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def check_ports_free(ports: list[int]) -> None:
+    """Raise ServiceError naming the first port already in use."""
+    for port in ports:
+        if port_open(port):
+            raise ServiceError(f"port {port} is in use on 127.0.0.1: pick other ports with "
+                               "--port-offset")
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float,
+               interval: float = 0.2) -> None:
+    """Poll `check()` until true or raise ServiceError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise ServiceError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no {path})"
+
+
+class _Daemon:
+    """One server process started here (its own session, output to a log file)."""
+
+    name = "daemon"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.log = folder / "launch.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    def _spawn(self, argv: list[str]) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         start_new_session=True)
+
+    def _exited(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.name} exited with {self.proc.returncode}"
+        return None
+
+    def kill9(self) -> int:
+        """SIGKILL the server started here; returns its pid."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise ServiceError(f"{self.name} is not running")
+        pid = self.proc.pid
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(STOP_TIMEOUT)
+        return pid
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT)
+
+
+class MariaDB(_Daemon):
+    """`mariadbd --no-defaults` on 127.0.0.1:`port` with a data directory of its own."""
+
+    name = "mariadb"
+
+    def __init__(self, folder: Path, port: int) -> None:
+        super().__init__(folder)
+        self.port = port
+        self.datadir = folder / "data"
+        self.socket = folder / "mysqld.sock"
+        self.error_log = folder / "error.log"
+
+    def install(self) -> None:
+        """A fresh data directory (root with no password, reachable on the socket only)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if (self.datadir / "mysql").is_dir():
+            return
+        argv = [program("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}",
+                "--auth-root-authentication-method=normal", "--skip-test-db", *self._user()]
+        with self.log.open("ab") as out:
+            rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                timeout=START_TIMEOUT, check=False).returncode
+        if rc != 0:
+            raise ServiceError(f"mariadb-install-db failed ({rc}): {_tail(self.log)}")
+
+    @staticmethod
+    def _user() -> list[str]:
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def start(self) -> None:
+        """Start the server and wait (bounded) until it answers on its socket."""
+        self._spawn([program("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
+                     f"--port={self.port}", "--bind-address=127.0.0.1",
+                     f"--socket={self.socket}", f"--pid-file={self.folder / 'mysqld.pid'}",
+                     f"--log-error={self.error_log}", "--skip-name-resolve",
+                     "--innodb-buffer-pool-size=256M", "--max-connections=500",
+                     # every deadlock (both statements) goes to the error log: the status
+                     # keeps only the latest, and a kill -9 of the server loses even that
+                     "--innodb-print-all-deadlocks=ON",
+                     *self._user()])
+
+        def up() -> bool:
+            if (why := self._exited()) is not None:
+                raise ServiceError(f"{why}: {_tail(self.error_log)}")
+            try:
+                self.root().close()
+                return port_open(self.port)
+            except pymysql.Error:
+                return False
+
+        wait_until(f"MariaDB on port {self.port} (log {self.error_log})", up, START_TIMEOUT)
+
+    def root(self) -> pymysql.connections.Connection:
+        """A root connection over the socket."""
+        return pymysql.connect(unix_socket=str(self.socket), user="root", connect_timeout=2)
+
+    def provision(self, databases: tuple[str, ...], user: str, password: str) -> None:
+        """Create the databases and a user with every privilege on them, on 127.0.0.1."""
+        conn = self.root()
+        try:
+            with conn.cursor() as cur:
+                for db in databases:
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4")
+                cur.execute("CREATE USER IF NOT EXISTS %s@'127.0.0.1' IDENTIFIED BY %s",
+                            (user, password))
+                for db in databases:
+                    cur.execute(f"GRANT ALL PRIVILEGES ON `{db}`.* TO %s@'127.0.0.1'", (user,))
+            conn.commit()
+        finally:
+            conn.close()
+
+    def innodb_status(self) -> str:
+        """`SHOW ENGINE INNODB STATUS` (its LATEST DETECTED DEADLOCK names both statements)."""
+        conn = self.root()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW ENGINE INNODB STATUS")
+                return str(cur.fetchone()[2])
+        finally:
+            conn.close()
+
+    def version(self) -> str:
+        conn = self.root()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT VERSION()")
+                return str(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+
+class Redis(_Daemon):
+    """`redis-server` on 127.0.0.1:`port`, no persistence (a restart starts empty)."""
+
+    name = "redis"
+
+    def __init__(self, folder: Path, port: int) -> None:
+        super().__init__(folder)
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
+                           socket_connect_timeout=2)
+
+    def start(self) -> None:
+        """Start the server and wait (bounded) for a PONG."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._spawn([program("redis-server"), "--bind", "127.0.0.1", "--port", str(self.port),
+                     "--save", "", "--appendonly", "no", "--daemonize", "no",
+                     "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log")])
+
+        def up() -> bool:
+            if (why := self._exited()) is not None:
+                raise ServiceError(f"{why}: {_tail(self.folder / 'redis.log')}")
+            try:
+                with contextlib.closing(self.client()) as c:
+                    return bool(c.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(f"Redis on port {self.port}", up, START_TIMEOUT)
+
+    def flushall(self) -> None:
+        with contextlib.closing(self.client()) as c:
+            c.flushall()
+
+    def version(self) -> str:
+        with contextlib.closing(self.client()) as c:
+            return str(c.info("server")["redis_version"])
+
+
+class RocketMQ:
+    """A name server + broker of its own through scripts/rocketmq.sh (run folder and ports by
+    environment). Its JVMs are started by that script on the runner's behalf; their pids are in
+    the run folder's pid files, and only those are ever killed."""
+
+    name = "rocketmq"
+    COMPONENTS = ("namesrv", "broker")
+
+    def __init__(self, folder: Path, namesrv_port: int, broker_port: int) -> None:
+        self.folder = folder
+        self.namesrv_port = namesrv_port
+        self.broker_port = broker_port
+        self.log = folder / "script.log"
+        self.addr = f"127.0.0.1:{namesrv_port}"
+
+    def _script(self, *args: str, timeout: float) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "CKIT_ROCKETMQ_RUN": str(self.folder),
+               "CKIT_ROCKETMQ_NAMESRV_PORT": str(self.namesrv_port),
+               "CKIT_ROCKETMQ_BROKER_PORT": str(self.broker_port),
+               "CKIT_ROCKETMQ_TIMEOUT": str(int(timeout))}
+        with self.log.open("ab") as out:
+            rc = subprocess.run(["bash", str(SCRIPTS / "rocketmq.sh"), *args], env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                timeout=timeout + 30, check=False).returncode
+        if rc != 0:
+            raise ServiceError(f"scripts/rocketmq.sh {' '.join(args)} failed ({rc}): "
+                               f"{_tail(self.log)}")
+
+    def start(self) -> None:
+        """Start whatever of the two is not running and wait until the broker is registered."""
+        self._script("start", timeout=START_TIMEOUT + 30)
+
+    def stop(self) -> None:
+        self._script("stop", timeout=STOP_TIMEOUT)
+
+    def pid(self, component: str) -> int | None:
+        """The pid of `component` when its pid file names a live JVM of this run folder."""
+        try:
+            pid = int((self.folder / f"{component}.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            return None
+        ours = b"org.apache.rocketmq" in cmdline and str(self.folder).encode() in cmdline
+        return pid if ours else None
+
+    def kill9(self, component: str) -> int:
+        """SIGKILL the name server or the broker of this run; returns its pid."""
+        pid = self.pid(component)
+        if pid is None:
+            raise ServiceError(f"{component} of {self.folder} is not running")
+        os.kill(pid, signal.SIGKILL)
+
+        def gone() -> bool:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return True
+            return state in ("Z", "X")
+
+        wait_until(f"{component} pid {pid} to die", gone, STOP_TIMEOUT)
+        return pid
+
+
+def program(name: str) -> str:
+    """The path of a server program (root's PATH has /usr/sbin, a user's may not)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
+
+
+def missing_programs(rocketmq: bool) -> list[str]:
+    """The programs the run needs that this machine lacks (scripts/setup.sh installs them)."""
+    needed = ["mariadbd", "mariadb-install-db", "redis-server"] + (["java"] if rocketmq else [])
+    return [name for name in needed if program(name) == name]

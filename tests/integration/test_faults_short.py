@@ -1,0 +1,82 @@
+"""The short fault scenario (bench/faults.py) on each transport, as a test: about 1,000 orders
+while every fault kind happens at least once, on servers the run starts for itself (its own
+MariaDB, Redis and RocketMQ on ports of their own: the shared services are never touched).
+
+Needs the programs scripts/setup.sh installs (mariadbd, redis-server, and for RocketMQ a JVM
+and the jars it caches); skipped locally without them, failed under CI.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.faults.schedule import kinds_for
+from bench.faults.services import missing_programs
+from tests import services
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 400  # bench/faults.py stops itself after 340 s
+
+
+def run_bounded(argv: list[str]) -> tuple[str, str, int]:
+    """Run the fault runner; past RUN_TIMEOUT send SIGTERM (it then stops the servers and
+    processes it started) and, if it still runs a minute later, SIGKILL."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        stderr += f"\n[the run passed {RUN_TIMEOUT}s and was stopped]"
+    return stdout, stderr, proc.returncode
+
+
+def programs(rocketmq: bool) -> None:
+    missing = missing_programs(rocketmq)
+    if missing:
+        raise RuntimeError(f"missing {', '.join(missing)}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 90)
+@pytest.mark.parametrize("transport", [
+    pytest.param("sql", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("rocketmq", marks=[pytest.mark.mariadb, pytest.mark.redis,
+                                    pytest.mark.rocketmq]),
+])
+def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
+    transport: str, tmp_path: Path
+) -> None:
+    # Given: the server programs (the run starts its own servers with them)
+    services.require(f"the programs for a {transport} fault run",
+                     lambda: programs(transport == "rocketmq"))
+    report_path = tmp_path / "report.json"
+
+    # When: the short scenario runs with every fault kind of this transport
+    stdout, stderr, code = run_bounded(
+        [sys.executable, "bench/faults.py", "--transport", transport, "--seed", "12",
+         "--dir", str(tmp_path / "run"), "--json", str(report_path)])
+
+    # Then: every invariant held, after every kind of fault
+    output = stdout[-6000:] + stderr[-3000:]
+    assert report_path.exists(), output
+    report = json.loads(report_path.read_text())
+    assert set(report["faults_by_kind"]) == set(kinds_for(transport)), output
+    final = report["final"]
+    assert final is not None, output
+    assert (final["orders"], final["lost"], final["doubled"]) == (1000, 0, 0), output
+    assert final["processed_ok"] == final["outbox_rows"] == final["states"]["CONSUMED"] == 1000, \
+        output
+    assert stdout.strip().splitlines()[-1].startswith("ok: "), output
+    assert code == 0, output
