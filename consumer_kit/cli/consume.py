@@ -11,8 +11,14 @@ import typer
 
 from consumer_kit.app import ConsumerApp
 from consumer_kit.cli import options
-from consumer_kit.cli.runtime import friendly_errors, on_shutdown, serve_metrics
-from consumer_kit.core.errors import ConfigError
+from consumer_kit.cli.runtime import (
+    EXIT_STALLED,
+    exit_if_native_shutdown_hangs,
+    friendly_errors,
+    on_shutdown,
+    serve_metrics,
+)
+from consumer_kit.core.errors import ConfigError, ConsumerStalled
 from consumer_kit.outcome import Outcome
 
 
@@ -47,7 +53,11 @@ def consume(
     max_seconds: float | None = typer.Option(None, "--max-seconds",
                                              help="stop after this long (tests, demos)"),
 ) -> None:
-    """Run the app's listeners: dedupe, handle, ack. SIGTERM/SIGINT finish in-flight messages."""
+    """Run the app's listeners: dedupe, handle, ack. SIGTERM/SIGINT finish in-flight messages.
+
+    Exits 3 when a RocketMQ consumer stalled (no message while its queues hold a backlog) and
+    rebuilding it did not help, so that a supervisor restarts the process; a native shutdown
+    that does not return within its bound does not keep the process from exiting."""
     app = load_app(app_path)
     source = app.transport(transport)
     if not source.shared_across_processes:
@@ -59,6 +69,11 @@ def consume(
     try:
         left = app.run(transport=transport, burst=burst, stop=stop, threads=threads,
                        max_seconds=max_seconds)
+    except ConsumerStalled as exc:
+        app.close()
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        exit_if_native_shutdown_hangs(EXIT_STALLED)
+        raise typer.Exit(EXIT_STALLED) from None
     finally:
         app.close()
     counts = app.pipeline().counts
@@ -66,6 +81,8 @@ def consume(
     if left:
         typer.echo(f"left {left} handler(s) running at exit: their transactions did not "
                    "commit and the broker redelivers their messages", err=True)
+    # offsets the native client did not persist are redelivered (and deduped) after a restart
+    exit_if_native_shutdown_hangs(0)
 
 
 def register(app: typer.Typer) -> None:

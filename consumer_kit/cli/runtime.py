@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 #: Exit codes: 2 a usage or configuration error (nothing was done), 1 an unexpected failure.
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+#: `ckit consume`: the consumer stalled and rebuilding it did not help (restart the process)
+EXIT_STALLED = 3
+#: name prefix of the threads that shut a native RocketMQ consumer down
+NATIVE_STOP_THREAD = "ckit-rmq-stop-"
 
 
 def require(value: str | None, option: str, env: str) -> str:
@@ -37,6 +43,23 @@ def require(value: str | None, option: str, env: str) -> str:
     if not value:
         fail(f"missing {option} (or set {env})")
     return value
+
+
+def exit_if_native_shutdown_hangs(code: int) -> None:
+    """End the process with `code` now (`os._exit`, after flushing) when a RocketMQ consumer's
+    native shutdown has not returned: its C++ threads would otherwise keep the process from
+    exiting, and a supervisor waiting for the exit would never restart it."""
+    hung = [t.name for t in threading.enumerate()
+            if t.name.startswith(NATIVE_STOP_THREAD) and t.is_alive()]
+    if not hung:
+        return
+    log.error("native consumer shutdown did not return (%s): exiting without waiting for it",
+              ", ".join(hung))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

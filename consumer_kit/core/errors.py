@@ -52,6 +52,11 @@ class TransportUnavailable(TransportError):
     """The broker (or the SQL broker's database) cannot be reached right now; retry later."""
 
 
+class ConsumerStalled(TransportError):
+    """A consumer stopped receiving while the broker holds messages for it, and rebuilding it
+    did not help: the process should exit (non-zero) so that its supervisor restarts it."""
+
+
 class DuplicateKey(TransportError):
     """A write hit a primary key or unique index that another writer filled first (the SQL
     transport's database said so); callers that race on purpose treat it as "someone else won"."""

@@ -89,6 +89,12 @@ class Consumer(abc.ABC):
         """
         return None
 
+    @property
+    def failure(self) -> str | None:
+        """Why this consumer cannot go on (it stalled and rebuilding it did not help), or None.
+        The runner stops it and raises `ConsumerStalled` so that the process exits non-zero."""
+        return None
+
 
 class Transport(abc.ABC):
     """Send messages and make consumers. Thread-safe: one instance serves a whole process."""

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from consumer_kit.core.errors import ConsumerStalled
 from consumer_kit.transports.base import Consumer
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,11 @@ def run_consumer(
     """Start `consumer` and block until `stop` is set, `max_seconds` pass, or (with `burst`)
     nothing is left to deliver. Always shuts the consumer down, letting in-flight callbacks
     finish for up to `shutdown_timeout` seconds; returns how many were still running then
-    (left behind: their messages are redelivered, their transactions not committed)."""
+    (left behind: their messages are redelivered, their transactions not committed).
+
+    Raises:
+        ConsumerStalled: the consumer reported a `failure` (it was shut down first).
+    """
     consumer.start()
     started = time.monotonic()
     activity = activity or Activity()
@@ -37,6 +42,8 @@ def run_consumer(
     try:
         while not stop.wait(DEFAULT_POLL):
             if max_seconds is not None and time.monotonic() - started > max_seconds:
+                break
+            if consumer.failure is not None:
                 break
             if not burst:
                 continue
@@ -57,6 +64,8 @@ def run_consumer(
                 break
     finally:
         consumer.shutdown(shutdown_timeout)
+    if consumer.failure is not None:
+        raise ConsumerStalled(consumer.failure)
     left = consumer.in_flight
     if left:
         log.warning("%d handler(s) still running after a %.0fs shutdown: left behind (their "

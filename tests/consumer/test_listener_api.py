@@ -83,13 +83,17 @@ def test_redis_down_at_start_degrades_to_the_database_path_without_its_password(
     from consumer_kit.metrics import DEGRADED
 
     processed_table(sa.MetaData()).create(app.engine)
-    # When it starts
-    app.check()
-    # Then it starts on the database path: a warning naming Redis (no password), the gauge up
-    pipeline_redis = app.pipeline().redis
-    assert pipeline_redis is not None and pipeline_redis.degraded
-    assert DEGRADED.labels(app.group)._value.get() == 1
-    assert "unreachable at start" in caplog.text and "SECRET" not in caplog.text
+    try:
+        # When it starts
+        app.check()
+        # Then it starts on the database path: a warning naming Redis (no password), the gauge
+        # up
+        pipeline_redis = app.pipeline().redis
+        assert pipeline_redis is not None and pipeline_redis.degraded
+        assert DEGRADED.labels(app.group)._value.get() == 1
+        assert "unreachable at start" in caplog.text and "SECRET" not in caplog.text
+    finally:
+        app.close()
 
 
 def test_an_app_without_listeners_refuses_to_start() -> None:

@@ -37,9 +37,13 @@ from consumer_kit.transports.rocketmq.wire import DEFAULT_ADMIN_TIMEOUT, DEFAULT
 # Request codes (org.apache.rocketmq.common.protocol.RequestCode).
 SEND_MESSAGE = 10
 PULL_MESSAGE = 11
+QUERY_CONSUMER_OFFSET = 14
 UPDATE_AND_CREATE_TOPIC = 17
 GET_BROKER_CONFIG = 26
+GET_MAX_OFFSET = 30
+GET_MIN_OFFSET = 31
 VIEW_MESSAGE_BY_ID = 33
+GET_CONSUMER_LIST_BY_GROUP = 38
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
@@ -56,6 +60,7 @@ TOPIC_NOT_EXIST = 17
 PULL_NOT_FOUND = 19
 PULL_RETRY_IMMEDIATELY = 20
 PULL_OFFSET_MOVED = 21
+QUERY_NOT_FOUND = 22
 
 PERM_READ = 4
 #: PullSysFlag.FLAG_SUBSCRIPTION: the pull carries its own subscription (no consumer online).
@@ -313,6 +318,29 @@ class RocketMQAdmin:
             return decode_message(response.body)
         except (TransportError, ValueError, struct.error):  # not a message start
             return None
+
+    def queue_lag(self, broker_addr: str, topic: str, queue_id: int, *, group: str) -> int:
+        """Messages of one queue `group` has not consumed: the queue's max offset minus the
+        group's committed offset there (its min offset when the group committed none)."""
+        where = {"topic": topic, "queueId": queue_id}
+        top = int(_check(call(broker_addr, GET_MAX_OFFSET, where, timeout=self.timeout),
+                         f"max offset of {topic}/{queue_id}").ext.get("offset", 0))
+        response = call(broker_addr, QUERY_CONSUMER_OFFSET, {**where, "consumerGroup": group},
+                        timeout=self.timeout)
+        if response.code == QUERY_NOT_FOUND:
+            response = _check(call(broker_addr, GET_MIN_OFFSET, where, timeout=self.timeout),
+                              f"min offset of {topic}/{queue_id}")
+        done = int(_check(response, f"offset of {group} in {topic}/{queue_id}").ext.get(
+            "offset", 0))
+        return max(0, top - done)
+
+    def consumer_ids(self, broker_addr: str, group: str) -> list[str]:
+        """The client ids of `group`'s consumers one broker knows (their heartbeats)."""
+        response = call(broker_addr, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+                        timeout=self.timeout)
+        if response.code != SUCCESS or not response.body:  # no consumer online
+            return []
+        return [str(c) for c in _loads(response.body).get("consumerIdList") or []]
 
     def subscription_groups(self, broker_addr: str) -> dict[str, dict[str, Any]]:
         """`{group: config}` of one broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG): `retryMaxTimes`,

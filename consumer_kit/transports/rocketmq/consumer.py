@@ -26,10 +26,12 @@ from consumer_kit.core.messages import (
     Subscription,
     Verdict,
     as_verdict,
+    retry_topic,
 )
 from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
+from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
 from consumer_kit.transports.rocketmq.sendback import SendBack
 from consumer_kit.transports.rocketmq.wire import make_delivery, read_properties, text, translate
 
@@ -45,6 +47,8 @@ class ConsumerHost(Protocol):
     client_log_level: str | None
     admin: RocketMQAdmin
     send_back_patience: float
+    stall_after: float
+    max_rebuilds: int
 
     def ensure_topic(self, topic: str) -> None: ...
 
@@ -85,6 +89,16 @@ class RocketMQConsumer(Consumer):
         self._lock = threading.Lock()
         self._in_flight = 0
         self._started = False
+        self._last_message = time.monotonic()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._failure: str | None = None
+        #: times the watchdog rebuilt this consumer after a stall
+        self.rebuilds = 0
+        #: native consumers replaced by a rebuild whose shutdown did not return (kept alive
+        #: with their callbacks: the C++ threads may still call them)
+        self._retired: list[tuple[Any, Any]] = []
+        self._hung = False
 
     @property
     def in_flight(self) -> int:
@@ -106,6 +120,27 @@ class RocketMQConsumer(Consumer):
         transport.prepare_group(self.group)
         if not self.orderly:
             self.send_back.limit()  # known before the first delivery (Delivery.max_reconsume_times)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            self._push = self._start_push()
+        except Exception:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            raise
+        self._started = True
+        self._last_message = time.monotonic()
+        topics = ", ".join(f"{s.topic}[{s.expression}]" for s in self.subscriptions)
+        log.info("consumer %s (%s) started on %s: %s", self.group, self.instance_name,
+                 transport.addr, topics)
+        if transport.stall_after > 0:
+            self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                              name=f"ckit-rmq-watch-{self.group}")
+            self._watchdog.start()
+
+    def _start_push(self) -> Any:
+        """A started native PushConsumer under `instance_name`, calling `_on_message`."""
+        transport = self.transport
         client = native.client()
         push = client.PushConsumer(self.group, orderly=self.orderly)
         push.set_name_server_address(transport.addr)
@@ -118,19 +153,69 @@ class RocketMQConsumer(Consumer):
         self._c_callback = native.subscribe_one_callback(
             push, [(s.topic, s.expression or "*") for s in self.subscriptions],
             self._on_message, orderly=self.orderly)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
         try:
             push.start()
         except Exception as exc:
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
             raise translate(exc, f"starting consumer {self.group}") from exc
-        self._push = push
-        self._started = True
-        topics = ", ".join(f"{s.topic}[{s.expression}]" for s in self.subscriptions)
-        log.info("consumer %s (%s) started on %s: %s", self.group, self.instance_name,
-                 transport.addr, topics)
+        return push
+
+    # -- liveness -------------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def _watch(self) -> None:
+        """Every few seconds: idle for `stall_after` while the broker holds a backlog in the
+        queues this consumer owns? Rebuild it (up to `max_rebuilds` times), then give up."""
+        stall_after = self.transport.stall_after
+        topics = [*(s.topic for s in self.subscriptions), retry_topic(self.group)]
+        while not self._stopping.wait(min(5.0, max(0.2, stall_after / 4))):
+            idle = time.monotonic() - self._last_message
+            if idle < stall_after or self._in_flight:
+                continue
+            try:
+                backlog = owned_backlog(self.transport.admin, self.group, topics,
+                                        self.instance_name)
+            except TransportError as exc:  # the broker is away: the client reconnects itself
+                log.debug("consumer %s: liveness check failed: %s", self.group, exc)
+                continue
+            if not backlog.stalled_if_idle or self._stopping.is_set():
+                continue
+            where = (f"{backlog.owned} in its queues" if backlog.registered else
+                     f"{backlog.total} for the group, and it lists no heartbeat of this consumer")
+            if self.rebuilds >= self.transport.max_rebuilds:
+                STALLS.labels(self.group, "exit").inc()
+                self._failure = (f"consumer {self.group} ({self.instance_name}) received nothing "
+                                 f"for {idle:.0f}s while the broker holds {where}, after "
+                                 f"{self.rebuilds} rebuild(s): exiting so that a supervisor "
+                                 "restarts the process")
+                log.error("%s", self._failure)
+                return
+            STALLS.labels(self.group, "rebuild").inc()
+            log.error("consumer %s (%s): received nothing for %.0fs while the broker holds %s: "
+                      "stalled; rebuilding the native consumer (%d of %d)", self.group,
+                      self.instance_name, idle, where, self.rebuilds + 1,
+                      self.transport.max_rebuilds)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Replace the native consumer by a new one (a new client id); the old one is shut down
+        with a bound, and kept alive if its shutdown does not return."""
+        self.rebuilds += 1
+        old, old_callback = self._push, self._c_callback
+        if old is not None and not self._stop_push(old, DEFAULT_SHUTDOWN_TIMEOUT):
+            self._retired.append((old, old_callback))
+        self.instance_name = native.new_instance_name("c")
+        try:
+            self._push = self._start_push()
+        except TransportError as exc:
+            self._push = None
+            self._failure = f"consumer {self.group}: rebuild after a stall failed: {exc}"
+            log.error("%s", self._failure)
+            return
+        self._last_message = time.monotonic()
+        log.warning("consumer %s rebuilt as %s", self.group, self.instance_name)
 
     def _on_message(self, _consumer: Any, handle: Any) -> int:
         """The ctypes callback: never raises, always answers 0 (success) or 1 (later)."""
@@ -141,6 +226,7 @@ class RocketMQConsumer(Consumer):
 
     def _consume(self, handle: Any) -> int:
         msg_id = "?"
+        self._last_message = time.monotonic()
         with self._lock:
             self._in_flight += 1
         _local.in_callback = True
@@ -221,9 +307,30 @@ class RocketMQConsumer(Consumer):
         """
         if getattr(_local, "in_callback", False):
             raise TransportError(f"consumer {self.group}: shutdown() called from its callback")
+        self._stopping.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout)
         push, self._push = self._push, None
         if push is None:
             return
+        began = time.monotonic()
+        if not self._stop_push(push, timeout):
+            return  # stays in _LIVE: its callback must outlive the C++ threads
+        if not self._retired:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+        log.info("consumer %s (%s) shut down in %.2f s", self.group, self.instance_name,
+                 time.monotonic() - began)
+
+    @property
+    def stuck(self) -> bool:
+        """True when a native shutdown did not return (its threads may keep the process up:
+        `ckit consume` then exits with `os._exit`)."""
+        return self._hung
+
+    def _stop_push(self, push: Any, timeout: float) -> bool:
+        """Shut one native consumer down on a helper thread; False when it did not return
+        within `timeout` (it is left to finish in the background)."""
         done = threading.Event()
 
         def stop() -> None:
@@ -235,13 +342,10 @@ class RocketMQConsumer(Consumer):
             finally:
                 done.set()
 
-        began = time.monotonic()
         threading.Thread(target=stop, name=f"ckit-rmq-stop-{self.group}", daemon=True).start()
-        if not done.wait(timeout):
-            log.warning("consumer %s: shutdown still running after %.1f s (%d in flight)",
-                        self.group, timeout, self._in_flight)
-            return  # stays in _LIVE: its callback must outlive the C++ threads
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
-        log.info("consumer %s (%s) shut down in %.2f s", self.group, self.instance_name,
-                 time.monotonic() - began)
+        if done.wait(timeout):
+            return True
+        self._hung = True
+        log.warning("consumer %s: shutdown still running after %.1f s (%d in flight)",
+                    self.group, timeout, self._in_flight)
+        return False

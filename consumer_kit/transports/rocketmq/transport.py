@@ -49,6 +49,7 @@ from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin, StoredMessage
 from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+from consumer_kit.transports.rocketmq.liveness import DEFAULT_MAX_REBUILDS, DEFAULT_STALL_AFTER
 from consumer_kit.transports.rocketmq.sendback import DEFAULT_PATIENCE
 from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ADMIN_TIMEOUT,
@@ -99,6 +100,11 @@ class RocketMQTransport(Transport):
             (to `%RETRY%group` or `%DLQ%group`) before it falls back to RECONSUME_LATER.
         client_log_dir / client_log_level: the C++ client's own log (default `~/logs/rocketmq-cpp`,
             level `warn`).
+        stall_after: seconds a consumer may receive nothing while the broker holds messages in
+            the queues it owns before its watchdog rebuilds it (0: no watchdog); see
+            `consumer_kit.transports.rocketmq.liveness`.
+        max_rebuilds: rebuilds after which a stalled consumer reports a `failure` instead
+            (`ckit consume` then exits 3 for its supervisor to restart it).
 
     Raises:
         ConfigError: a bad address or option, or librocketmq missing (on first use).
@@ -125,12 +131,16 @@ class RocketMQTransport(Transport):
         send_back_patience: float = DEFAULT_PATIENCE,
         client_log_dir: str | None = None,
         client_log_level: str | None = DEFAULT_CLIENT_LOG_LEVEL,
+        stall_after: float = DEFAULT_STALL_AFTER,
+        max_rebuilds: int = DEFAULT_MAX_REBUILDS,
     ) -> None:
         self.addr = parse_addr(addr)
         if not producer_group:
             raise ConfigError("producer_group must not be empty")
         if max_body_bytes <= 0 or send_timeout <= 0:
             raise ConfigError("max_body_bytes and send_timeout must be positive")
+        if stall_after < 0 or max_rebuilds < 0:
+            raise ConfigError("stall_after and max_rebuilds must not be negative")
         if thread_count is not None and thread_count < 1:
             raise ConfigError("thread_count must be at least 1")
         if not delay_levels or any(b < a for a, b in itertools.pairwise(delay_levels)):
@@ -149,6 +159,8 @@ class RocketMQTransport(Transport):
         self.send_back_patience = send_back_patience
         self.client_log_dir = client_log_dir
         self.client_log_level = client_log_level
+        self.stall_after = float(stall_after)
+        self.max_rebuilds = max_rebuilds
         self.admin = RocketMQAdmin(self.addr, timeout=admin_timeout)
         self._producer: Any = None
         self._producer_lock = threading.Lock()

@@ -1,0 +1,135 @@
+"""The RocketMQ consumer's liveness watchdog on a real broker: a native consumer that stops
+pulling while its queues hold messages is rebuilt, and after `max_rebuilds` the run ends with
+`ConsumerStalled` (so that `ckit consume` exits 3 for its supervisor).
+
+The stall is the one seen after a broker restart (the 2.0.0 native client drops its pull
+requests while the process stays up), produced here by shutting the native consumer down
+behind the wrapper's back: the wrapper still believes it runs, nothing is pulled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from consumer_kit.core.errors import ConsumerStalled
+from consumer_kit.core.messages import OutgoingMessage, Subscription
+from consumer_kit.testing.harness import wait_for
+from consumer_kit.transports import ConsumeStatus, Delivery
+from consumer_kit.transports.rocketmq import RocketMQTransport
+from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
+from consumer_kit.transports.running import run_consumer
+from tests import services
+
+pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
+
+STALL_AFTER = 3.0
+
+
+@pytest.fixture
+def transport() -> Iterator[RocketMQTransport]:
+    services.require("rocketmq", services.ping_rocketmq)
+    t = RocketMQTransport(services.rocketmq_addr(), create_topics=True,
+                          stall_after=STALL_AFTER, max_rebuilds=1)
+    yield t
+    t.close()
+
+
+def silence(consumer: RocketMQConsumer) -> None:
+    """Stop the native consumer under the wrapper: it pulls nothing from now on."""
+    push = consumer._push
+    assert push is not None
+    push.shutdown()
+
+
+def stalls(group: str, action: str) -> float:
+    return STALLS.labels(group, action)._value.get()
+
+
+def test_a_consumer_that_stops_pulling_is_rebuilt_and_receives_the_backlog(
+        transport: RocketMQTransport) -> None:
+    # Given a running consumer that received a first message
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"ckit_live_{tag}", f"live_{tag}"
+    transport.ensure_topic(topic)
+    got: list[bytes] = []
+
+    def callback(d: Delivery) -> ConsumeStatus:
+        got.append(d.body)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = transport.consumer(group, [Subscription(topic, "*")], callback, threads=2)
+    assert isinstance(consumer, RocketMQConsumer)
+    consumer.start()
+    try:
+        transport.send(OutgoingMessage(topic, b"first"))
+        assert wait_for(lambda: got == [b"first"], 30)
+        # When its native client silently stops pulling and messages keep coming
+        silence(consumer)
+        for n in range(5):
+            transport.send(OutgoingMessage(topic, b"after-%d" % n))
+        # Then the watchdog rebuilds it and every message arrives, counted as one rebuild
+        assert wait_for(lambda: len(got) == 6, STALL_AFTER + 60), got
+        assert sorted(got[1:]) == [b"after-%d" % n for n in range(5)]
+        assert consumer.rebuilds == 1
+        assert stalls(group, "rebuild") == 1
+        assert consumer.failure is None
+    finally:
+        consumer.shutdown()
+
+
+def test_a_quiet_consumer_without_a_backlog_is_not_rebuilt(
+        transport: RocketMQTransport) -> None:
+    # Given a consumer with nothing to receive
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"ckit_live_{tag}", f"live_{tag}"
+    transport.ensure_topic(topic)
+    consumer = transport.consumer(group, [Subscription(topic, "*")],
+                                  lambda d: ConsumeStatus.CONSUME_SUCCESS, threads=1)
+    assert isinstance(consumer, RocketMQConsumer)
+    consumer.start()
+    try:
+        # When it stays idle for three times the stall limit
+        time.sleep(STALL_AFTER * 3)
+        # Then it is left alone: the broker lists it and its queues hold nothing
+        backlog = owned_backlog(transport.admin, group, [topic], consumer.instance_name)
+        assert (backlog.registered, backlog.owned) == (True, 0)
+        assert consumer.rebuilds == 0
+        assert stalls(group, "rebuild") == 0
+    finally:
+        consumer.shutdown()
+
+
+def test_a_consumer_still_stalled_after_its_rebuilds_ends_the_run_with_consumer_stalled(
+        transport: RocketMQTransport) -> None:
+    # Given a consumer whose every native client stops pulling at once (max_rebuilds=1)
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"ckit_live_{tag}", f"live_{tag}"
+    transport.ensure_topic(topic)
+    for n in range(3):
+        transport.send(OutgoingMessage(topic, b"m%d" % n))
+    consumer = transport.consumer(group, [Subscription(topic, "*")],
+                                  lambda d: ConsumeStatus.RECONSUME_LATER, threads=1)
+    assert isinstance(consumer, RocketMQConsumer)
+    original = consumer._start_push
+
+    def start_silent() -> object:
+        push = original()
+        push.shutdown()
+        return push
+
+    consumer._start_push = start_silent  # type: ignore[method-assign]
+    stop = threading.Event()
+    began = time.monotonic()
+    # When it runs
+    with pytest.raises(ConsumerStalled) as exc:
+        run_consumer(consumer, stop, max_seconds=STALL_AFTER * 10 + 60)
+    # Then the run ends after one rebuild, with one line that says why, counted
+    assert time.monotonic() - began < STALL_AFTER * 10 + 30
+    assert "after 1 rebuild(s)" in str(exc.value) and "\n" not in str(exc.value)
+    assert (stalls(group, "rebuild"), stalls(group, "exit")) == (1, 1)
