@@ -28,6 +28,7 @@ from consumer_kit.core.schema import (
 from consumer_kit.core.states import OutboxState
 from outbox_producer import validation
 from outbox_producer.ids import new_message_id
+from outbox_producer.insert import OutboxInsert
 from outbox_producer.payload import encode_payload
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Outbox:
             raise ConfigError(f"max_body_bytes must be a positive integer, not {limit!r}")
         self.max_body_bytes = limit
         self._base64_when_binary = transport is None or transport.scheme == "rocketmq"
+        self._insert = OutboxInsert(self.table)
 
     def publish(
         self,
@@ -141,19 +143,24 @@ class Outbox:
         }
         conn = _connection(conn_or_session)
         # No look-up first: the unique (biz_type, biz_key) index decides, and a duplicate costs
-        # one failed INSERT. It leaves the caller's transaction usable: MySQL/MariaDB and SQLite
-        # undo just the statement; PostgreSQL would abort the transaction, so there the INSERT
-        # runs in a SAVEPOINT.
+        # one INSERT that writes nothing. It leaves the caller's transaction usable: MySQL/
+        # MariaDB and SQLite undo just the failed statement; PostgreSQL's INSERT says ON
+        # CONFLICT DO NOTHING (see outbox_producer.insert).
+        dispatch = (isinstance(conn_or_session, Session) and self.dispatcher is not None
+                    and delay_s <= 0)
         try:
-            if conn.dialect.name == "postgresql":
-                with conn.begin_nested():
-                    row_id = self._insert(conn, row)
-            else:
-                row_id = self._insert(conn, row)
+            row_id = self._insert(conn, row, want_id=dispatch)
         except IntegrityError:
-            existing = self._existing(conn, biz_type, biz_key)
+            row_id, existing = None, self._existing(conn, biz_type, biz_key)
             if existing is None:
                 raise
+        else:
+            existing = None if row_id is not None else self._existing(conn, biz_type, biz_key)
+            if row_id is None and existing is None:  # a snapshot older than the winning row
+                raise PublishConflict(
+                    f"{biz_type}:{biz_key} is held by a row this transaction cannot see (its "
+                    "snapshot predates it): nothing written; retry the transaction")
+        if existing is not None:
             existing_id, existing_topic = existing
             if existing_topic != topic:
                 raise PublishConflict(
@@ -162,14 +169,11 @@ class Outbox:
                     "event goes to one topic; use another biz_type or biz_key)") from None
             log.info("message %s: %s:%s already published", existing_id, biz_type, biz_key)
             return existing_id
-        if isinstance(conn_or_session, Session) and self.dispatcher is not None and delay_s <= 0:
+        if dispatch:
+            assert isinstance(conn_or_session, Session)
             self._after_commit(conn_or_session, OutboxRow.from_mapping({**row, "id": row_id}))
         log.debug("message %s published to %s", message_id, topic)
         return message_id
-
-    def _insert(self, conn: Connection, row: dict[str, Any]) -> int:
-        result = conn.execute(sa.insert(self.table).values(**row))
-        return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def _existing(self, conn: Connection, biz_type: str, biz_key: str
                   ) -> tuple[str, str] | None:

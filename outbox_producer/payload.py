@@ -22,6 +22,11 @@ def _default(value: Any) -> Any:
     raise TypeError(f"object of type {type(value).__name__} is not JSON serializable")
 
 
+#: one encoder for every payload (json.dumps with options builds a new one per call)
+_ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, separators=(",", ":"),
+                            allow_nan=False)
+
+
 def encode_payload(payload: Any) -> bytes:
     """Return the body bytes for a payload.
 
@@ -41,8 +46,7 @@ def encode_payload(payload: Any) -> bytes:
     if isinstance(payload, str):
         return payload.encode("utf-8")
     try:
-        text = json.dumps(payload, default=_default, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False)
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not serializable: {exc}") from None
     return text.encode("utf-8")

@@ -41,9 +41,9 @@ CKIT = Peer(
     dedupe=True,
     notes=(
         "publish checks every field's length and the payload type, writes 17 columns, makes a "
-        "ULID and is idempotent on (biz_type, biz_key); on PostgreSQL the INSERT runs in a "
-        "SAVEPOINT (2 extra round trips) so a duplicate key leaves the caller's transaction "
-        "usable.",
+        "ULID and is idempotent on (biz_type, biz_key) (on PostgreSQL by ON CONFLICT DO "
+        "NOTHING, so a duplicate key leaves the caller's transaction usable); its INSERT is "
+        "compiled once and run as driver SQL, like the floor's.",
         "the Session row pays the after-commit hook and a dispatcher thread that claims, sends "
         "and marks the row SENT while the next transactions run (same process, same GIL); the "
         "figure is the commit latency the caller sees, not the send. That thread also slows the "

@@ -104,11 +104,10 @@ def test_a_due_primary_sweep_drains_what_the_replica_hides_batch_after_batch(
 
 def test_an_unreachable_replica_makes_the_relay_scan_the_primary(
         sqlite_db: Db, tmp_path: Path) -> None:
-    # Given a read replica that cannot be opened
+    # Given a read replica that cannot be reached (nothing listens on its port)
     ids = publish(sqlite_db, range(12))
     transport = RecordingTransport()
-    worker = relay(sqlite_db, transport, f"sqlite:///{tmp_path / 'missing' / 'replica.db'}",
-                   batch=5)
+    worker = relay(sqlite_db, transport, "mysql+pymysql://ckit:pw@127.0.0.1:1/ckit", batch=5)
     # When the relay runs
     worker.run_once()
     # Then every row still went out once, claimed from the primary's own scan
