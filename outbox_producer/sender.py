@@ -15,7 +15,7 @@ from consumer_kit.core.envelope import to_message
 from consumer_kit.core.errors import (
     CkitError,
     ConfigError,
-    MessageTooLarge,
+    MessageRefused,
     SchemaError,
     TransportError,
     TransportUnavailable,
@@ -100,7 +100,7 @@ class Sender:
                 fatal, unsent = exc, [*([suspect[0]] if suspect else []), *rows[i:]]
                 suspect = None
                 break
-            except MessageTooLarge as exc:  # retrying cannot help
+            except MessageRefused as exc:  # retrying cannot help (too large, empty)
                 failures.append((row, _reason(exc), True))
                 continue
             except TransportUnavailable as exc:

@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from consumer_kit.core.envelope import RESERVED_PROPERTIES
+from consumer_kit.core.envelope import RESERVED_PROPERTIES, ROCKETMQ_PROPERTIES
 from consumer_kit.core.errors import ConfigError, PayloadError
 from consumer_kit.core.receipt import RECEIPT_TOPIC_PREFIX, receipt_topic
 
@@ -37,17 +37,6 @@ SYSTEM_TOPICS = frozenset({
     "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
 })
 RESERVED_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%", "%LMQ%", "rmq_sys_", RECEIPT_TOPIC_PREFIX)
-#: Property names RocketMQ sets itself (`MessageConst.STRING_HASH_SET`, 4.9.7, plus the
-#: transactional ones): a user property of that name is refused or overwritten by the client.
-ROCKETMQ_PROPERTIES = frozenset({
-    "TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC",
-    "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID",
-    "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME",
-    "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
-    "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID",
-    "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
-    "MSG_TYPE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET",
-})
 #: consumer-kit's own property names start with this (the envelope, and what transports add).
 RESERVED_HEADER_PREFIX = "ckit_"
 #: The broker refuses a message whose properties (ours, the client's and these) exceed 32767

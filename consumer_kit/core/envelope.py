@@ -34,6 +34,17 @@ PROP_REASON = "ckit_reason"
 
 #: The envelope properties a producer sets (transports read them by name on receive).
 ENVELOPE_PROPERTIES = (PROP_ID, PROP_BIZ, PROP_SRC, PROP_SENT, PROP_RESEND, PROP_TRACEPARENT)
+#: Property names RocketMQ sets itself (`MessageConst.STRING_HASH_SET`, 4.9.7, plus the
+#: transactional ones): a user property of that name is refused or overwritten by the client.
+ROCKETMQ_PROPERTIES = frozenset({
+    "TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC",
+    "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID",
+    "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME",
+    "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
+    "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID",
+    "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
+    "MSG_TYPE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET",
+})
 #: Properties no user header may set.
 RESERVED_PROPERTIES = (*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON)
 

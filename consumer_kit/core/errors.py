@@ -62,8 +62,16 @@ class DuplicateKey(TransportError):
     transport's database said so); callers that race on purpose treat it as "someone else won"."""
 
 
-class MessageTooLarge(TransportError):
+class MessageRefused(TransportError):
+    """The transport refuses this message as it is (retrying cannot help); it was not sent."""
+
+
+class MessageTooLarge(MessageRefused):
     """The message body exceeds the transport's size limit; it was not sent."""
+
+
+class EmptyBody(MessageRefused):
+    """The message body is empty: RocketMQ's clients refuse it; it was not sent."""
 
 
 class OutboxError(CkitError):

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.errors import (
+    EmptyBody,
     MessageTooLarge,
     TransportError,
     TransportUnavailable,
@@ -239,10 +240,15 @@ def test_the_backlog_gauges_are_refreshed_once_per_relay_not_per_worker(
     assert calls == [sqlite_db.names.outbox] * 2
 
 
-def test_a_message_too_large_fails_after_one_attempt(db: Db) -> None:
-    # Given a row the transport refuses as too large (max_retries is 10)
+@pytest.mark.parametrize("refusal", [
+    MessageTooLarge("body of 5000000 bytes exceeds the limit"),
+    EmptyBody("the body is empty; RocketMQ refuses empty bodies"),
+], ids=["too-large", "empty"])
+def test_a_message_the_transport_refuses_fails_after_one_attempt(
+        db: Db, refusal: Exception) -> None:
+    # Given a row the transport refuses as it is (max_retries is 10)
     [mid] = publish_many(db, 1)
-    transport = FlakyTransport(MessageTooLarge("body of 5000000 bytes exceeds the limit"))
+    transport = FlakyTransport(refusal)
     transport.fail_next = 1
     # When
     Relay(db.engine, transport, table=db.names.outbox, backoff=FAST).run_once()
@@ -250,7 +256,7 @@ def test_a_message_too_large_fails_after_one_attempt(db: Db) -> None:
     r = row(db, mid)
     assert transport.attempts == 1
     assert (r["state"], r["retry_count"]) == (int(OutboxState.FAILED), 1)
-    assert "MessageTooLarge: body of 5000000 bytes" in str(r["fail_reason"])
+    assert f"{type(refusal).__name__}: {refusal}" in str(r["fail_reason"])
 
 
 def test_a_broker_outage_stops_the_batch_and_costs_no_retry(db: Db) -> None:

@@ -92,3 +92,24 @@ def test_a_missing_librocketmq_is_one_line_that_says_what_to_run(
     message = str(caught.value)
     assert "scripts/librocketmq.sh" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["TTL", "CORRELATION_ID", "MSG_TYPE", "REPLY_TO_CLIENT",
+                                  "TRAN_PREPARED_QUEUE_OFFSET", "ckit_enc", "ckit_props"])
+def test_every_property_rocketmq_sets_itself_is_refused_as_a_user_property(name: str) -> None:
+    from consumer_kit.core.errors import TransportError
+    from consumer_kit.transports.rocketmq.wire import check_property
+
+    with pytest.raises(TransportError, match="reserved"):
+        check_property(name, "x")
+
+
+def test_an_empty_body_is_refused_before_sending_as_a_message_retrying_cannot_help() -> None:
+    from consumer_kit.core.errors import EmptyBody, MessageRefused
+    from consumer_kit.core.messages import OutgoingMessage
+    from consumer_kit.transports.rocketmq import RocketMQTransport
+
+    transport = RocketMQTransport("127.0.0.1:1")  # never reached: refused before any I/O
+    with pytest.raises(EmptyBody) as exc:
+        transport.send(OutgoingMessage("T", b""))
+    assert isinstance(exc.value, MessageRefused)

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from consumer_kit.core.envelope import PROP_ENC, PROP_ID
-from consumer_kit.core.errors import ConfigError, MessageTooLarge, TransportError
+from consumer_kit.core.errors import ConfigError, EmptyBody, MessageTooLarge, TransportError
 from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
@@ -202,10 +202,13 @@ class RocketMQTransport(Transport):
 
         Raises:
             MessageTooLarge: the wire body is over `max_body_bytes` (nothing sent).
+            EmptyBody: the body is empty (nothing sent).
             TransportUnavailable: the name server/broker cannot be reached or timed out.
             TransportError: a property RocketMQ cannot carry, or another send failure.
         """
         msg_id = message.properties.get(PROP_ID) or (message.keys[0] if message.keys else "-")
+        if not message.body:  # the C++ client reports it like an outage
+            raise EmptyBody(f"message {msg_id}: the body is empty; RocketMQ refuses empty bodies")
         body, encoded = encode_body(bytes(message.body))
         if len(body) > self.max_body_bytes:
             raise MessageTooLarge(

@@ -18,6 +18,7 @@ from consumer_kit.core.envelope import (
     PROP_SENT,
     PROP_SRC,
     PROP_TRACEPARENT,
+    ROCKETMQ_PROPERTIES,
 )
 from consumer_kit.core.errors import (
     ConfigError,
@@ -42,14 +43,9 @@ DEFAULT_ROCKETMQ_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 PROP_NAMES = "ckit_props"
 ENVELOPE_PROPERTIES = (PROP_ID, PROP_BIZ, PROP_SRC, PROP_SENT, PROP_TRACEPARENT)
 ENC_BASE64 = "b64"
-#: Properties the broker or the client set; a sender may not use them.
-RESERVED_PROPERTIES = frozenset({
-    "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG",
-    "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG",
-    "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY",
-    "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "CLUSTER", "INSTANCE_ID",
-    PROP_ENC, PROP_NAMES,
-})
+#: Properties the broker or the client set (every one RocketMQ 4.9.7 and 5.x reserve), and the
+#: transport's own: a sender may not use them.
+RESERVED_PROPERTIES = ROCKETMQ_PROPERTIES | {PROP_ENC, PROP_NAMES}
 _ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _FORBIDDEN_IN_PROPERTY = re.compile("[\x00\x01\x02]")
 

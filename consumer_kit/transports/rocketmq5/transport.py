@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from consumer_kit.core.envelope import PROP_ID
-from consumer_kit.core.errors import ConfigError, MessageTooLarge, TransportError
+from consumer_kit.core.errors import ConfigError, EmptyBody, MessageTooLarge, TransportError
 from consumer_kit.core.messages import (
     Delivery,
     OutgoingMessage,
@@ -217,7 +217,7 @@ class RocketMQ5Transport(Transport):
         """Send one message as given (the consumer's copies to `%DLQ%group` use this too)."""
         what = what or f"sending to {topic}"
         if not body:
-            raise TransportError(f"{what}: RocketMQ 5 refuses an empty body")
+            raise EmptyBody(f"{what}: RocketMQ 5 refuses an empty body")
         for name, value in properties.items():
             check_property(name, value)
         if self.create_topics and not topic.startswith("%"):
