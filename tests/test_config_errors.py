@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,25 @@ def test_relay_once_with_the_broker_down_gives_up_with_exit_1_and_charges_no_ret
     assert row_states(url) == PENDING_UNTOUCHED
 
 
+def test_ckit_relay_once_gives_up_on_an_unreachable_sql_transport_after_give_up_after(
+        tmp_path: Path) -> None:
+    # Given an outbox and a SQL transport whose database does not answer (nothing listens)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    build_metadata(include_transport=False).create_all(make_engine(url))
+    began = time.monotonic()
+    # When a --once run is told to give up after 2 s
+    result = ckit("relay", "--url", url, "--transport",
+                  f"sql+mysql+pymysql://ckit:pw@127.0.0.1:{port}/x", "--once",
+                  "--give-up-after", "2s", timeout=60)
+    # Then it ends within about that, with one line (not after the transport's own 30 s)
+    assert result.returncode != 0
+    assert time.monotonic() - began < 20
+    assert "unavailable for 2s" in error_line(result.stderr)
+
+
 # -- the after-commit dispatcher -------------------------------------------------------------
 
 
@@ -227,6 +247,19 @@ def test_the_dispatcher_with_transport_tables_missing_logs_one_line_per_batch_an
 
 
 # -- drivers and paths -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "hint"), [
+    ("sql+mysql://u:pw@127.0.0.1/x", "use sql+mysql+pymysql://"),
+    ("sql+postgresql://u:pw@127.0.0.1/x", "use sql+postgresql+psycopg://"),
+])
+def test_a_sql_transport_url_whose_driver_is_missing_names_the_one_to_use(
+        url: str, hint: str) -> None:
+    from consumer_kit.transports import open_transport
+
+    with pytest.raises(ConfigError, match=re.escape(hint)) as exc:
+        open_transport(url)
+    assert "pw" not in str(exc.value)
 
 
 @pytest.mark.parametrize(("url", "hint"), [

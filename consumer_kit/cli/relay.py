@@ -97,8 +97,9 @@ def relay(
         lease=parse_duration(lease, option="--lease"), failed_retry_after=failed_after,
         once_outage_limit=parse_duration(give_up_after, option="--give-up-after").total_seconds(),
         idle_sleep=idle, sweep_every=sweep)
-    target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
-                                command="ckit relay")
+    target = open_for_processes(
+        require(transport, "--transport", "CKIT_TRANSPORT"), command="ckit relay",
+        outage_limit=relay_options["once_outage_limit"] if once else None)
     consumers: list[Consumer] = []
     try:
         relays = MultiRelay(url, target, read_urls=read_url, **relay_options)

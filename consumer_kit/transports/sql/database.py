@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event, exc
 
+from consumer_kit.core.db import driver_hint
 from consumer_kit.core.errors import (
     ConfigError,
     DuplicateKey,
@@ -107,6 +108,10 @@ class Database:
         options.update(engine_options or {})
         try:
             self.engine = sa.create_engine(parsed, **options)
+        except ModuleNotFoundError as error:
+            hint = driver_hint(parsed.drivername, error.name or str(error)).replace(
+                ": use ", ": use sql+", 1)  # the transport URL keeps its sql+ prefix
+            raise ConfigError(f"cannot open sql+{self.masked_url}: {hint}") from None
         except (exc.ArgumentError, ImportError) as error:
             raise ConfigError(f"cannot open {self.masked_url}: {error}") from error
         # SQLite has one writer: threads of this process queue on a lock instead of spinning in
