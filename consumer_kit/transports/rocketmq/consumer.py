@@ -99,6 +99,8 @@ class RocketMQConsumer(Consumer):
         #: with their callbacks: the C++ threads may still call them)
         self._retired: list[tuple[Any, Any]] = []
         self._hung = False
+        #: held while the watchdog swaps the native consumer, so shutdown never misses one
+        self._swap = threading.Lock()
 
     @property
     def in_flight(self) -> int:
@@ -202,19 +204,22 @@ class RocketMQConsumer(Consumer):
     def _rebuild(self) -> None:
         """Replace the native consumer by a new one (a new client id); the old one is shut down
         with a bound, and kept alive if its shutdown does not return."""
-        self.rebuilds += 1
-        old, old_callback = self._push, self._c_callback
-        if old is not None and not self._stop_push(old, DEFAULT_SHUTDOWN_TIMEOUT):
-            self._retired.append((old, old_callback))
-        self.instance_name = native.new_instance_name("c")
-        try:
-            self._push = self._start_push()
-        except TransportError as exc:
-            self._push = None
-            self._failure = f"consumer {self.group}: rebuild after a stall failed: {exc}"
-            log.error("%s", self._failure)
-            return
-        self._last_message = time.monotonic()
+        with self._swap:
+            if self._stopping.is_set():
+                return
+            self.rebuilds += 1
+            old, old_callback = self._push, self._c_callback
+            if old is not None and not self._stop_push(old, DEFAULT_SHUTDOWN_TIMEOUT):
+                self._retired.append((old, old_callback))
+            self.instance_name = native.new_instance_name("c")
+            try:
+                self._push = self._start_push()
+            except TransportError as exc:
+                self._push = None
+                self._failure = f"consumer {self.group}: rebuild after a stall failed: {exc}"
+                log.error("%s", self._failure)
+                return
+            self._last_message = time.monotonic()
         log.warning("consumer %s rebuilt as %s", self.group, self.instance_name)
 
     def _on_message(self, _consumer: Any, handle: Any) -> int:
@@ -310,7 +315,8 @@ class RocketMQConsumer(Consumer):
         self._stopping.set()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout)
-        push, self._push = self._push, None
+        with self._swap:  # a rebuild under way finishes first (it is bounded too)
+            push, self._push = self._push, None
         if push is None:
             return
         began = time.monotonic()
