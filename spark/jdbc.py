@@ -52,6 +52,23 @@ class JdbcSource:
         return {"url": self.url, **self.properties}
 
 
+def _credentials(url: Any) -> dict[str, str]:
+    """`user` and `password` as the Python driver would take them: from the URL's userinfo, a
+    `user=` / `password=` (`passwd=`, `pwd=`) query parameter overriding it, as SQLAlchemy's
+    MySQL and PostgreSQL dialects do."""
+    query = {k.lower(): v for k, v in url.query.items()}
+    props = {}
+    user = query.get("user") or query.get("username") or url.username
+    if user:
+        props["user"] = str(user)
+    password = next((query[k] for k in ("password", "passwd", "pwd") if k in query), None)
+    if password is None and url.password is not None:
+        password = url.password
+    if password is not None:
+        props["password"] = str(password if isinstance(password, str) else password[-1])
+    return props
+
+
 def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> JdbcSource:
     """Convert a SQLAlchemy URL to a JDBC URL and connection properties.
 
@@ -83,24 +100,16 @@ def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> Jdb
         host = url.host or "127.0.0.1"
         port = url.port or 3306
         jdbc_url = f"jdbc:mysql://{host}:{port}/{url.database or ''}?permitMysqlScheme"
-        props = {"driver": MARIADB_DRIVER, "fetchsize": str(fetch_size)}
-        if url.username:
-            props["user"] = url.username
-        if url.password is not None:
-            props["password"] = str(url.password)
+        props = {"driver": MARIADB_DRIVER, "fetchsize": str(fetch_size), **_credentials(url)}
         return JdbcSource(url=jdbc_url, properties=props, dialect="mysql",
-                          display=f"{jdbc_url} user={url.username or ''}")
+                          display=f"{jdbc_url} user={props.get('user', '')}")
     if backend == "postgresql":
         host = url.host or "127.0.0.1"
         port = url.port or 5432
         jdbc_url = f"jdbc:postgresql://{host}:{port}/{url.database or ''}"
-        props = {"driver": POSTGRES_DRIVER, "fetchsize": str(fetch_size)}
-        if url.username:
-            props["user"] = url.username
-        if url.password is not None:
-            props["password"] = str(url.password)
+        props = {"driver": POSTGRES_DRIVER, "fetchsize": str(fetch_size), **_credentials(url)}
         return JdbcSource(url=jdbc_url, properties=props, dialect="postgresql",
-                          display=f"{jdbc_url} user={url.username or ''}")
+                          display=f"{jdbc_url} user={props.get('user', '')}")
     raise ConfigError(f"the Spark engine reads SQLite, MySQL/MariaDB and PostgreSQL only, not "
                       f"{backend!r} ({mask_url(sqlalchemy_url)}); use --engine sql")
 

@@ -159,3 +159,17 @@ def test_cli_defaults_are_the_model_defaults() -> None:
     assert (options["engine"], options["batch_size"]) == (config.engine, config.batch_size)
     assert duration_text(parse_duration("90s")) == "90s"
     assert duration_text(config.stuck_after) == "10m"
+
+
+@pytest.mark.parametrize(("url", "user", "password"), [
+    ("mysql+pymysql://app:pw@db/orders", "app", "pw"),
+    ("mysql+pymysql://app@db/orders?password=q%40ry", "app", "q@ry"),
+    ("mysql+pymysql://app:pw@db/orders?passwd=query", "app", "query"),  # as PyMySQL takes it
+    ("postgresql+psycopg://app@db/orders?password=pgpw", "app", "pgpw"),
+    ("postgresql+psycopg://db/orders?user=other&password=x", "other", "x"),
+])
+def test_spark_reads_with_the_credentials_the_python_driver_would_use(
+        url: str, user: str, password: str) -> None:
+    src = to_jdbc(url)
+    assert (src.properties.get("user"), src.properties.get("password")) == (user, password)
+    assert password not in src.url and password not in src.display
