@@ -2,12 +2,12 @@
 
 RocketMQ's model after the source documents 003/004 (a message queue in MySQL tables, xxl-mq):
 each topic has `queues` queues; a send appends to one queue at the next offset, assigned under
-that queue's row lock (`SELECT ... FOR UPDATE` on MariaDB, the database write lock taken by
-`BEGIN IMMEDIATE` on SQLite), so an offset becomes visible only after every lower one: a consumer
-never skips a message committed late. Delayed sends and `%RETRY%group` copies wait without an
-offset until their effect time (`deliver_at`), then a consumer appends them to their queue.
+that queue's row lock (`queues.QueueLog`), so an offset becomes visible only after every lower
+one: a consumer never skips a message committed late. Delayed sends and `%RETRY%group` copies
+wait without an offset until their effect time (`deliver_at`), then a consumer appends them to
+their queue.
 
-Consumers of a group share the queues by leases (see `sql_consumer`); offsets are committed after
+Consumers of a group share the queues by leases (see `consumer`); offsets are committed after
 processing, so delivery is at-least-once, with duplicates only after a crash or a lost lease.
 
 >>> t = SqlTransport("sqlite:///ckit-mq.db", create_tables=True)  # doctest: +SKIP
@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.envelope import PROP_REASON
-from consumer_kit.core.errors import ConfigError, DuplicateKey, TransportError
+from consumer_kit.core.errors import ConfigError, DuplicateKey
 from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
@@ -58,6 +58,7 @@ from consumer_kit.transports.sql.database import (
     DEFAULT_UNAVAILABLE_AFTER,
     Database,
 )
+from consumer_kit.transports.sql.queues import QueueLog
 from consumer_kit.transports.sql.retention import PurgeResult
 from consumer_kit.transports.sql.rows import row_delivery
 
@@ -140,14 +141,7 @@ class SqlTransport(Transport):
         #: this process's consumers, woken at once after a local send (other processes poll)
         self._consumers: weakref.WeakSet[SqlConsumer] = weakref.WeakSet()
         self._closed = False
-        # built once: building and cache-keying Core statements costs more than SQLite itself
-        q = self.tables.queue
-        this_queue = (q.c.topic == sa.bindparam("b_topic")) & (
-            q.c.queue_id == sa.bindparam("b_queue"))
-        self._lock_queue = sa.select(q.c.next_offset).where(this_queue).with_for_update()
-        self._bump_queue = (sa.update(q).where(this_queue, q.c.next_offset == sa.bindparam("old"))
-                            .values(next_offset=sa.bindparam("new")))
-        self._insert_message = sa.insert(self.tables.message)
+        self.queue_log = QueueLog(self.tables)
 
     def __repr__(self) -> str:
         return f"SqlTransport({self.db.masked_url!r}, table_prefix={self.tables.prefix!r})"
@@ -242,26 +236,15 @@ class SqlTransport(Transport):
             "reconsume_times": 0, "origin_group": None, "origin_topic": None,
         }
         if delay > 0:
-            self.db.run(lambda conn: conn.execute(self._insert_message, row),
+            self.db.run(lambda conn: self.queue_log.schedule(conn, row),
                         write=True, what="schedule a message")
             log.debug("scheduled message %s on %s in %.3fs", uniq_key, message.topic, delay)
             return SendResult(uniq_key, queue_id, None)
-        offset = self.db.run(lambda conn: self._append(conn, row), write=True, what="send")
+        offset = self.db.run(lambda conn: self.queue_log.append(conn, row), write=True,
+                             what="send")
         self.notify([message.topic])
         log.debug("sent message %s to %s/%d@%d", uniq_key, message.topic, queue_id, offset)
         return SendResult(uniq_key, queue_id, offset)
-
-    def _append(self, conn: sa.Connection, row: dict[str, Any]) -> int:
-        """Insert `row` at its queue's next offset, holding the queue row's lock."""
-        key = {"b_topic": row["topic"], "b_queue": row["queue_id"]}
-        offset = conn.execute(self._lock_queue, key).scalar_one_or_none()
-        if offset is None:
-            raise TransportError(f"queue {row['topic']}/{row['queue_id']} does not exist")
-        conn.execute(self._insert_message, {**row, "queue_offset": offset})
-        if conn.execute(self._bump_queue, {**key, "old": offset, "new": offset + 1}
-                        ).rowcount != 1:
-            raise TransportError(f"queue {row['topic']}/{row['queue_id']} moved under its lock")
-        return int(offset)
 
     def notify(self, topics: Iterable[str] | None = None) -> None:
         """Wake the pollers of this process's consumers of `topics` (of all when None): new
@@ -297,29 +280,14 @@ class SqlTransport(Transport):
                 by_queue.setdefault((topic, queue_id), []).append(int(row_id))
         promoted: dict[str, int] = {}
         for (topic, queue_id), ids in by_queue.items():
-            count = self.db.run(functools.partial(self._promote, topic=topic, queue_id=queue_id,
-                                                  ids=ids), write=True, what="deliver due messages")
+            promote = functools.partial(self.queue_log.promote, topic=topic,
+                                        queue_id=queue_id, ids=ids)
+            count = self.db.run(promote, write=True, what="deliver due messages")
             if count:
                 promoted[topic] = promoted.get(topic, 0) + count
         if promoted:
             self.notify(promoted)
         return sum(promoted.values())
-
-    def _promote(self, conn: sa.Connection, *, topic: str, queue_id: int, ids: list[int]) -> int:
-        m = self.tables.message
-        key = {"b_topic": topic, "b_queue": queue_id}
-        start = conn.execute(self._lock_queue, key).scalar_one_or_none()
-        if start is None:
-            return 0
-        offset = int(start)
-        for row_id in ids:
-            moved = conn.execute(sa.update(m).where(m.c.id == row_id, m.c.queue_offset.is_(None))
-                                 .values(queue_offset=offset))
-            offset += moved.rowcount  # 0: another consumer promoted it first
-        if offset != start and conn.execute(
-                self._bump_queue, {**key, "old": start, "new": offset}).rowcount != 1:
-            raise TransportError(f"queue {topic}/{queue_id} moved under its lock")
-        return offset - int(start)
 
     # -- retry and dead letters ------------------------------------------------------------------
 
@@ -357,7 +325,7 @@ class SqlTransport(Transport):
         topic = retry_topic(group)
         count = self.queue_count(topic)
         delay = retry_delay(self.retry_delays, delivery.reconsume_times)
-        self.db.run(lambda conn: conn.execute(self._insert_message, [{
+        self.db.run(lambda conn: self.queue_log.schedule(conn, [{
             **common, "topic": topic, "queue_id": next(self._round_robin) % count,
             "queue_offset": None, "deliver_at": now + dt.timedelta(seconds=delay),
             "reconsume_times": attempt, "origin_group": group, "origin_topic": delivery.topic,

@@ -1,0 +1,71 @@
+"""The message log of the SQL transport: appending to a queue at its next offset, and giving
+scheduled messages their offset when due, both under the queue row's lock.
+
+An offset becomes visible only after every lower one: the queue row (`next_offset`) is locked
+(`SELECT ... FOR UPDATE`, `BEGIN IMMEDIATE` on SQLite) for the append, and moved on with a
+guarded UPDATE. The statements are built once: building and cache-keying Core statements per
+call costs more than SQLite itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from consumer_kit.core.errors import TransportError
+from consumer_kit.core.schema import MqTables
+
+
+class QueueLog:
+    """Appends and promotions on the message and queue tables of one transport."""
+
+    def __init__(self, tables: MqTables) -> None:
+        self.tables = tables
+        q = tables.queue
+        this_queue = (q.c.topic == sa.bindparam("b_topic")) & (
+            q.c.queue_id == sa.bindparam("b_queue"))
+        self._lock_queue = sa.select(q.c.next_offset).where(this_queue).with_for_update()
+        self._bump_queue = (sa.update(q).where(this_queue, q.c.next_offset == sa.bindparam("old"))
+                            .values(next_offset=sa.bindparam("new")))
+        self._insert_message = sa.insert(tables.message)
+
+    def schedule(self, conn: sa.Connection, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Store messages without an offset (delayed, or retries waiting for their time)."""
+        conn.execute(self._insert_message, rows)
+
+    def append(self, conn: sa.Connection, row: dict[str, Any]) -> int:
+        """Insert `row` at its queue's next offset, holding the queue row's lock; return the
+        offset.
+
+        Raises:
+            TransportError: the queue does not exist, or moved under its lock.
+        """
+        key = {"b_topic": row["topic"], "b_queue": row["queue_id"]}
+        offset = conn.execute(self._lock_queue, key).scalar_one_or_none()
+        if offset is None:
+            raise TransportError(f"queue {row['topic']}/{row['queue_id']} does not exist")
+        conn.execute(self._insert_message, {**row, "queue_offset": offset})
+        if conn.execute(self._bump_queue, {**key, "old": offset, "new": offset + 1}
+                        ).rowcount != 1:
+            raise TransportError(f"queue {row['topic']}/{row['queue_id']} moved under its lock")
+        return int(offset)
+
+    def promote(self, conn: sa.Connection, *, topic: str, queue_id: int, ids: list[int]) -> int:
+        """Give the scheduled messages `ids` of one queue the next offsets, each with a guarded
+        UPDATE (`queue_offset IS NULL`: two consumers promoting at once never give one message
+        two offsets); return how many this call promoted."""
+        m = self.tables.message
+        key = {"b_topic": topic, "b_queue": queue_id}
+        start = conn.execute(self._lock_queue, key).scalar_one_or_none()
+        if start is None:
+            return 0
+        offset = int(start)
+        for row_id in ids:
+            moved = conn.execute(sa.update(m).where(m.c.id == row_id, m.c.queue_offset.is_(None))
+                                 .values(queue_offset=offset))
+            offset += moved.rowcount  # 0: another consumer promoted it first
+        if offset != start and conn.execute(
+                self._bump_queue, {**key, "old": start, "new": offset}).rowcount != 1:
+            raise TransportError(f"queue {topic}/{queue_id} moved under its lock")
+        return offset - int(start)
