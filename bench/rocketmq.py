@@ -18,7 +18,10 @@ import argparse
 import collections
 import logging
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,7 +43,9 @@ from bench.common import machine_facts, rss_mb, summary_us, table  # noqa: E402
 from consumer_kit.core.db import make_engine  # noqa: E402
 from consumer_kit.core.schema import TableNames, build_metadata, outbox_table  # noqa: E402
 from consumer_kit.transports import ConsumeStatus, OutgoingMessage, Subscription  # noqa: E402
+from consumer_kit.transports.base import Transport  # noqa: E402
 from consumer_kit.transports.rocketmq import RocketMQTransport, native  # noqa: E402
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin  # noqa: E402
 
 BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
 POISON_BODY = b'{"order_id":0,"sku":"POISON","qty":1,"note":"bench"}'
@@ -79,7 +84,7 @@ def raw_send(addr: str, topic: str, n: int, *, free: bool, body: bytes = BODY
         producer.shutdown()
 
 
-def transport_send(transport: RocketMQTransport, topic: str, n: int, body: bytes = BODY
+def transport_send(transport: Transport, topic: str, n: int, body: bytes = BODY
                    ) -> tuple[float, list[float]]:
     lat = []
     started = time.perf_counter()
@@ -118,7 +123,7 @@ def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: st
         transport.close()
 
 
-def fill_topic(transport: RocketMQTransport, topic: str, n: int, poison_every: int = 0) -> None:
+def fill_topic(transport: Transport, topic: str, n: int, poison_every: int = 0) -> None:
     transport.ensure_topic(topic)
     for i in range(n):
         poison = poison_every and i % poison_every == poison_every // 2
@@ -158,7 +163,7 @@ def raw_consume(addr: str, topic: str, n: int, threads: int) -> float:
         consumer.shutdown()
 
 
-def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads: int) -> float:
+def transport_consume(transport: Transport, topic: str, n: int, threads: int) -> float:
     count = [0]
     lock = threading.Lock()
 
@@ -176,7 +181,7 @@ def transport_consume(transport: RocketMQTransport, topic: str, n: int, threads:
         consumer.shutdown()
 
 
-def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: TableNames,
+def app_consume(transport: Transport, engine: sa.engine.Engine, names: TableNames,
                 topic: str, n: int, threads: int, redis_url: str, poisoned: int = 0
                 ) -> tuple[float, collections.Counter[str], int]:
     """A ConsumerApp (Redis + database dedupe) over `n` messages, `poisoned` of them always
@@ -185,6 +190,7 @@ def app_consume(transport: RocketMQTransport, engine: sa.engine.Engine, names: T
 
     group = f"bench-app-{tag()}"
     if poisoned:
+        assert isinstance(transport, RocketMQTransport)
         transport.admin.prepare_group(group, retry_max_times=POISON_RETRIES)
     app = ConsumerApp(group=group, db=engine, redis=redis_url, receipts=None,
                       processed_table=names.processed, transport=transport, threads=threads)
@@ -251,7 +257,7 @@ def rss_growth(addr: str, topic: str, n: int, body_bytes: int) -> list[list[obje
             ["RocketMQTransport.send", n, f"{after_transport - after_freed:+.1f}"]]
 
 
-def commit_to_handler(transport: RocketMQTransport, engine: sa.engine.Engine,
+def commit_to_handler(transport: Transport, engine: sa.engine.Engine,
                       names: TableNames, n: int) -> list[float]:
     """Seconds from a business commit to the handler seeing the message (outbox -> dispatcher
     -> RocketMQ -> push consumer), one commit at a time."""
@@ -291,7 +297,7 @@ def commit_to_handler(transport: RocketMQTransport, engine: sa.engine.Engine,
     return [arrived[m] - t for m, t in committed.items() if m in arrived]
 
 
-def consumer_rss(transport: RocketMQTransport, n: int, threads: int) -> list[list[object]]:
+def consumer_rss(transport: Transport, n: int, threads: int) -> list[list[object]]:
     """RSS before and after a transport consumer takes `n` messages (fields copied out of each
     handle, as every consumer does)."""
     topic = f"BENCH_CRSS_{tag()}"
@@ -299,7 +305,7 @@ def consumer_rss(transport: RocketMQTransport, n: int, threads: int) -> list[lis
     before = rss_mb()
     elapsed = transport_consume(transport, topic, n, threads)
     after = rss_mb()
-    return [[f"RocketMQTransport consumer ({n / elapsed:,.0f} msg/s)", f"{n:,}",
+    return [[f"{type(transport).__name__} consumer ({n / elapsed:,.0f} msg/s)", f"{n:,}",
              f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}"]]
 
 
@@ -416,8 +422,40 @@ def send_section(transport: RocketMQTransport, engine: sa.engine.Engine, names: 
         elapsed = relay_send(engine, names, args.addr, topic, n, workers)
         rows.append([f"Relay.run_once (batch 500, {workers} worker)", f"{n / elapsed:,.0f}",
                      f"{n / elapsed / base:.2f}x", ""])
+    for threads in (1, 4):
+        rate, what = java_send(transport.admin, transport.addr, topic, n, threads)
+        rows.append([f"the broker's Java client, {threads} thread(s) ({what})",
+                     f"{rate:,.0f}" if rate else "-", f"{rate / base:.2f}x" if rate else "-", ""])
     print("\nsend (one process, synchronous sends)")
     print(table(["path", "msgs/s", "vs raw", "latency"], rows))
+
+
+def java_send(admin: RocketMQAdmin, addr: str, topic: str, n: int, threads: int
+              ) -> tuple[float, str]:
+    """The physical-limit anchor: bench/java/SendLoop.java on the client jar of the broker
+    measured (found from the broker's `rocketmqHome`), compiled once into the cache. Returns
+    (msgs/s, what ran) or (0, why not)."""
+    masters = admin.master_brokers()
+    home = admin.broker_config(next(iter(masters.values()))).get("rocketmqHome", "")
+    lib = Path(home) / "lib"
+    if not shutil.which("javac") or not list(lib.glob("rocketmq-client-*.jar")):
+        return 0.0, f"skipped: no javac or no client jar under {lib}"
+    version = next(lib.glob("rocketmq-client-*.jar")).stem.removeprefix("rocketmq-client-")
+    classes = Path.home() / ".cache" / "consumer-kit" / f"bench-java-{version}"
+    source = Path(__file__).resolve().parent / "java" / "SendLoop.java"
+    if not (classes / "SendLoop.class").exists() or \
+            (classes / "SendLoop.class").stat().st_mtime < source.stat().st_mtime:
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["javac", "-cp", f"{lib}/*", "-d", str(classes), str(source)],
+                       check=True, capture_output=True, timeout=300)
+    out = subprocess.run(
+        ["java", "-Xmx256m", "-cp", f"{lib}/*:{classes}", "SendLoop", addr, topic,
+         str(n), str(threads), str(len(BODY))],
+        capture_output=True, text=True, timeout=600).stdout
+    found = re.search(r"sent \d+ in [\d.]+ s: (\d+) msg/s \((\d+) failed\)", out)
+    if not found:
+        return 0.0, "no result line"
+    return float(found.group(1)), f"rocketmq-client {version}, {found.group(2)} failed"
 
 
 if __name__ == "__main__":
