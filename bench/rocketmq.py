@@ -96,8 +96,9 @@ def transport_send(transport: Transport, topic: str, n: int, body: bytes = BODY
     return time.perf_counter() - started, lat
 
 
-def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: str, n: int,
-               workers: int) -> float:
+def relay_send(engine: sa.engine.Engine, names: TableNames, open_target: Callable[[], Transport],
+               topic: str, n: int, workers: int) -> float:
+    """Seconds one `Relay.run_once` takes to send `n` pending rows to a transport of its own."""
     from consumer_kit.core.clock import utcnow
     from outbox_producer import Relay
     from outbox_producer.ids import new_message_id
@@ -111,7 +112,7 @@ def relay_send(engine: sa.engine.Engine, names: TableNames, addr: str, topic: st
              "topic": topic, "body": BODY, "state": 0, "retry_count": 0, "max_retries": 10,
              "next_retry_at": now, "lock_version": 0, "created_by": "bench",
              "gmt_create": now, "gmt_modified": now} for i in range(n)])
-    transport = RocketMQTransport(addr, producer_group=f"bench-relay-{tag()}")
+    transport = open_target()
     try:
         relay = Relay(engine, transport, table=names.outbox, batch=500, workers=workers)
         started = time.perf_counter()
@@ -322,11 +323,19 @@ def consume_rows(transport: RocketMQTransport, engine: sa.engine.Engine, names: 
         (f"ConsumerApp listener (Redis + {engine.dialect.name} dedupe, no-op handler)",
          lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)[0]),
     ]
+    return interleaved_rates(transport, runs, n, args.repeat, "BENCH_CONSUME")
+
+
+def interleaved_rates(transport: Transport, runs: list[tuple[str, Callable[[str], float]]],
+                      n: int, repeat: int, prefix: str) -> tuple[list[list[object]], float]:
+    """Each run `repeat` times, interleaved, on a fresh topic of `n` messages: table rows with
+    median rates against the first run (the baseline) and CPU per message, and the last run's
+    median rate."""
     rates: dict[str, list[float]] = collections.defaultdict(list)
     cpu: dict[str, list[float]] = collections.defaultdict(list)  # less load-sensitive than rate
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         for label, run in runs:
-            topic = f"BENCH_CONSUME_{tag()}"
+            topic = f"{prefix}_{tag()}"
             fill_topic(transport, topic, n)
             cpu_before = time.process_time()
             rates[label].append(n / run(topic))
@@ -419,7 +428,8 @@ def send_section(transport: RocketMQTransport, engine: sa.engine.Engine, names: 
     rows.append(["RocketMQTransport.send", f"{n / elapsed:,.0f}", f"{n / elapsed / base:.2f}x",
                  summary_us(lat)])
     for workers in (1, 2):
-        elapsed = relay_send(engine, names, args.addr, topic, n, workers)
+        elapsed = relay_send(engine, names, lambda: RocketMQTransport(
+            args.addr, producer_group=f"bench-relay-{tag()}"), topic, n, workers)
         rows.append([f"Relay.run_once (batch 500, {workers} worker)", f"{n / elapsed:,.0f}",
                      f"{n / elapsed / base:.2f}x", ""])
     for threads in (1, 4):

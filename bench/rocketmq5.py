@@ -15,9 +15,7 @@ physical-limit anchor; the client's `SimpleConsumer` receive+ack loop vs the tra
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -35,15 +33,16 @@ from bench.rocketmq import (
     app_consume,
     commit_to_handler,
     consumer_rss,
-    fill_topic,
+    interleaved_rates,
     java_send,
+    relay_send,
     tag,
     transport_consume,
     transport_send,
     wait_count,
 )
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
+from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from consumer_kit.transports.rocketmq5 import client as v5client
@@ -108,33 +107,6 @@ def raw_consume(endpoint: str, topic: str, n: int, threads: int) -> float:
         consumer.shutdown()
 
 
-def relay_send(engine: sa.engine.Engine, names: TableNames, endpoint: str, topic: str, n: int,
-               workers: int) -> float:
-    from consumer_kit.core.clock import utcnow
-    from outbox_producer import Relay
-    from outbox_producer.ids import new_message_id
-
-    t = outbox_table(sa.MetaData(), names.outbox)
-    now = utcnow()
-    with engine.begin() as conn:
-        conn.execute(sa.delete(t))
-        conn.execute(sa.insert(t), [
-            {"message_id": new_message_id(), "biz_type": "bench", "biz_key": f"{workers}-{i}",
-             "topic": topic, "body": BODY, "state": 0, "retry_count": 0, "max_retries": 10,
-             "next_retry_at": now, "lock_version": 0, "created_by": "bench",
-             "gmt_create": now, "gmt_modified": now} for i in range(n)])
-    transport = RocketMQ5Transport(endpoint)
-    try:
-        relay = Relay(engine, transport, table=names.outbox, batch=500, workers=workers)
-        started = time.perf_counter()
-        result = relay.run_once()
-        elapsed = time.perf_counter() - started
-        assert result.stats.sent == n, result
-        return elapsed
-    finally:
-        transport.close()
-
-
 def send_section(transport: RocketMQ5Transport, engine: sa.engine.Engine, names: TableNames,
                  args: argparse.Namespace) -> None:
     n, topic = args.messages, f"BENCH5_SEND_{tag()}"
@@ -146,7 +118,8 @@ def send_section(transport: RocketMQ5Transport, engine: sa.engine.Engine, names:
     rows.append(["RocketMQ5Transport.send", f"{n / elapsed:,.0f}",
                  f"{n / elapsed / base:.2f}x", summary_us(lat)])
     for workers in (1, 2):
-        elapsed = relay_send(engine, names, args.endpoint, topic, n, workers)
+        elapsed = relay_send(engine, names, lambda: RocketMQ5Transport(args.endpoint), topic, n,
+                             workers)
         rows.append([f"Relay.run_once (batch 500, {workers} worker)", f"{n / elapsed:,.0f}",
                      f"{n / elapsed / base:.2f}x", ""])
     admin = RocketMQAdmin(args.namesrv)
@@ -170,19 +143,7 @@ def consume_section(transport: RocketMQ5Transport, engine: sa.engine.Engine, nam
         (f"ConsumerApp listener (Redis + {engine.dialect.name} dedupe, no-op handler)",
          lambda t: app_consume(transport, engine, names, t, n, threads, args.redis)[0]),
     ]
-    rates: dict[str, list[float]] = collections.defaultdict(list)
-    cpu: dict[str, list[float]] = collections.defaultdict(list)
-    for _ in range(args.repeat):
-        for label, run in runs:
-            topic = f"BENCH5_CONSUME_{tag()}"
-            fill_topic(transport, topic, n)
-            cpu_before = time.process_time()
-            rates[label].append(n / run(topic))
-            cpu[label].append((time.process_time() - cpu_before) / n * 1e6)
-    base = statistics.median(rates[runs[0][0]])
-    rows = [[label, f"{statistics.median(r):,.0f}", f"{statistics.median(r) / base:.3f}x",
-             f"{statistics.median(cpu[label]):.0f}", " ".join(f"{x:,.0f}" for x in r)]
-            for label, r in rates.items()]
+    rows, _ = interleaved_rates(transport, runs, n, args.repeat, "BENCH5_CONSUME")
     print(f"\nconsume {n:,} messages already on the broker (median of {args.repeat}, "
           f"{threads} threads)")
     print(table(["path", "msgs/s", "vs raw", "CPU us/msg", "runs (msgs/s)"], rows))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -51,20 +51,27 @@ def stalls(group: str, action: str) -> float:
     return STALLS.labels(group, action)._value.get()
 
 
-def test_a_consumer_that_stops_pulling_is_rebuilt_and_receives_the_backlog(
-        transport: RocketMQTransport) -> None:
-    # Given a running consumer that received a first message
+def new_consumer(transport: RocketMQTransport, callback: Callable[[Delivery], ConsumeStatus],
+                 *, threads: int = 1) -> tuple[RocketMQConsumer, str, str]:
+    """A consumer (not started) of a new topic and group: (consumer, topic, group)."""
     tag = uuid.uuid4().hex[:8]
     topic, group = f"ckit_live_{tag}", f"live_{tag}"
     transport.ensure_topic(topic)
+    consumer = transport.consumer(group, [Subscription(topic, "*")], callback, threads=threads)
+    assert isinstance(consumer, RocketMQConsumer)
+    return consumer, topic, group
+
+
+def test_a_consumer_that_stops_pulling_is_rebuilt_and_receives_the_backlog(
+        transport: RocketMQTransport) -> None:
+    # Given a running consumer that received a first message
     got: list[bytes] = []
 
     def callback(d: Delivery) -> ConsumeStatus:
         got.append(d.body)
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = transport.consumer(group, [Subscription(topic, "*")], callback, threads=2)
-    assert isinstance(consumer, RocketMQConsumer)
+    consumer, topic, group = new_consumer(transport, callback, threads=2)
     consumer.start()
     try:
         transport.send(OutgoingMessage(topic, b"first"))
@@ -86,12 +93,7 @@ def test_a_consumer_that_stops_pulling_is_rebuilt_and_receives_the_backlog(
 def test_a_quiet_consumer_without_a_backlog_is_not_rebuilt(
         transport: RocketMQTransport) -> None:
     # Given a consumer with nothing to receive
-    tag = uuid.uuid4().hex[:8]
-    topic, group = f"ckit_live_{tag}", f"live_{tag}"
-    transport.ensure_topic(topic)
-    consumer = transport.consumer(group, [Subscription(topic, "*")],
-                                  lambda d: ConsumeStatus.CONSUME_SUCCESS, threads=1)
-    assert isinstance(consumer, RocketMQConsumer)
+    consumer, topic, group = new_consumer(transport, lambda d: ConsumeStatus.CONSUME_SUCCESS)
     consumer.start()
     try:
         # When it stays idle for three times the stall limit
@@ -108,14 +110,9 @@ def test_a_quiet_consumer_without_a_backlog_is_not_rebuilt(
 def test_a_consumer_still_stalled_after_its_rebuilds_ends_the_run_with_consumer_stalled(
         transport: RocketMQTransport) -> None:
     # Given a consumer whose every native client stops pulling at once (max_rebuilds=1)
-    tag = uuid.uuid4().hex[:8]
-    topic, group = f"ckit_live_{tag}", f"live_{tag}"
-    transport.ensure_topic(topic)
+    consumer, topic, group = new_consumer(transport, lambda d: ConsumeStatus.RECONSUME_LATER)
     for n in range(3):
         transport.send(OutgoingMessage(topic, b"m%d" % n))
-    consumer = transport.consumer(group, [Subscription(topic, "*")],
-                                  lambda d: ConsumeStatus.RECONSUME_LATER, threads=1)
-    assert isinstance(consumer, RocketMQConsumer)
     original = consumer._start_push
 
     def start_silent() -> object:

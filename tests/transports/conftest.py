@@ -17,7 +17,7 @@ from consumer_kit.testing.harness import Harness
 from consumer_kit.transports.sql import SqlTransport
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
 from tests.harnesses.sql_postgresql import postgresql_url
-from tests.harnesses.sql_sqlite import sqlite_url
+from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -70,3 +70,12 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, st
         cleanup = SqlTransport(url, table_prefix=prefix)
         drop_tables(cleanup)
         cleanup.close()
+
+
+@pytest.fixture
+def transport(db: tuple[str, str]) -> Iterator[SqlTransport]:
+    """A transport with fast test settings on the `db` fixture's database (tests/transports)."""
+    url, prefix = db
+    t = SqlTransport(url, table_prefix=prefix, **FAST_OPTIONS)
+    yield t
+    t.close()

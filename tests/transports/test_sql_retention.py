@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
 
-import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
@@ -18,17 +16,8 @@ from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.retention import PURGE_FLOOR
 from tests.cli import error_line
-from tests.harnesses.sql_sqlite import FAST_OPTIONS
 
 TIMEOUT = 20.0
-
-
-@pytest.fixture
-def transport(db: tuple[str, str]) -> Iterator[SqlTransport]:
-    url, prefix = db
-    t = SqlTransport(url, table_prefix=prefix, **FAST_OPTIONS)
-    yield t
-    t.close()
 
 
 def bodies(t: SqlTransport, topic: str) -> list[bytes]:

@@ -7,7 +7,7 @@ import datetime as dt
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,18 +35,9 @@ from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.group import GroupStore
 from tests.harnesses.sql_mariadb import drop_tables, mariadb_url, unique_prefix
 from tests.harnesses.sql_postgresql import postgresql_url
-from tests.harnesses.sql_sqlite import FAST_OPTIONS, sqlite_url
+from tests.harnesses.sql_sqlite import sqlite_url
 
 TIMEOUT = 10.0
-
-
-@pytest.fixture
-def transport(db: tuple[str, str]) -> Iterator[SqlTransport]:
-    """A transport with fast test settings on the `db` fixture's database (tests/transports)."""
-    url, prefix = db
-    t = SqlTransport(url, table_prefix=prefix, **FAST_OPTIONS)
-    yield t
-    t.close()
 
 
 def collect(into: list[Delivery]) -> Callable[[Delivery], ConsumeStatus]:
