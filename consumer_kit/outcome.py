@@ -38,7 +38,9 @@ class Result:
 def broker_ack(result: Result) -> Verdict:
     """Ack the broker only when a durable record exists (succeeded, rejected, or a duplicate of
     one); everything else is redelivered later (or, on the last attempt, dead-lettered), with
-    its reason."""
+    its reason. A busy answer (another consumer holds the lease and may still finish the message)
+    does not spend one of the message's reconsume times."""
     if result.outcome in DURABLE:
         return Verdict(ConsumeStatus.CONSUME_SUCCESS)
-    return Verdict(ConsumeStatus.RECONSUME_LATER, result.reason or "")
+    return Verdict(ConsumeStatus.RECONSUME_LATER, result.reason or "",
+                   spend=result.outcome is not Outcome.BUSY)

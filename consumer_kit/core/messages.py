@@ -21,12 +21,17 @@ class Verdict:
     """A callback's answer with the reason of a RECONSUME_LATER: transports carry the reason
     with the redelivery (`Delivery.last_error`) and into the dead letter.
 
+    `spend` False marks a RECONSUME_LATER that did not try the message (another consumer holds
+    it: the handler lease): transports redeliver it after the usual back-off without counting a
+    reconsume, so such answers can never push a message into the dead letters.
+
     >>> Verdict(ConsumeStatus.RECONSUME_LATER, "db down").status.name
     'RECONSUME_LATER'
     """
 
     status: ConsumeStatus
     reason: str = ""
+    spend: bool = True
 
 
 def as_verdict(answer: ConsumeStatus | Verdict | int) -> Verdict:

@@ -240,6 +240,32 @@ class TransportConformance:
             consumer.shutdown()
 
 
+    def test_a_busy_answer_comes_back_without_spending_a_reconsume(self, h: Harness) -> None:
+        # Given: a callback answering "busy" (Verdict.spend False: not tried, another consumer
+        # holds it) more often than the group's reconsume limit, then success
+        topic, group = h.topic("conf_busy"), h.group("g_busy")
+        busy_answers = MAX_RECONSUME + 2
+
+        def decide(_d: Delivery) -> Verdict:
+            if len(inbox.items) <= busy_answers:
+                return Verdict(ConsumeStatus.RECONSUME_LATER, "busy", spend=False)
+            return Verdict(ConsumeStatus.CONSUME_SUCCESS)
+
+        inbox = Inbox(decide)
+        consumer = start(h, group, [Subscription(topic)], inbox)
+        try:
+            h.transport.send(OutgoingMessage(topic, b"held"))
+            # Then: it comes back until acked, never counted as a reconsume, never dead
+            assert wait_for(lambda: len(inbox.items) >= busy_answers + 1, h.timeout * 2)
+            time.sleep(h.quiet)
+            with inbox.lock:
+                items = list(inbox.items)
+            assert [(d.body, d.reconsume_times) for d in items] == \
+                [(b"held", 0)] * (busy_answers + 1)
+            assert h.dead_letters(group, expect=0) == []
+        finally:
+            consumer.shutdown()
+
     def test_a_failing_message_never_takes_healthy_messages_with_it(self, h: Harness) -> None:
         # Given: a callback for which "poison" always fails, "flaky-*" fails once, "ok-*" never
         topic, group = h.topic("conf_poison"), h.group("g_poison")

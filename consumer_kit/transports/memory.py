@@ -236,7 +236,7 @@ class MemoryConsumer(Consumer):
                 with broker.cond:
                     self._in_flight -= 1
             if verdict.status is not ConsumeStatus.CONSUME_SUCCESS:
-                self._reconsume_later(delivery, verdict.reason)
+                self._reconsume_later(delivery, verdict.reason, spend=verdict.spend)
 
     def _call(self, delivery: Delivery) -> Verdict:
         try:
@@ -246,12 +246,12 @@ class MemoryConsumer(Consumer):
                           delivery.broker_message_id)
             return Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
 
-    def _reconsume_later(self, delivery: Delivery, reason: str) -> None:
+    def _reconsume_later(self, delivery: Delivery, reason: str, *, spend: bool = True) -> None:
         transport = self.transport
-        attempt = delivery.reconsume_times + 1
+        attempt = delivery.reconsume_times + (1 if spend else 0)
         delivery = dataclasses.replace(delivery, last_error=clip_reason(reason))
         with self.broker.cond:
-            if attempt > transport.max_reconsume_times:
+            if spend and attempt > transport.max_reconsume_times:
                 self.broker.dlq.setdefault(self.group, []).append(delivery)
                 log.warning("message %s moved to %%DLQ%%%s after %d reconsumes",
                             delivery.broker_message_id, self.group, delivery.reconsume_times)

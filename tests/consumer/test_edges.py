@@ -210,3 +210,29 @@ def test_frequent_duplicates_switch_the_pipeline_to_claiming_first() -> None:
     for _ in range(60):
         predictor.saw(False)
     assert predictor.expect_new()
+
+
+def test_a_message_another_consumer_holds_is_deferred_without_spending_a_retry(
+        env: Env) -> None:
+    # Given: another consumer of the group holds the handler lease of M1 in Redis
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        if msg.id == "M2":
+            raise RuntimeError("database hiccup")
+        add_reservation(env, session, msg.id)
+
+    redis = app.pipeline().redis
+    assert redis is not None
+    from consumer_kit.dedupe import Claim
+
+    assert redis.claim("M1", "another-consumer") is Claim.CLAIMED
+    # When: this consumer gets M1, and M2 whose handler fails
+    held = app.process(delivery("M1"))
+    failed = app.process(delivery("M2"))
+    # Then: M1 comes back later without spending a reconsume (it was not tried); M2 spends one
+    assert (held.status, held.spend) == (ConsumeStatus.RECONSUME_LATER, False)
+    assert (failed.status, failed.spend) == (ConsumeStatus.RECONSUME_LATER, True)
+    assert env.effects() == {}
+    app.close()

@@ -52,6 +52,18 @@ def test_a_copy_goes_to_the_retry_topic_at_level_3_plus_count_until_the_limit_th
     assert (copy.reconsume_times >= copy.max_reconsume_times) is dead
 
 
+@pytest.mark.parametrize("reconsume,limit", [(0, 2), (2, 2), (5, 2), (0, 0)])
+def test_a_busy_copy_keeps_its_count_and_is_never_a_dead_letter(reconsume: int,
+                                                                 limit: int) -> None:
+    # When: the message was answered busy (not tried), even past the group's limit
+    copy = plan_copy(stored(reconsume=reconsume), delivery(reconsume=reconsume), limit=limit,
+                     levels=18, reason="busy", spend=False)
+    # Then: back to the retry topic with the same count; the broker's DLQ check agrees
+    assert (copy.dead, copy.reconsume_times, copy.delay_level) == (False, reconsume,
+                                                                    3 + reconsume)
+    assert copy.reconsume_times < copy.max_reconsume_times
+
+
 def test_a_copy_keeps_every_stored_property_and_the_id_and_says_why() -> None:
     # Given: a foreign message already retried once (the broker added its bookkeeping)
     props = {"UNIQ_KEY": "U1", "KEYS": "order-1", "TAGS": "created", "x_trace": "abc",

@@ -254,18 +254,20 @@ class RocketMQConsumer(Consumer):
             if self.orderly:
                 log.debug("consumer %s: message %s: reconsume later (ordered)", self.group, msg_id)
                 return int(ConsumeStatus.RECONSUME_LATER)
-            return self._send_back(handle, delivery, msg_id, verdict.reason)
+            return self._send_back(handle, delivery, msg_id, verdict)
         finally:
             _local.in_callback = False
             with self._lock:
                 self._in_flight -= 1
 
-    def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, reason: str) -> int:
+    def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, verdict: Verdict
+                   ) -> int:
         """Send a failed message back ourselves and answer success, so that the native client
         never sends its batch neighbours back; RECONSUME_LATER only when that fails."""
+        reason = verdict.reason
         try:
             offset = native.commit_log_offset(handle)
-            sent = self.send_back.send_back(delivery, offset, reason)
+            sent = self.send_back.send_back(delivery, offset, reason, spend=verdict.spend)
         except Exception as exc:
             log.error("consumer %s: message %s: could not send it back (%s); answering "
                       "RECONSUME_LATER: the native client sends back this message and the rest "

@@ -89,8 +89,10 @@ class SentBack:
 
 
 def plan_copy(stored: StoredMessage, delivery: Delivery, *, limit: int, levels: int,
-              reason: str) -> Copy:
-    """The retry copy (or dead letter) of `stored`, which failed with `reason`.
+              reason: str, spend: bool = True) -> Copy:
+    """The retry copy (or dead letter) of `stored`, which failed with `reason`. With `spend`
+    False (a busy answer: the message was not tried) the copy keeps the reconsume count and is
+    never a dead letter.
 
     >>> s = StoredMessage("T", b"{}", {"UNIQ_KEY": "U1", "x": "1", "DELAY": "3"}, 0, 5, 1, 0, 0)
     >>> d = Delivery("T", b"{}", "U1", reconsume_times=1)
@@ -99,6 +101,9 @@ def plan_copy(stored: StoredMessage, delivery: Delivery, *, limit: int, levels: 
     (2, 4, False, '4', 'boom')
     >>> plan_copy(s, d, limit=1, levels=18, reason="").dead
     True
+    >>> busy = plan_copy(s, d, limit=1, levels=18, reason="busy", spend=False)
+    >>> busy.dead, busy.reconsume_times, busy.delay_level
+    (False, 1, 4)
     """
     props = {k: v for k, v in stored.properties.items() if k not in REWRITTEN}
     props.setdefault("RETRY_TOPIC", delivery.topic)
@@ -107,11 +112,12 @@ def plan_copy(stored: StoredMessage, delivery: Delivery, *, limit: int, levels: 
     if text := clip_reason(reason):
         props[PROP_REASON] = text
     count = stored.reconsume_times
-    if count >= limit:
+    if spend and count >= limit:
         return Copy(props, count + 1, limit, 0, True)
     level = min(FIRST_RETRY_LEVEL + count, levels)
     props["DELAY"] = str(level)
-    return Copy(props, count + 1, limit + 1, level, False)
+    after = count + 1 if spend else count
+    return Copy(props, after, max(limit, after) + 1, level, False)
 
 
 def is_the_delivery(stored: StoredMessage, delivery: Delivery, group: str) -> bool:
@@ -178,8 +184,10 @@ class SendBack:
                             self.group, exc)
         return self._limit
 
-    def send_back(self, delivery: Delivery, commit_log_offset: int, reason: str) -> SentBack:
-        """Store the retry copy (or dead letter) of `delivery`, which failed with `reason`.
+    def send_back(self, delivery: Delivery, commit_log_offset: int, reason: str, *,
+                  spend: bool = True) -> SentBack:
+        """Store the retry copy (or dead letter) of `delivery`, which failed with `reason`
+        (`spend` False: a busy answer, see `plan_copy`).
 
         Retries an unreachable or busy broker for up to `patience` seconds.
 
@@ -192,18 +200,20 @@ class SendBack:
         pause = 0.1
         while True:
             try:
-                return self._send_back(delivery, commit_log_offset, reason)
+                return self._send_back(delivery, commit_log_offset, reason, spend)
             except TransportUnavailable:
                 if time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    def _send_back(self, delivery: Delivery, offset: int, reason: str) -> SentBack:
+    def _send_back(self, delivery: Delivery, offset: int, reason: str, spend: bool
+                   ) -> SentBack:
         broker, stored = self.locate(delivery, offset)
         limit = self._group_limit(broker)
         levels = self._cache.get(f"levels@{broker}", lambda: self._delay_levels(broker))
-        copy = plan_copy(stored, delivery, limit=limit, levels=levels, reason=reason)
+        copy = plan_copy(stored, delivery, limit=limit, levels=levels, reason=reason,
+                         spend=spend)
         body = stored.body
         if stored.compressed:
             body = zlib.compress(body)

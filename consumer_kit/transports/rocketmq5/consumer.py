@@ -3,7 +3,9 @@
 Why the SimpleConsumer and not the client's PushConsumer: every decision about a message is made
 here, after the callback has answered, so none is lost to an exception: CONSUME_SUCCESS acks it;
 RECONSUME_LATER (or an exception) changes its invisible duration to the back-off of its attempt,
-so the broker redelivers it then and counts the attempt; at the group's last attempt the message
+so the broker redelivers it then and counts the attempt (a busy answer, `Verdict.spend` False,
+is asked again by the same worker after the back-off instead, so it spends no attempt); at the
+group's last attempt the message
 is copied to `%DLQ%group` with the reason and acked (the broker's own dead-lettering, which the
 proxy does on the next receive, keeps no reason); should that copy fail, the broker's path is
 taken. A message that is never answered (the process dies) comes back when its invisible time
@@ -257,12 +259,11 @@ class RocketMQ5Consumer(Consumer):
             delivery = received_delivery(message, reason=self._reasons.get(message_id),
                                          max_reconsume_times=self.max_reconsume_times)
             ckit_id = delivery.properties.get(PROP_ID) or message_id
-            try:
-                verdict = as_verdict(self.callback(delivery))
-            except BaseException as exc:  # an exception means "later", never an ack
-                log.exception("consumer %s: message %s: callback failed; reconsume later",
-                              self.group, ckit_id)
-                verdict = Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
+            verdict = self._answer(delivery, ckit_id)
+            while not verdict.spend and verdict.status is ConsumeStatus.RECONSUME_LATER:
+                if not self._hold(simple, message, delivery, ckit_id):
+                    return  # stopping: it comes back after its invisible time
+                verdict = self._answer(delivery, ckit_id)
             reason = clip_reason(verdict.reason)
             if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
                 self._reasons.drop(message_id)
@@ -276,6 +277,31 @@ class RocketMQ5Consumer(Consumer):
             _local.consumer = None
             with self._lock:
                 self._in_flight -= 1
+
+    def _answer(self, delivery: Delivery, ckit_id: str) -> Verdict:
+        try:
+            return as_verdict(self.callback(delivery))
+        except BaseException as exc:  # an exception means "later", never an ack
+            log.exception("consumer %s: message %s: callback failed; reconsume later",
+                          self.group, ckit_id)
+            return Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
+
+    def _hold(self, simple: Any, message: Any, delivery: Delivery, ckit_id: str) -> bool:
+        """A busy answer (`Verdict.spend` False): the broker counts every receive as an
+        attempt, so instead of handing the message back this worker keeps it hidden for the
+        back-off and asks the callback again. False when the consumer is stopping or the message
+        could not be kept hidden (it then comes back after its invisible time)."""
+        delay = retry_delay(self.transport.retry_delays, delivery.reconsume_times)
+        keep = max(1, math.ceil(delay + self.transport.invisible_seconds))
+        try:
+            simple.change_invisible_duration(message, keep)
+        except Exception as exc:
+            log.warning("consumer %s: message %s: busy, and could not keep it hidden (%s); it "
+                        "comes back after its invisible time", self.group, ckit_id, exc)
+            return False
+        log.debug("consumer %s: message %s busy: asked again in %.0f s", self.group, ckit_id,
+                  delay)
+        return not self._stop.wait(delay)
 
     def _ack(self, simple: Any, message: Any, ckit_id: str) -> None:
         try:

@@ -387,7 +387,8 @@ class SqlConsumer(Consumer):
             return True
         while True:
             try:
-                self.transport.reconsume_later(self.group, delivery, verdict.reason)
+                self.transport.reconsume_later(self.group, delivery, verdict.reason,
+                                               spend=verdict.spend)
                 return True
             except CkitError as error:
                 log.warning("message %s: cannot schedule the retry yet: %s",

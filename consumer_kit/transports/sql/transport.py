@@ -291,16 +291,19 @@ class SqlTransport(Transport):
 
     # -- retry and dead letters ------------------------------------------------------------------
 
-    def reconsume_later(self, group: str, delivery: Delivery, reason: str) -> None:
+    def reconsume_later(self, group: str, delivery: Delivery, reason: str, *,
+                        spend: bool = True) -> None:
         """Re-send `delivery` to `%RETRY%group` with back-off, or to the group's dead letters
         after `max_reconsume_times` (RocketMQ's RECONSUME_LATER). `reason` (the callback's)
         travels in the copy's properties as `ckit_reason` and in the dead letter's `reason`.
+        `spend` False (a busy answer, `Verdict.spend`): the copy keeps the delivery's reconsume
+        count and never goes to the dead letters.
 
         Raises:
             TransportUnavailable: the database stayed unreachable (the message stays
                 uncommitted, so it is delivered again).
         """
-        attempt = delivery.reconsume_times + 1
+        attempt = delivery.reconsume_times + (1 if spend else 0)
         born = dt.datetime.fromtimestamp(delivery.born_timestamp_ms / 1000, dt.timezone.utc)
         reason = clip_reason(reason)
         properties = dict(delivery.properties)
@@ -312,7 +315,7 @@ class SqlTransport(Transport):
             "body": delivery.body, "born_at": born.replace(tzinfo=None),
         }
         now = utcnow()
-        if attempt > self.max_reconsume_times:
+        if spend and attempt > self.max_reconsume_times:
             self.db.run(lambda conn: conn.execute(sa.insert(self.tables.dlq), [{
                 **common, "consumer_group": group, "topic": delivery.topic,
                 "queue_id": delivery.queue_id, "reconsume_times": delivery.reconsume_times,
