@@ -28,6 +28,7 @@ from bench.peers.runners.ckit_dedupe import delivery
 from consumer_kit import ConsumerApp
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import PayloadError
 from consumer_kit.core.schema import outbox_table, processed_table
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Outbox, Relay
@@ -144,11 +145,11 @@ def profile_publish(engine: sa.engine.Engine, prefix: str, n: int, top: int) -> 
 
 
 def timed(fn: Callable[[str], object], n: int) -> float:
-    """Seconds per call of `fn`, which ends in the TypeError `publish` raises for a missing
+    """Seconds per call of `fn`, which ends in the PayloadError `publish` raises for a missing
     connection: everything publish does before its first statement."""
     t0 = time.perf_counter()
     for i in range(n):
-        with contextlib.suppress(TypeError):
+        with contextlib.suppress(PayloadError):
             fn(f"t{i}")
     return (time.perf_counter() - t0) / n
 

@@ -160,3 +160,26 @@ def test_done_markers_and_releases_survive_a_script_flush(env: Env) -> None:
     assert store.claim("M1", "other") is Claim.DUPLICATE
     assert store.claim("M2", "other") is Claim.CLAIMED
     assert not store.degraded
+
+
+def test_a_claim_whose_connection_drops_is_sent_again_through_the_pipeline(
+        env: Env, monkeypatch: Any) -> None:
+    # Given: the single-call fast path's connection fails once mid-send
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    real = redis.connection.Connection.send_command
+    failures = []
+
+    def drop_once(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not failures:
+            failures.append(args[0])
+            raise redis.exceptions.ConnectionError("connection reset by peer")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_command", drop_once)
+    # When: the next claims run
+    answers = [store.claim("M1", "other"), store.claim("M2", "me")]
+    # Then: each still gets its answer, and Redis is not counted down
+    assert failures == ["EVALSHA"]
+    assert answers == [Claim.BUSY, Claim.CLAIMED]
+    assert not store.degraded
