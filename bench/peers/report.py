@@ -90,9 +90,15 @@ def dedupe_table(results: list[JobResult], db: str) -> str:
     rows = []
     for r in of(results, db, "dedupe"):
         s = publish_stats(r.data["runs"])
+        floor = s.get("floor_added")
+        if floor:
+            rows.append([r.label, "floor: bare + one INSERT of the processed row",
+                         f"{s['bare']:.2f}", f"{s['floor']:.2f}", f"{s['floor_x']:.2f}x",
+                         f"+{floor:.2f}", "-", "-"])
         for mode, rate in r.data["duplicates"].items():
+            over = f" ({s[mode + '_added'] / floor:.2f}x floor's)" if floor else ""
             rows.append([r.label, mode, f"{s['bare']:.2f}", f"{s[mode]:.2f}",
-                         f"{s[mode + '_x']:.2f}x", f"+{s[mode + '_added']:.2f}",
+                         f"{s[mode + '_x']:.2f}x", f"+{s[mode + '_added']:.2f}{over}",
                          f"{rate:,.0f}",
                          "ok" if r.data["effects"] == r.data["effects_expected"] else
                          f"{r.data['effects']} != {r.data['effects_expected']}"])
@@ -147,12 +153,16 @@ def summary(results: list[JobResult], dbs: Sequence[str]) -> str:
             d = c.data["duplicates"]
             others = [(label, publish_stats(r.data["runs"]), r.data["duplicates"])
                       for label, r in dd.items()]
+            floor = (f"; floor (one INSERT of the processed row) {s['floor_x']:.2f}x: Redis "
+                     f"adds {s['redis_added'] / s['floor_added']:.2f}x the floor's"
+                     if s.get("floor_added") else "")
             rows.append([f"dedupe, decorated vs bare, Redis / database only ({DB_TITLE[db]})",
-                         f"{s['redis_x']:.2f}x / {s['database_x']:.2f}x",
+                         f"{s['redis_x']:.2f}x / {s['database_x']:.2f}x{floor}",
                          "; ".join(f"{label} {o['decorated_x']:.2f}x" for label, o, _ in others)
                          or "-", "-"])
             rows.append([f"duplicates rejected/s, Redis / database only ({DB_TITLE[db]})",
-                         f"{d['redis']:,.0f} / {d['database']:,.0f}",
+                         f"{d['redis']:,.0f} / {d['database']:,.0f} "
+                         f"({d['redis'] / d['database']:.1f}x)",
                          "; ".join(f"{label} {dup['decorated']:,.0f}"
                                    for label, _, dup in others) or "-", "-"])
     return table(["measure", "consumer-kit", "best peer (same run)", "others"], rows)
