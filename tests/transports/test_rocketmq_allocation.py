@@ -64,3 +64,51 @@ def test_a_native_shutdown_that_never_returns_does_not_keep_the_process_up() -> 
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - began < 30
     assert "native consumer shutdown did not return" in result.stderr
+
+
+class _RefusingAdmin:
+    """A broker that answers but refuses the watchdog's backlog query; or one that is away."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def topic_queues(self, topic: str) -> list[tuple[str, str, int, int]]:
+        self.calls += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "warnings"), [
+    ("refused", 1),      # it answered and refused: say once that the watchdog is blind
+    ("unavailable", 0),  # it is away: the client reconnects by itself, nothing to say
+])
+def test_a_watchdog_the_broker_refuses_warns_once_and_one_it_cannot_reach_stays_quiet(
+        error: str, warnings: int, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import threading
+    import types
+
+    from consumer_kit.core.errors import TransportError, TransportUnavailable
+    from consumer_kit.core.messages import Subscription
+    from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+
+    exc = (TransportError("CODE 1: query refused") if error == "refused"
+           else TransportUnavailable("connect refused"))
+    admin = _RefusingAdmin(exc)
+    host = types.SimpleNamespace(admin=admin, stall_after=0.2, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset())
+    consumer = RocketMQConsumer(host, "g_watch", [Subscription("T")],  # type: ignore[arg-type]
+                                lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer._last_message = time.monotonic() - 60  # idle far longer than stall_after
+    caplog.set_level(logging.DEBUG, logger="consumer_kit")
+    watcher = threading.Thread(target=consumer._watch)
+    watcher.start()
+    deadline = time.monotonic() + 10
+    while admin.calls < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    consumer._stopping.set()
+    watcher.join(5)
+    assert admin.calls >= 4
+    said = [r for r in caplog.records if "liveness check" in r.getMessage()]
+    assert [r.levelname for r in said].count("WARNING") == warnings
+    assert consumer.failure is None and consumer.rebuilds == 0

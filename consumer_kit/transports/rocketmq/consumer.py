@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from consumer_kit.core.envelope import PROP_ID
-from consumer_kit.core.errors import TransportError
+from consumer_kit.core.errors import TransportError, TransportUnavailable
 from consumer_kit.core.messages import (
     ConsumeStatus,
     Delivery,
@@ -172,6 +172,7 @@ class RocketMQConsumer(Consumer):
         queues this consumer owns? Rebuild it (up to `max_rebuilds` times), then give up."""
         stall_after = self.transport.stall_after
         topics = [*(s.topic for s in self.subscriptions), retry_topic(self.group)]
+        refused_warned = False
         while not self._stopping.wait(min(5.0, max(0.2, stall_after / 4))):
             idle = time.monotonic() - self._last_message
             if idle < stall_after or self._in_flight:
@@ -179,9 +180,17 @@ class RocketMQConsumer(Consumer):
             try:
                 backlog = owned_backlog(self.transport.admin, self.group, topics,
                                         self.instance_name)
-            except TransportError as exc:  # the broker is away: the client reconnects itself
+            except TransportUnavailable as exc:  # away: the client reconnects by itself
                 log.debug("consumer %s: liveness check failed: %s", self.group, exc)
                 continue
+            except TransportError as exc:  # it answered but refused: the watchdog is blind
+                warned = refused_warned
+                refused_warned = True
+                (log.debug if warned else log.warning)(
+                    "consumer %s: the broker refused the liveness check (%s): a stall of this "
+                    "consumer cannot be detected while it does", self.group, exc)
+                continue
+            refused_warned = False
             if not backlog.stalled_if_idle or self._stopping.is_set():
                 continue
             where = (f"{backlog.owned} in its queues" if backlog.registered else
