@@ -17,8 +17,22 @@ def new_message_id() -> str:
     The first 10 characters encode the millisecond timestamp, so ids sort by creation time
     (handy in logs and for index locality); the other 16 are random.
     """
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
-    # 26 digits are 130 bits; as 20 bytes (160 bits, 32 digits, no padding) the value's digits
-    # are the last 26 (the first 6 encode leading zero bits)
-    digits = base64.b32encode(value.to_bytes(20, "big")).translate(_CROCKFORD)
-    return digits[6:].decode("ascii")
+    # 2 zero bits + 48 bits of milliseconds are the first 10 digits, the 80 random bits the
+    # other 16 (10 bytes are exactly 16 base32 digits): the time part is encoded once per
+    # millisecond, the random part by one b32encode of 10 bytes
+    ms = time.time_ns() // 1_000_000
+    prefix = _prefix_of.get(ms)
+    if prefix is None:
+        prefix = _time_digits(ms)
+        _prefix_of.clear()
+        _prefix_of[ms] = prefix
+    return prefix + base64.b32encode(os.urandom(10)).translate(_CROCKFORD).decode("ascii")
+
+
+#: the last millisecond's 10 time digits (one entry; a dict read is thread-safe)
+_prefix_of: dict[int, str] = {}
+
+
+def _time_digits(ms: int) -> str:
+    """The 10 Crockford digits of a 48-bit millisecond timestamp (50 bits, zero-padded)."""
+    return "".join(_ALPHABET[(ms >> shift) & 31] for shift in range(45, -1, -5))

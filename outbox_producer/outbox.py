@@ -232,11 +232,15 @@ def _rocketmq_limit() -> int:
 def _check_fields(topic: str, biz_type: str, biz_key: str, tags: str | None,
                   keys: Sequence[str] | str | None) -> str | None:
     """Check the row's text fields against their columns and RocketMQ's rules; return the
-    KEYS column."""
+    KEYS column. A (topic, biz_type, tags) that passed once is remembered (a service publishes
+    a handful of them): only `biz_key` and `keys` are checked on every call."""
     keys_text = validation.keys_text(keys)
-    checks = [("topic", topic, TOPIC_LEN), ("biz_type", biz_type, BIZ_TYPE_LEN),
-              ("biz_key", biz_key, BIZ_KEY_LEN), ("tags", tags, TAGS_LEN),
-              ("keys", keys_text, KEYS_LEN)]
+    known = (topic, biz_type, tags) if (type(topic) is str and type(biz_type) is str
+                                        and (tags is None or type(tags) is str)) else None
+    checks = [("biz_key", biz_key, BIZ_KEY_LEN), ("keys", keys_text, KEYS_LEN)]
+    if known is None or known not in _KNOWN:
+        checks += [("topic", topic, TOPIC_LEN), ("biz_type", biz_type, BIZ_TYPE_LEN),
+                   ("tags", tags, TAGS_LEN)]
     for name, value, limit in checks:
         if value is None and name in ("tags", "keys"):
             continue
@@ -244,10 +248,24 @@ def _check_fields(topic: str, biz_type: str, biz_key: str, tags: str | None,
             raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
         if len(value) > limit:
             raise PayloadError(f"{name} is {len(value)} characters; the column holds {limit}")
-    validation.check_topic(topic)
-    validation.check_tags(tags)
-    for name, value in (("biz_type", biz_type), ("biz_key", biz_key)):
-        if "\x00" in value or "\x01" in value or "\x02" in value:
-            raise PayloadError(f"{name} {value!r} has NUL, \\x01 or \\x02, which RocketMQ "
-                               "cannot carry (it travels in the ckit_biz property)")
+    if known is None or known not in _KNOWN:
+        validation.check_topic(topic)
+        validation.check_tags(tags)
+        _control_characters("biz_type", biz_type)
+        if known is not None:
+            if len(_KNOWN) >= _KNOWN_MAX:
+                _KNOWN.clear()
+            _KNOWN[known] = None
+    _control_characters("biz_key", biz_key)
     return keys_text
+
+
+#: (topic, biz_type, tags) that passed `_check_fields` (bounded; cleared when full)
+_KNOWN: dict[tuple[str, str, str | None], None] = {}
+_KNOWN_MAX = 4096
+
+
+def _control_characters(name: str, value: str) -> None:
+    if "\x00" in value or "\x01" in value or "\x02" in value:
+        raise PayloadError(f"{name} {value!r} has NUL, \\x01 or \\x02, which RocketMQ "
+                           "cannot carry (it travels in the ckit_biz property)")

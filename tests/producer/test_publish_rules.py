@@ -222,3 +222,22 @@ def test_checking_a_message_adds_no_database_round_trip(sqlite_db: Db) -> None:
         sa.event.remove(sqlite_db.engine, "before_cursor_execute", record)
     # Then the INSERT is the only statement
     assert statements == ["INSERT"]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("biz_key", "a\x00b"), ("biz_key", ""), ("biz_key", "k" * 1000), ("keys", "two words"),
+    ("tags", "a||b"),
+])
+def test_a_topic_published_before_still_has_every_other_field_checked(
+        db: Db, field: str, value: str) -> None:
+    # Given: ORDER_CREATED / order published once (its topic and biz_type are remembered)
+    box = outbox(db)
+    with db.engine.begin() as conn:
+        box.publish(conn, "ORDER_CREATED", {"v": 1}, biz_type="order", biz_key="first")
+    # When: the next message of the same topic and biz_type has a bad field
+    fields: dict[str, object] = {"biz_type": "order", "biz_key": "second"}
+    fields[field] = value
+    with pytest.raises(PayloadError, match=field), db.engine.begin() as conn:
+        box.publish(conn, "ORDER_CREATED", {"v": 2}, **fields)  # type: ignore[arg-type]
+    # Then: refused, nothing written
+    assert row_count(db) == 1
