@@ -50,9 +50,9 @@ class OutboxInsert:
         sql = self._driver_sql(conn.dialect, returning)
         if sql is None:
             return self._core(conn, row, returning)
-        params = dict(row)
-        headers = params["headers"]
-        params["headers"] = None if headers is None else json.dumps(headers)
+        params = row
+        if row["headers"] is not None:  # the row keeps its dict (the dispatcher reads it)
+            params = {**row, "headers": json.dumps(row["headers"])}
         result = conn.exec_driver_sql(sql, params)
         if returning:
             found = result.scalar()
