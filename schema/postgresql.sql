@@ -279,7 +279,7 @@ CREATE TABLE ckit_outbox (
     fail_reason VARCHAR(2000),
     -- the broker's id for the last successful send
     broker_message_id VARCHAR(128),
-    -- UTC when marked SENT
+    -- UTC when marked SENT (or when a receipt beat that mark)
     sent_at TIMESTAMP WITHOUT TIME ZONE,
     -- UTC when marked CONSUMED
     consumed_at TIMESTAMP WITHOUT TIME ZONE,
@@ -344,7 +344,7 @@ COMMENT ON COLUMN ckit_outbox.fail_reason IS 'last send error or consumer reject
 
 COMMENT ON COLUMN ckit_outbox.broker_message_id IS 'the broker''s id for the last successful send';
 
-COMMENT ON COLUMN ckit_outbox.sent_at IS 'UTC when marked SENT';
+COMMENT ON COLUMN ckit_outbox.sent_at IS 'UTC when marked SENT (or when a receipt beat that mark)';
 
 COMMENT ON COLUMN ckit_outbox.consumed_at IS 'UTC when marked CONSUMED';
 
@@ -395,7 +395,7 @@ CREATE TABLE ckit_outbox_archive (
     fail_reason VARCHAR(2000),
     -- the broker's id for the last successful send
     broker_message_id VARCHAR(128),
-    -- UTC when marked SENT
+    -- UTC when marked SENT (or when a receipt beat that mark)
     sent_at TIMESTAMP WITHOUT TIME ZONE,
     -- UTC when marked CONSUMED
     consumed_at TIMESTAMP WITHOUT TIME ZONE,
@@ -452,7 +452,7 @@ COMMENT ON COLUMN ckit_outbox_archive.fail_reason IS 'last send error or consume
 
 COMMENT ON COLUMN ckit_outbox_archive.broker_message_id IS 'the broker''s id for the last successful send';
 
-COMMENT ON COLUMN ckit_outbox_archive.sent_at IS 'UTC when marked SENT';
+COMMENT ON COLUMN ckit_outbox_archive.sent_at IS 'UTC when marked SENT (or when a receipt beat that mark)';
 
 COMMENT ON COLUMN ckit_outbox_archive.consumed_at IS 'UTC when marked CONSUMED';
 

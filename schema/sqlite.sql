@@ -180,7 +180,7 @@ CREATE TABLE ckit_outbox (
     fail_reason VARCHAR(2000),
     -- the broker's id for the last successful send
     broker_message_id VARCHAR(128),
-    -- UTC when marked SENT
+    -- UTC when marked SENT (or when a receipt beat that mark)
     sent_at DATETIME,
     -- UTC when marked CONSUMED
     consumed_at DATETIME,
@@ -245,7 +245,7 @@ CREATE TABLE ckit_outbox_archive (
     fail_reason VARCHAR(2000),
     -- the broker's id for the last successful send
     broker_message_id VARCHAR(128),
-    -- UTC when marked SENT
+    -- UTC when marked SENT (or when a receipt beat that mark)
     sent_at DATETIME,
     -- UTC when marked CONSUMED
     consumed_at DATETIME,

@@ -387,3 +387,17 @@ def test_a_second_archive_run_on_the_same_table_is_refused_while_one_runs(db: Db
         archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW)
     # And once the first is done, a run goes through
     assert archive.archive(db.engine, tables(db), dt.timedelta(days=30), now=NOW).moved == 1
+
+
+@pytest.mark.parametrize("state", [OutboxState.CONSUMED, OutboxState.REJECTED, OutboxState.SENT])
+def test_a_forced_retry_of_a_row_that_went_out_marks_the_re_send_as_a_resend(
+        db: Db, state: OutboxState) -> None:
+    # Given: a row that went out, but whose sent_at is empty (its receipt beat the sender's
+    # mark under an older version) - and a FAILED row that may never have gone out
+    went_out = insert(db, state, sent_at=None)
+    failed = insert(db, OutboxState.FAILED, sent_at=None)
+    # When: both are retried
+    ops.retry(db.engine, tables(db), [went_out["id"], failed["id"]], force=True, now=NOW)
+    # Then: only the one that went out is re-sent as a re-send (`ckit_resend`)
+    assert get(db, went_out["id"])["sent_at"] == NOW
+    assert get(db, failed["id"])["sent_at"] is None

@@ -140,7 +140,11 @@ class ReceiptApplier:
             if (expected and expected <= groups.keys()) or (not expected and groups):
                 to_consume.append(mid)
         now = utcnow()
-        done = {"lease_owner": None, "lease_until": None}
+        # a receipt proves the message went out: when it beat the sender's mark (SENDING ->
+        # CONSUMED), `sent_at` is set here, so a later re-send (`ckit outbox retry --force`)
+        # carries `ckit_resend` and the groups that processed it answer with a receipt again
+        done = {"lease_owner": None, "lease_until": None,
+                "sent_at": sa.func.coalesce(t.c.sent_at, now)}
         if to_consume:
             # the decision rests on the receipt rows alone (which only grow), so any open state
             # may become CONSUMED, and a terminal one never changes

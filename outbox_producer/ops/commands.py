@@ -204,8 +204,17 @@ def retry(
         values=lambda row, state, now: {
             "retry_count": 0, "next_retry_at": now, "lease_owner": None, "lease_until": None,
             "fail_reason": _retry_reason(row.fail_reason, state),
+            # SENT, CONSUMED and REJECTED rows went out before: the re-send must say so
+            # (`ckit_resend`), also for rows whose receipt beat the sender's mark (older
+            # versions left their `sent_at` empty)
+            **({"sent_at": sa.func.coalesce(tables.outbox.c.sent_at, now)}
+               if state in _WENT_OUT else {}),
         },
     )  # fmt: skip
+
+
+#: states a row reaches only after a send went out
+_WENT_OUT = frozenset({OutboxState.SENT, OutboxState.CONSUMED, OutboxState.REJECTED})
 
 
 def suspend(

@@ -130,3 +130,24 @@ def test_the_ack_consumer_applies_ack_topic_messages_and_drops_malformed_ones(db
     run_consumer(worker.consumer(), threading.Event(), burst=True, max_seconds=30)
     assert state(db, mid)[0] == OutboxState.CONSUMED
     assert worker.malformed == 1
+
+
+def test_a_row_whose_receipt_beat_its_mark_is_re_sent_as_a_resend_after_a_forced_retry(
+        db: Db) -> None:
+    # Given: the consumer's receipt arrived before the relay marked the row SENT, so the row
+    # went SENDING -> CONSUMED without the relay's mark (seen in the long fault run)
+    from consumer_kit.core.envelope import PROP_RESEND, to_message
+    from outbox_producer import ops
+
+    [mid] = publish(db)
+    relay = Relay(db.engine, RecordingTransport(), table=db.names.outbox)
+    rows = relay.claimer.claim(10)
+    applier(db).apply([Receipt(mid, "inventory")])
+    assert relay.sender.send_rows(rows).conflicts == 1
+    # When: an operator re-sends it (`ckit outbox retry --force`, a duplicate storm)
+    assert ops.retry(db.engine, ops.OutboxTables.from_names(db.names), [mid], force=True).changed
+    [again] = relay.claimer.claim(10)
+    # Then: the re-send says so, and a group that processed it answers with a receipt again
+    # (a plain duplicate would send none, and the row would wait for the reconciler)
+    assert again.sent_before
+    assert to_message(again).properties[PROP_RESEND] == "1"
