@@ -112,3 +112,52 @@ def test_a_watchdog_the_broker_refuses_warns_once_and_one_it_cannot_reach_stays_
     said = [r for r in caplog.records if "liveness check" in r.getMessage()]
     assert [r.levelname for r in said].count("WARNING") == warnings
     assert consumer.failure is None and consumer.rebuilds == 0
+
+
+class _FakePush:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.shutdowns = 0
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_shutdown_during_a_rebuild_stops_the_new_native_consumer_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import types
+
+    from consumer_kit.core.messages import Subscription
+    from consumer_kit.transports.rocketmq import consumer as rmq_consumer
+
+    # Given: a consumer whose watchdog is rebuilding it: the old native consumer is stopped,
+    # the new one is still starting
+    monkeypatch.setattr(rmq_consumer.native, "destroy_push_consumer", lambda push: None)
+    host = types.SimpleNamespace(admin=None, stall_after=60, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset())
+    consumer = rmq_consumer.RocketMQConsumer(
+        host, "g_swap", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    old, new = _FakePush("old"), _FakePush("new")
+    consumer._push = old
+    starting, go_on = threading.Event(), threading.Event()
+
+    def slow_start() -> _FakePush:
+        starting.set()
+        assert go_on.wait(10)
+        return new
+
+    monkeypatch.setattr(consumer, "_start_push", slow_start)
+    rebuild = threading.Thread(target=consumer._rebuild)
+    rebuild.start()
+    assert starting.wait(10)
+    # When: the process is told to stop meanwhile
+    stopper = threading.Thread(target=consumer.shutdown, kwargs={"timeout": 5})
+    stopper.start()
+    time.sleep(0.3)
+    go_on.set()
+    rebuild.join(10)
+    stopper.join(10)
+    # Then: each native consumer was stopped exactly once; none is left running
+    assert (old.shutdowns, new.shutdowns) == (1, 1)
+    assert consumer._push is None and consumer.rebuilds == 1
