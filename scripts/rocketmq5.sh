@@ -26,7 +26,7 @@
 # Standing topics and groups (created by start): ckit_smoke (NORMAL), ckit_smoke_fifo (FIFO),
 #   ckit_smoke_mixed (MIXED), groups ckit_smoke_group and ckit_smoke_fifo_group (FIFO).
 #
-# Ports (all on 127.0.0.1, none shared with 4.9.7's 9876/10909/10911/10912):
+# Ports (all on 127.0.0.1, none shared with 4.9.7's 9876/10909/10911/10912), by default:
 #   name server 9886; broker 10951 (+ 10949 fast channel, 10952 HA); proxy gRPC 8081, remoting 8082.
 #
 # Environment:
@@ -34,22 +34,38 @@
 #   CKIT_ROCKETMQ5_VERSION    RocketMQ version (default 5.3.3)
 #   CKIT_ROCKETMQ5_TIMEOUT    seconds to wait for start/stop (default 150)
 #   CKIT_ROCKETMQ5_DELAYS     messageDelayLevel for remoting clients (default eighteen `1s`)
+#   CKIT_ROCKETMQ5_RUN        run folder (default $CKIT_CACHE/rocketmq5-run); a folder given here
+#                             also holds its own conf/ (ROCKETMQ_HOME), so a second name server +
+#                             proxy (e.g. the fault runner's, bench/faults) shares only the jars
+#   CKIT_ROCKETMQ5_NAMESRV_PORT        name server port (default 9886)
+#   CKIT_ROCKETMQ5_BROKER_PORT         broker listenPort (default 10951; it also takes PORT-2 and
+#                                      PORT+1)
+#   CKIT_ROCKETMQ5_PROXY_PORT          proxy gRPC port (default 8081)
+#   CKIT_ROCKETMQ5_PROXY_REMOTING_PORT proxy remoting port (default 8082)
 #
 # Layout: $CKIT_CACHE/rocketmq-VERSION/{lib,conf5} (ROCKETMQ_HOME; lib shared with nobody: 4.9.7
 #         has its own folder), $CKIT_CACHE/loopback-bind/SHA.so (shared with scripts/rocketmq.sh)
-#         and $CKIT_CACHE/rocketmq5-run/{store,logs,*.pid,*.out} (the JVMs' user.home).
+#         and $CKIT_CACHE/rocketmq5-run/{store,logs,*.pid,*.out} (the JVMs' user.home); with
+#         CKIT_ROCKETMQ5_RUN the configs are in RUN/conf and RUN is ROCKETMQ_HOME too.
 set -euo pipefail
 
 readonly VERSION=${CKIT_ROCKETMQ5_VERSION:-5.3.3}
 readonly CACHE=${CKIT_CACHE:-$HOME/.cache/consumer-kit}
 readonly RMQ_HOME=${CACHE}/rocketmq-${VERSION}
 readonly LIB=${RMQ_HOME}/lib
-readonly CONF=${RMQ_HOME}/conf5
-readonly RUN=${CACHE}/rocketmq5-run
-readonly NAMESRV_PORT=9886
-readonly BROKER_PORT=10951
-readonly PROXY_PORT=8081
-readonly PROXY_REMOTING_PORT=8082
+readonly RUN=${CKIT_ROCKETMQ5_RUN:-${CACHE}/rocketmq5-run}
+# The configs name the run folder and the ports: a run folder of its own gets its own configs.
+if [[ -n ${CKIT_ROCKETMQ5_RUN:-} ]]; then
+  readonly HOME_DIR=${RUN}
+  readonly CONF=${RUN}/conf
+else
+  readonly HOME_DIR=${RMQ_HOME}
+  readonly CONF=${RMQ_HOME}/conf5
+fi
+readonly NAMESRV_PORT=${CKIT_ROCKETMQ5_NAMESRV_PORT:-9886}
+readonly BROKER_PORT=${CKIT_ROCKETMQ5_BROKER_PORT:-10951}
+readonly PROXY_PORT=${CKIT_ROCKETMQ5_PROXY_PORT:-8081}
+readonly PROXY_REMOTING_PORT=${CKIT_ROCKETMQ5_PROXY_REMOTING_PORT:-8082}
 readonly NAMESRV_ADDR=127.0.0.1:${NAMESRV_PORT}
 readonly CLUSTER=DefaultCluster
 readonly BROKER_NAME=broker5-a
@@ -68,7 +84,7 @@ readonly JAVA_OPENS=(
 readonly JAVA_COMMON=(
   "${JAVA_OPENS[@]}"
   -XX:+UseG1GC -XX:-OmitStackTraceInFastThrow -Djava.net.preferIPv4Stack=true
-  "-Drocketmq.home.dir=${RMQ_HOME}" "-Duser.home=${RUN}"
+  "-Drocketmq.home.dir=${HOME_DIR}" "-Duser.home=${RUN}"
   -Drocketmq.broker.diskSpaceWarningLevelRatio=0.98
 )
 

@@ -1,7 +1,8 @@
 """Carrying out one planned fault, and the record of what happened.
 
 Process kills SIGKILL one role and start it again after the planned down time; service kills do
-the same to the run's own MariaDB, Redis, name server or broker (never the shared ones); a Redis
+the same to the run's own MariaDB, Redis, name server, broker or RocketMQ 5 proxy (never the
+shared ones; the proxy holds its broker); a Redis
 flush is FLUSHALL on the run's Redis; a duplicate storm puts a few percent of the SENT and
 CONSUMED outbox rows back to PENDING with the operator's command (`ckit outbox retry --force`), so
 the relays send the same message ids again.
@@ -125,9 +126,10 @@ class Injector:
             time.sleep(fault.down)
             self.mariadb.start()
             rec.new_pid = self.mariadb.pid
-        elif fault.kind in ("broker-kill", "namesrv-kill"):
-            assert self.rocketmq is not None, "RocketMQ faults need --transport rocketmq"
+        elif fault.kind in ("broker-kill", "namesrv-kill", "proxy-kill"):
             component = fault.kind.removesuffix("-kill")
+            if self.rocketmq is None or component not in self.rocketmq.COMPONENTS:
+                raise InjectError(f"{fault.kind} does not apply to this run's transport")
             rec.target = component
             rec.pid = self.rocketmq.kill9(component)
             time.sleep(fault.down)

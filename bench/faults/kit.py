@@ -12,6 +12,7 @@ import sys
 from bench.common import machine_facts
 from consumer_kit import ConsumerApp, Message
 from consumer_kit.transports import open_transport
+from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from outbox_producer import Dispatcher, Outbox, OutboxState, receipt_topic
 
 #: the command line (`ckit`'s own entry point, so the spawned process uses this checkout through
@@ -63,6 +64,7 @@ __all__ = [
     "Message",
     "Outbox",
     "OutboxState",
+    "RocketMQ5Transport",
     "machine_facts",
     "mask",
     "open_transport",

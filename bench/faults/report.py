@@ -67,6 +67,22 @@ def pauses(records: list[dict[str, Any]], times: list[float], flow_stop: float) 
         rec["pause_s"] = round(max(gaps), 1) if gaps else None
 
 
+def longest_stall(times: list[float], flow_stop: float) -> dict[str, float] | None:
+    """The longest stretch without any effect, from the first effect to the end of the flow
+    (seconds, from, to): a pause of every consumer at once, which `pauses` (cut at the next fault)
+    and `consumers` (silent while others applied) do not show.
+
+    >>> longest_stall([1.0, 2.0, 9.0, 10.0], 11.0)
+    {'seconds': 7.0, 'from': 2.0, 'to': 9.0}
+    """
+    points = [t for t in times if t <= flow_stop]
+    if not points:
+        return None
+    points.append(flow_stop)
+    a, b = max(itertools.pairwise(points), key=lambda ab: ab[1] - ab[0], default=(0.0, 0.0))
+    return {"seconds": round(b - a, 1), "from": round(a, 1), "to": round(b, 1)}
+
+
 def latencies(records: list[dict[str, Any]], placed: dict[int, float],
               first_effect: dict[int, float]) -> None:
     """Add `latency_s` to each fault record: the longest commit-to-effect time of the orders
@@ -150,6 +166,7 @@ def build(*, cfg: Config, run: Run, settled: settle.Settled | None,
         "reconciled_rows": reconciled,
         "reconciled_share_pct": round(100 * reconciled / cfg.messages, 2),
         "consumers": consumers(run, effects, run.stopped_at or flow_end),
+        "longest_stall": longest_stall(times, flow_stop),
         "shutdown_s": shutdown,
         "slow_shutdowns": {k: v for k, v in shutdown.items() if v is not None and v > HANG_AFTER},
         "logs": logscan.scan(cfg.run_dir / "logs"),
@@ -213,6 +230,10 @@ def text(rep: dict[str, Any]) -> str:
     for u in rep["unplanned_exits"]:
         lines.append(f"unplanned exit   : {u['name']} pid {u['pid']} code {u['code']} at "
                      f"t={u['t']:.1f}s: {kit.mask(' | '.join(u['last_lines'][-2:]))}")
+    if rep["longest_stall"]:
+        st = rep["longest_stall"]
+        lines.append(f"longest stall    : {st['seconds']}s without any effect (t={st['from']} to "
+                     f"t={st['to']}) while the producer placed orders")
     for c in rep["consumers"]:
         if c["went_silent"]:
             lines.append(f"silent consumer  : {c['role']} pid {c['pid']} ({c['how']}): no effect "

@@ -24,6 +24,7 @@ from bench.faults.services import (
     Ports,
     Redis,
     RocketMQ,
+    RocketMQ5,
     ServiceError,
     check_ports_free,
     missing_programs,
@@ -68,10 +69,16 @@ class Run:
         d = cfg.run_dir
         self.mariadb = MariaDB(d / "mariadb", self.ports.mariadb)
         self.redis = Redis(d / "redis", self.ports.redis)
-        self.rocketmq = (RocketMQ(d / "rocketmq", self.ports.namesrv, self.ports.broker)
-                         if cfg.transport == "rocketmq" else None)
+        self.rocketmq: RocketMQ | None = None
+        if cfg.transport == "rocketmq":
+            self.rocketmq = RocketMQ(d / "rocketmq", self.ports.namesrv, self.ports.broker)
+        elif cfg.transport == "rocketmq5":
+            self.rocketmq = RocketMQ5(d / "rocketmq5", self.ports.namesrv5, self.ports.broker5,
+                                      self.ports.proxy)
         self.urls = world.Urls(self.ports.mariadb, self.redis.url, world.transport_url(
-            cfg.transport, mariadb_port=self.ports.mariadb, namesrv_port=self.ports.namesrv))
+            cfg.transport, mariadb_port=self.ports.mariadb,
+            namesrv_port=self.ports.namesrv5 if cfg.transport == "rocketmq5" else
+            self.ports.namesrv, proxy_port=self.ports.proxy))
         self.supervisor = Supervisor(self.clock, self.say)
         self.records: list[FaultRecord] = []
         self.errors: list[str] = []
@@ -94,27 +101,44 @@ class Run:
     # -- phases ---------------------------------------------------------------------------
 
     def start_services(self) -> None:
-        rocketmq = self.rocketmq is not None
-        missing = missing_programs(rocketmq)
+        missing = missing_programs(self.cfg.transport)
         if missing:
             raise ServiceError(f"missing {', '.join(missing)}: run scripts/setup.sh")
-        check_ports_free(self.ports.all(rocketmq))
+        check_ports_free(self.ports.all(self.cfg.transport))
         self.mariadb.install()
         self.mariadb.start()
         self.mariadb.provision(world.DATABASES, world.DB_USER, world.DB_PASSWORD)
         self.redis.start()
         self.say(f"MariaDB {self.mariadb.version()} on 127.0.0.1:{self.ports.mariadb}, "
                  f"Redis {self.redis.version()} on 127.0.0.1:{self.ports.redis}")
-        if self.rocketmq is not None:
+        if isinstance(self.rocketmq, RocketMQ5):
+            began = time.monotonic()
+            self.rocketmq.start()
+            self.say(f"RocketMQ 5 name server {self.rocketmq.addr}, proxy (gRPC) "
+                     f"{self.rocketmq.proxy_addr} with its broker 127.0.0.1:"
+                     f"{self.rocketmq.broker_port} up in {time.monotonic() - began:.1f}s")
+        elif self.rocketmq is not None:
             began = time.monotonic()
             self.rocketmq.start()
             self.say(f"RocketMQ name server 127.0.0.1:{self.ports.namesrv}, broker "
                      f"127.0.0.1:{self.ports.broker} up in {time.monotonic() - began:.1f}s")
         world.create_tables(self.urls, sql_transport=self.cfg.transport == "sql")
-        transport = kit.open_transport(self.urls.transport)
+        self.create_topics()
+
+    def create_topics(self) -> None:
+        """The order and receipt topics (RocketMQ 5: NORMAL topics, created through the name
+        server), and on RocketMQ 5 the consumer group with its retry limit and `%DLQ%group`
+        before any consumer starts."""
+        rocketmq5 = self.cfg.transport == "rocketmq5"
+        options = {"max_reconsume_times": world.GROUP_RETRIES} if rocketmq5 else {}
+        transport = kit.open_transport(self.urls.transport, **options)
         try:
             for topic in (world.TOPIC, world.RECEIPT_TOPIC):
                 transport.ensure_topic(topic)
+            if isinstance(transport, kit.RocketMQ5Transport):
+                transport.prepare_group(world.GROUP)
+                self.say(f"group {world.GROUP}: retryMaxTimes {world.GROUP_RETRIES}, "
+                         f"%DLQ%{world.GROUP} created")
         finally:
             transport.close()
 

@@ -3,8 +3,8 @@
 A pure function of its arguments: the same seed gives the same plan, so a failing run can be
 repeated. Every kind appears `repeats` times, in a shuffled order, spread over the window: one
 slot each, sized by the kind's weight (a RocketMQ process takes about 30 s to be back in the
-cluster, a killed Python process about 2 s), the fault at a random point of its slot's first
-half, so its recovery has the rest.
+cluster, a RocketMQ 5 proxy longer, a killed Python process about 2 s), the fault at a random
+point of its slot's first half, so its recovery has the rest.
 """
 
 from __future__ import annotations
@@ -18,14 +18,18 @@ PROCESS_KINDS = ("kill-producer", "kill-relay", "kill-consume", "kill-receipts")
 SERVICE_KINDS = ("redis-flush", "redis-kill", "mariadb-kill", "dup-storm")
 #: faults of the RocketMQ broker's processes (on the SQL transport the broker is MariaDB)
 ROCKETMQ_KINDS = ("broker-kill", "namesrv-kill")
+#: RocketMQ 5: the proxy holds the broker (local mode), so killing it kills both
+ROCKETMQ5_KINDS = ("proxy-kill", "namesrv-kill")
+#: the broker's kinds by transport
+TRANSPORT_KINDS = {"rocketmq": ROCKETMQ_KINDS, "rocketmq5": ROCKETMQ5_KINDS}
 
 #: how many instances each killed role has (the target is drawn among them)
 INSTANCES = {"kill-producer": 1, "kill-relay": 2, "kill-consume": 2, "kill-receipts": 1}
 #: down time range in seconds (kill -9 -> restart)
 DOWN = {"kill": (0.5, 3.0), "redis-kill": (1.0, 4.0), "mariadb-kill": (1.0, 4.0),
-        "broker-kill": (1.0, 4.0), "namesrv-kill": (1.0, 4.0)}
+        "broker-kill": (1.0, 4.0), "namesrv-kill": (1.0, 4.0), "proxy-kill": (1.0, 4.0)}
 #: relative slot sizes (default 1)
-WEIGHT = {"mariadb-kill": 1.5, "broker-kill": 3.0, "namesrv-kill": 3.0}
+WEIGHT = {"mariadb-kill": 1.5, "broker-kill": 3.0, "namesrv-kill": 3.0, "proxy-kill": 3.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +43,12 @@ class Fault:
 
 
 def kinds_for(transport: str) -> tuple[str, ...]:
-    """Every fault kind that applies to `transport` (`sql` or `rocketmq`)."""
-    extra = ROCKETMQ_KINDS if transport == "rocketmq" else ()
-    return PROCESS_KINDS + SERVICE_KINDS + extra
+    """Every fault kind that applies to `transport` (`sql`, `rocketmq` or `rocketmq5`).
+
+    >>> kinds_for("rocketmq5")[-2:]
+    ('proxy-kill', 'namesrv-kill')
+    """
+    return PROCESS_KINDS + SERVICE_KINDS + TRANSPORT_KINDS.get(transport, ())
 
 
 def plan(kinds: tuple[str, ...], *, repeats: int, start: float, end: float,

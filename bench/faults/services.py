@@ -1,11 +1,13 @@
-"""The fault run's own services: a MariaDB, a Redis and (for RocketMQ) a name server + broker.
+"""The fault run's own services: a MariaDB, a Redis and (for RocketMQ) a name server + broker,
+or (for RocketMQ 5) a name server + proxy with its broker inside.
 
 Other engineers use the shared services of scripts/setup.sh at the same time, so the runner never
 touches those: it starts its own instances on loopback ports of their own, with their data in the
 run folder, and kills or restarts only processes whose PIDs it started. MariaDB and Redis run
 from the Debian packages that setup.sh installs (`mariadb-install-db` + `mariadbd --no-defaults`,
-`redis-server`); RocketMQ runs through `scripts/rocketmq.sh` with its run folder and ports given
-by environment (the jars and the loopback bind shim come from the cache setup.sh filled).
+`redis-server`); RocketMQ runs through `scripts/rocketmq.sh` (RocketMQ 5 through
+`scripts/rocketmq5.sh`) with its run folder and ports given by environment (the jars and the
+loopback bind shim come from the cache setup.sh filled).
 """
 
 from __future__ import annotations
@@ -55,9 +57,29 @@ class Ports:
     def broker(self) -> int:
         return 10911 + self.offset
 
-    def all(self, rocketmq: bool) -> list[int]:
-        """Every port the run listens on (the broker also takes PORT-2 and PORT+1)."""
-        extra = [self.namesrv, self.broker - 2, self.broker, self.broker + 1] if rocketmq else []
+    @property
+    def namesrv5(self) -> int:
+        """RocketMQ 5's name server (scripts/rocketmq5.sh: 9886)."""
+        return 9886 + self.offset
+
+    @property
+    def broker5(self) -> int:
+        """RocketMQ 5's broker inside the proxy (10951)."""
+        return 10951 + self.offset
+
+    @property
+    def proxy(self) -> int:
+        """RocketMQ 5's proxy, gRPC (8081); its remoting port is the next one (8082)."""
+        return 8081 + self.offset
+
+    def all(self, transport: str) -> list[int]:
+        """Every port the run listens on for `transport` (a broker also takes PORT-2 and
+        PORT+1)."""
+        extra = {
+            "rocketmq": [self.namesrv, self.broker - 2, self.broker, self.broker + 1],
+            "rocketmq5": [self.namesrv5, self.broker5 - 2, self.broker5, self.broker5 + 1,
+                          self.proxy, self.proxy + 1],
+        }.get(transport, [])
         return [self.mariadb, self.redis, *extra]
 
 
@@ -277,7 +299,10 @@ class RocketMQ:
     the run folder's pid files, and only those are ever killed."""
 
     name = "rocketmq"
+    SCRIPT = "rocketmq.sh"
     COMPONENTS = ("namesrv", "broker")
+    #: seconds the script may take to start (and register) what is down
+    START_SECONDS = START_TIMEOUT + 30
 
     def __init__(self, folder: Path, namesrv_port: int, broker_port: int) -> None:
         self.folder = folder
@@ -286,23 +311,27 @@ class RocketMQ:
         self.log = folder / "script.log"
         self.addr = f"127.0.0.1:{namesrv_port}"
 
+    def _env(self, timeout: float) -> dict[str, str]:
+        """The script's settings: this run folder, these ports."""
+        return {"CKIT_ROCKETMQ_RUN": str(self.folder),
+                "CKIT_ROCKETMQ_NAMESRV_PORT": str(self.namesrv_port),
+                "CKIT_ROCKETMQ_BROKER_PORT": str(self.broker_port),
+                "CKIT_ROCKETMQ_TIMEOUT": str(int(timeout))}
+
     def _script(self, *args: str, timeout: float) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CKIT_ROCKETMQ_RUN": str(self.folder),
-               "CKIT_ROCKETMQ_NAMESRV_PORT": str(self.namesrv_port),
-               "CKIT_ROCKETMQ_BROKER_PORT": str(self.broker_port),
-               "CKIT_ROCKETMQ_TIMEOUT": str(int(timeout))}
+        env = {**os.environ, **self._env(timeout)}
         with self.log.open("ab") as out:
-            rc = subprocess.run(["bash", str(SCRIPTS / "rocketmq.sh"), *args], env=env,
+            rc = subprocess.run(["bash", str(SCRIPTS / self.SCRIPT), *args], env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 timeout=timeout + 30, check=False).returncode
         if rc != 0:
-            raise ServiceError(f"scripts/rocketmq.sh {' '.join(args)} failed ({rc}): "
+            raise ServiceError(f"scripts/{self.SCRIPT} {' '.join(args)} failed ({rc}): "
                                f"{_tail(self.log)}")
 
     def start(self) -> None:
         """Start whatever of the two is not running and wait until the broker is registered."""
-        self._script("start", timeout=START_TIMEOUT + 30)
+        self._script("start", timeout=self.START_SECONDS)
 
     def stop(self) -> None:
         self._script("stop", timeout=STOP_TIMEOUT)
@@ -318,7 +347,7 @@ class RocketMQ:
         return pid if ours else None
 
     def kill9(self, component: str) -> int:
-        """SIGKILL the name server or the broker of this run; returns its pid."""
+        """SIGKILL one of `COMPONENTS` of this run; returns its pid."""
         pid = self.pid(component)
         if pid is None:
             raise ServiceError(f"{component} of {self.folder} is not running")
@@ -335,12 +364,42 @@ class RocketMQ:
         return pid
 
 
+class RocketMQ5(RocketMQ):
+    """A RocketMQ 5 name server + proxy (local mode: the broker runs inside the proxy's JVM)
+    of its own through scripts/rocketmq5.sh, run folder and ports by environment, as
+    `RocketMQ`. Killing the proxy kills its broker too; `start` brings back whichever of the
+    two is down and waits until the broker is registered and the proxy answers."""
+
+    name = "rocketmq5"
+    SCRIPT = "rocketmq5.sh"
+    COMPONENTS = ("namesrv", "proxy")
+    #: the proxy's JVM (1 GiB heap, the broker inside) took 74 s to start on 2 busy cores,
+    #: then the script creates its standing topics: its own default, 150 s
+    START_SECONDS = 150.0
+
+    def __init__(self, folder: Path, namesrv_port: int, broker_port: int,
+                 proxy_port: int) -> None:
+        super().__init__(folder, namesrv_port, broker_port)
+        self.proxy_port = proxy_port
+        self.proxy_addr = f"127.0.0.1:{proxy_port}"
+
+    def _env(self, timeout: float) -> dict[str, str]:
+        return {"CKIT_ROCKETMQ5_RUN": str(self.folder),
+                "CKIT_ROCKETMQ5_NAMESRV_PORT": str(self.namesrv_port),
+                "CKIT_ROCKETMQ5_BROKER_PORT": str(self.broker_port),
+                "CKIT_ROCKETMQ5_PROXY_PORT": str(self.proxy_port),
+                "CKIT_ROCKETMQ5_PROXY_REMOTING_PORT": str(self.proxy_port + 1),
+                "CKIT_ROCKETMQ5_TIMEOUT": str(int(timeout))}
+
+
 def program(name: str) -> str:
     """The path of a server program (root's PATH has /usr/sbin, a user's may not)."""
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
 
 
-def missing_programs(rocketmq: bool) -> list[str]:
-    """The programs the run needs that this machine lacks (scripts/setup.sh installs them)."""
-    needed = ["mariadbd", "mariadb-install-db", "redis-server"] + (["java"] if rocketmq else [])
+def missing_programs(transport: str) -> list[str]:
+    """The programs a run on `transport` needs that this machine lacks (scripts/setup.sh
+    installs them): both RocketMQ transports need java."""
+    java = transport in ("rocketmq", "rocketmq5")
+    needed = ["mariadbd", "mariadb-install-db", "redis-server"] + (["java"] if java else [])
     return [name for name in needed if program(name) == name]

@@ -24,7 +24,8 @@ MARKERS = {
     "kill-consume": ("v", "tab:green"), "kill-receipts": ("v", "tab:purple"),
     "redis-flush": ("x", "tab:red"), "redis-kill": ("X", "tab:red"),
     "mariadb-kill": ("D", "black"), "broker-kill": ("s", "tab:brown"),
-    "namesrv-kill": ("P", "tab:brown"), "dup-storm": ("*", "tab:pink"),
+    "namesrv-kill": ("P", "tab:brown"), "proxy-kill": ("s", "tab:olive"),
+    "dup-storm": ("*", "tab:pink"),
 }
 STATES_SHOWN = ("PENDING", "SENDING", "SENT", "FAILED")
 

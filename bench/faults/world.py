@@ -22,6 +22,10 @@ TOPIC = "FAULT_ORDER"
 TAGS = "created"
 PRODUCER = "fault-orders"
 GROUP = "fault-inventory"
+#: the group's retryMaxTimes on RocketMQ 5 (set before the consumers start): RocketMQ's default,
+#: the one the 4.9.7 run's auto-created group has; with the transport's default back-off (10 s,
+#: 30 s, 1 min, ...) a short run never spends it
+GROUP_RETRIES = 16
 RECEIPT_TOPIC = kit.receipt_topic(PRODUCER)
 
 ORDERS_DB = "faults_orders"
@@ -70,10 +74,16 @@ class Urls:
         return self.db(INVENTORY_DB)
 
 
-def transport_url(kind: str, *, mariadb_port: int, namesrv_port: int) -> str:
-    """The transport URL for `--transport sql|rocketmq`."""
+def transport_url(kind: str, *, mariadb_port: int, namesrv_port: int,
+                  proxy_port: int | None = None) -> str:
+    """The transport URL for `--transport sql|rocketmq|rocketmq5` (RocketMQ 5: the proxy's gRPC
+    port, with the name server for what the proxy cannot do: topics, groups, dead letters)."""
     if kind == "sql":
         return "sql+" + Urls(mariadb_port, "", "").db(MQ_DB)
+    if kind == "rocketmq5":
+        if proxy_port is None:
+            raise ValueError("rocketmq5 needs the proxy's port")
+        return f"rocketmq5://127.0.0.1:{proxy_port}?namesrv=127.0.0.1:{namesrv_port}"
     return f"rocketmq://127.0.0.1:{namesrv_port}"
 
 
