@@ -361,7 +361,16 @@ class RocketMQ:
             return state in ("Z", "X")
 
         wait_until(f"{component} pid {pid} to die", gone, STOP_TIMEOUT)
+        # A JVM's main thread is a zombie while its other threads still exit and hold its
+        # sockets: a restart right away would find the port taken
+        port = self.port_of(component)
+        wait_until(f"{component} port {port} to close", lambda: not port_open(port),
+                   STOP_TIMEOUT)
         return pid
+
+    def port_of(self, component: str) -> int:
+        """The port `component` listens on."""
+        return self.namesrv_port if component == "namesrv" else self.broker_port
 
 
 class RocketMQ5(RocketMQ):
@@ -382,6 +391,9 @@ class RocketMQ5(RocketMQ):
         super().__init__(folder, namesrv_port, broker_port)
         self.proxy_port = proxy_port
         self.proxy_addr = f"127.0.0.1:{proxy_port}"
+
+    def port_of(self, component: str) -> int:
+        return self.namesrv_port if component == "namesrv" else self.proxy_port
 
     def _env(self, timeout: float) -> dict[str, str]:
         return {"CKIT_ROCKETMQ5_RUN": str(self.folder),

@@ -48,6 +48,8 @@ DEFAULT_SETTINGS_TIMEOUT = 10.0
 #: RECONSUME_LATER reasons kept for redeliveries to this process (the broker cannot carry them)
 MAX_KEPT_REASONS = 10_000
 _ERROR_PAUSE = 1.0
+#: Least seconds between two re-sends of the consumer's settings after failed receives
+_RESYNC_EVERY = 5.0
 _local = threading.local()
 
 AnswerCallback = Callable[[Delivery], "ConsumeStatus | Verdict"]
@@ -138,6 +140,7 @@ class RocketMQ5Consumer(Consumer):
         self._lock = threading.Lock()
         self._in_flight = 0
         self._reasons = _Reasons()
+        self._next_resync = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -243,12 +246,36 @@ class RocketMQ5Consumer(Consumer):
                     return
                 log.warning("consumer %s: receive failed (%s); again in %.0f s", self.group,
                             route_hint(exc), _ERROR_PAUSE)
+                self._resync(simple)
                 self._stop.wait(_ERROR_PAUSE)
                 continue
             for message in messages or ():
                 # Received before the stop: handle it (its callback is still valid), so it
                 # does not wait out its invisible time.
                 self._handle(simple, message)
+
+    def _resync(self, simple: Any) -> None:
+        """Send the consumer's settings to the proxy again (at most every `_RESYNC_EVERY`).
+
+        A restarted proxy has forgotten them and answers every receive with an error ("settings
+        is null"), and the 5.1.2 client sends them on its own only every 300 s: its consumers
+        received nothing for 120-154 s in the fault runs after a proxy kill -9. Re-sending them
+        is harmless when they were not lost. A write on the dead telemetry stream fails and the
+        client rebuilds the stream; the next re-send goes through it."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_resync:
+                return
+            self._next_resync = now + _RESYNC_EVERY
+        try:
+            endpoints = list(simple.route_manager.get_all_endpoints().values())
+            for each in endpoints:
+                simple.on_new_endpoints(each)
+        except Exception as exc:  # the next failed receive tries again
+            log.warning("consumer %s: could not send its settings again: %s", self.group, exc)
+            return
+        log.info("consumer %s: settings sent again to %d endpoint(s) after a failed receive",
+                 self.group, len(endpoints))
 
     def _handle(self, simple: Any, message: Any) -> None:
         message_id = str(getattr(message, "message_id", "?"))
