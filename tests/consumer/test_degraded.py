@@ -183,3 +183,21 @@ def test_a_claim_whose_connection_drops_is_sent_again_through_the_pipeline(
     assert failures == ["EVALSHA"]
     assert answers == [Claim.BUSY, Claim.CLAIMED]
     assert not store.degraded
+
+
+def test_a_claim_after_redis_dropped_the_threads_connection_still_gets_its_answer(
+        env: Env) -> None:
+    import fakeredis
+
+    # Given: this thread's claim connection is open, and Redis then drops every client
+    # (a restart, a failover, a proxy timing the connection out; fakeredis: the pool closes
+    # its connections, this thread's kept one included)
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    if isinstance(env.redis, fakeredis.FakeRedis):
+        env.redis.connection_pool.disconnect()
+    else:
+        env.redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    # When / Then: the next claims still get their answers, and Redis is not counted down
+    assert [store.claim("M1", "other"), store.claim("M2", "me")] == [Claim.BUSY, Claim.CLAIMED]
+    assert not store.degraded
