@@ -40,23 +40,28 @@ class LuaScript:
         self.client.script_load(self.source)
 
 
-def run_pipelined(client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
+def run_pipelined(client: redis.Redis, calls: Sequence[Call], *, alone: bool = True
+                  ) -> list[Any]:
     """Run `calls` in one pipelined round trip. A call's own error (NOSCRIPT aside) comes back
     as its answer; calls that met NOSCRIPT run again once their script is loaded (a script call
     that repeats is safe: ours are idempotent for the same token). A connection error raises.
+    A lone call goes on the calling thread's own connection (see `_alone`) unless `alone` is
+    false: the background writer keeps the pipeline, which costs it more per call, so that
+    done markers queue up and go in batches instead of waking it (and taking a core from the
+    consume threads) once per message.
     """
-    answers = _pipeline(client, calls)
+    answers = _pipeline(client, calls, alone)
     lost = [i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)]
     if lost:
         for script in {calls[i][0] for i in lost}:
             script.load()
-        for i, answer in zip(lost, _pipeline(client, [calls[i] for i in lost])):
+        for i, answer in zip(lost, _pipeline(client, [calls[i] for i in lost], alone)):
             answers[i] = answer
     return answers
 
 
-def _pipeline(client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
-    if len(calls) == 1:  # the common case: one consumer thread's claim or finish
+def _pipeline(client: redis.Redis, calls: Sequence[Call], alone: bool) -> list[Any]:
+    if alone and len(calls) == 1:  # the common case: one consumer thread's claim
         answer = _alone(client, calls[0])
         if answer is not _FAILED:
             return [answer]

@@ -43,7 +43,8 @@ class RedisWriter:
 
     def _send(self, batch: list[Call]) -> None:
         try:
-            errors = [a for a in run_pipelined(self.client, batch) if isinstance(a, Exception)]
+            errors = [a for a in run_pipelined(self.client, batch, alone=False)
+                      if isinstance(a, Exception)]
         except redis.RedisError as exc:
             errors = [exc]
         if errors:
