@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_facts, table
 from bench.peers.runners.ckit import NullTransport
+from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import outbox_table
 from outbox_producer import Relay
@@ -80,25 +81,19 @@ def raw_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, i
     t0 = time.perf_counter()
     moved = 0
     while True:
-        now = time.time()
+        now = utcnow()
         with conn.cursor() as cur:
-            cur.execute(claim, {"n": batch, "now": _utc(now)})
+            cur.execute(claim, {"n": batch, "now": now})
             rows = cur.fetchall()
         conn.commit()
         if not rows:
             return time.perf_counter() - t0, moved
         with conn.cursor() as cur:
-            cur.execute(mark, {"now": _utc(now), "ids": [r[0] for r in rows],
+            cur.execute(mark, {"now": now, "ids": [r[0] for r in rows],
                                "lvs": [r[13] for r in rows],
                                "vals": [f"b{r[0]}" for r in rows]})
             moved += cur.rowcount
         conn.commit()
-
-
-def _utc(epoch: float) -> object:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(tzinfo=None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,7 @@ _FAILED = object()
 def _alone(client: redis.Redis, call: Call) -> Any:
     """One EVALSHA straight on this thread's own connection: a pipeline of one costs redis-py
     about twice the round trip, and taking a connection from the pool and giving it back about
-    half of one more (measured: pipeline 8,300, pooled 15,500, this 23,000 calls/s); the
+    half of one more (timed ad hoc on this project's machine); the
     duplicate rejection is one such call. A script's error is the answer; a connection error
     gives `_FAILED` after dropping the connection (it reconnects on its next use), and the
     caller runs the call again through the pipeline, which retries as the client is
