@@ -196,14 +196,23 @@ EOF
 
 # ------------------------------------------------------------------------------------ processes
 
-# True when the pid file names a live JVM of ours (a stale file after a reboot may name a pid
-# that another process got since).
+# True when the pid file names a live JVM of ours: the pid runs the main class of that file's
+# name with this run folder as user.home. A stale file after a reboot or on a copied machine may
+# name a pid that another process got since (even the other RocketMQ's JVM): that is not ours,
+# so `start` launches a fresh one and `stop` never signals it.
 pid_alive() {
-  local file=$1 pid
+  local file=$1 pid class cmdline
   [[ -f $file ]] || return 1
+  case $(basename "$file" .pid) in
+    namesrv) class=org.apache.rocketmq.namesrv.NamesrvStartup ;;
+    broker) class=org.apache.rocketmq.broker.BrokerStartup ;;
+    proxy) class=org.apache.rocketmq.proxy.ProxyStartup ;;
+    *) return 1 ;;
+  esac
   pid=$(<"$file")
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null \
-    && tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q 'org.apache.rocketmq'
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null) || return 1
+  [[ " ${cmdline} " == *" -Duser.home=${RUN} "* && " ${cmdline} " == *" ${class} "* ]]
 }
 
 # True while a process we just launched runs. Right after `nohup java ... &` the child may not
