@@ -130,12 +130,20 @@ def dialect_name(bind: Engine | sa.engine.Connection) -> str:
 
 
 def supports_skip_locked(bind: Engine | sa.engine.Connection) -> bool:
-    """True where `SELECT ... FOR UPDATE SKIP LOCKED` exists (MariaDB >= 10.6, MySQL 8, PG)."""
+    """True where `SELECT ... FOR UPDATE SKIP LOCKED` exists (MariaDB >= 10.6, MySQL 8, PG).
+
+    On MySQL/MariaDB the answer needs the server's version: an engine that has not connected
+    yet connects once to learn it (it used to answer False then, and a relay built from a URL
+    fell back to the optimistic claim on MariaDB 10.11).
+    """
     name = dialect_name(bind)
     if name == "postgresql":
         return True
     if name != "mysql":
         return False
+    if bind.dialect.server_version_info is None and isinstance(bind, Engine):
+        with bind.connect():
+            pass
     info = bind.dialect.server_version_info or ()
     is_maria = getattr(bind.dialect, "is_mariadb", False)
     return tuple(info[:2]) >= ((10, 6) if is_maria else (8, 0))

@@ -105,3 +105,14 @@ def test_a_running_relay_never_deadlocks_the_business_transactions_that_publish(
     # Then: no publish failed (a deadlock would have raised above) and all were sent once
     counts = transport.counts()
     assert set(counts) == set(ids) and max(counts.values()) == 1
+
+
+@pytest.mark.mariadb
+def test_a_relay_built_from_a_url_claims_with_skip_locked_on_mariadb(mariadb: Db) -> None:
+    # Given a relay on an engine that has not connected yet (the server's version unknown)
+    relay = Relay(mariadb.url, RecordingTransport(), table=mariadb.names.outbox)
+    try:
+        # Then its claims still use SKIP LOCKED (MariaDB 10.11), not the optimistic token
+        assert relay.claimer.skip_locked is True
+    finally:
+        relay.engine.dispose()
