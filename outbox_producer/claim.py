@@ -69,17 +69,31 @@ class Claimer:
     failed_due_by: dt.datetime | None = None
 
     def __post_init__(self) -> None:
-        self.skip_locked = supports_skip_locked(self.engine)
+        self._skip_locked: bool | None = None
         # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
         self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
-        self._columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state", "sent_at")]
+        self.columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state", "sent_at")]
+
+    @property
+    def skip_locked(self) -> bool:
+        """Whether claims lock with SKIP LOCKED (asked of the database at the first claim: on
+        MariaDB/MySQL it depends on the server's version)."""
+        if self._skip_locked is None:
+            self._skip_locked = supports_skip_locked(self.engine)
+        return self._skip_locked
+
+    @skip_locked.setter
+    def skip_locked(self, value: bool) -> None:
+        self._skip_locked = value
 
     def _sharded(self, clauses: list[Any]) -> list[Any]:
         if self.shard is not None:
             clauses.append(self.table.c.id % self.shard.total == self.shard.index)
         return clauses
 
-    def _due(self, now: dt.datetime) -> list[Any]:
+    def due(self, now: dt.datetime) -> list[Any]:
+        """The conditions of a row this claimer may take at `now` (PENDING and, with the slow
+        retry, FAILED rows whose `next_retry_at` has come; within its shard)."""
         t = self.table
         states = [int(OutboxState.PENDING)]
         if self.retry_failed:
@@ -91,7 +105,8 @@ class Claimer:
                 (t.c.state == int(OutboxState.PENDING)) | (t.c.next_retry_at <= failed_by)])
         return self._sharded([t.c.state.in_(states), t.c.next_retry_at <= now])
 
-    def _expired(self, now: dt.datetime) -> list[Any]:
+    def expired(self, now: dt.datetime) -> list[Any]:
+        """The conditions of a SENDING row whose send lease has run out (within the shard)."""
         t = self.table
         return self._sharded([t.c.state == int(OutboxState.SENDING), t.c.lease_until < now])
 
@@ -113,7 +128,7 @@ class Claimer:
             failed_by = now if self.failed_due_by is None else min(now, self.failed_due_by)
             plan.append(("claim_failed", self._sharded([t.c.state == int(OutboxState.FAILED),
                                                         t.c.next_retry_at <= failed_by])))
-        plan.append(("reclaim", self._expired(now)))
+        plan.append(("reclaim", self.expired(now)))
         return plan
 
     def _claim_returning(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
@@ -148,7 +163,7 @@ class Claimer:
                 else:
                     guard = [t.c.id == picked.c.id, *where]
                 taken += cas_returning(conn, t, name, Where(guard),
-                                       returning=self._columns, now=now, by=self.owner,
+                                       returning=self.columns, now=now, by=self.owner,
                                        values=self._values(now, self.owner))
         return [OutboxRow.from_mapping(r) for r in taken]
 
@@ -168,12 +183,12 @@ class Claimer:
         t = self.table
         with self.engine.begin() as conn:
             rows = conn.execute(
-                sa.select(*self._columns).where(*self._due(now)).order_by(t.c.next_retry_at)
+                sa.select(*self.columns).where(*self.due(now)).order_by(t.c.next_retry_at)
                 .limit(batch).with_for_update(skip_locked=True)
             ).mappings().all()
             if len(rows) < batch:
                 rows = [*rows, *conn.execute(
-                    sa.select(*self._columns).where(*self._expired(now))
+                    sa.select(*self.columns).where(*self.expired(now))
                     .limit(batch - len(rows)).with_for_update(skip_locked=True)
                 ).mappings().all()]
             if not rows:
@@ -190,12 +205,12 @@ class Claimer:
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
             found = list(conn.execute(
-                sa.select(t.c.id, t.c.state).where(*self._due(now))
+                sa.select(t.c.id, t.c.state).where(*self.due(now))
                 .order_by(t.c.next_retry_at).limit(batch)).all())
             if len(found) < batch:
                 found += conn.execute(
                     sa.select(t.c.id, t.c.state)
-                    .where(*self._expired(now)).limit(batch - len(found))).all()
+                    .where(*self.expired(now)).limit(batch - len(found))).all()
             if not found:
                 return []
             ids = [int(r.id) for r in found]
@@ -204,12 +219,12 @@ class Claimer:
                 states[int(r.state)] = states.get(int(r.state), 0) + 1
             # each guard repeats the due condition: a row claimed by someone else meanwhile
             # is no longer due, so it is not taken twice
-            due = {int(OutboxState.PENDING): self._due(now), int(OutboxState.FAILED):
-                   self._due(now), int(OutboxState.SENDING): self._expired(now)}
+            due = {int(OutboxState.PENDING): self.due(now), int(OutboxState.FAILED):
+                   self.due(now), int(OutboxState.SENDING): self.expired(now)}
             self._claim_all(conn, states, lambda state: Where([t.c.id.in_(ids), *due[state]]),
                             now, token)
             rows = conn.execute(
-                sa.select(*self._columns)
+                sa.select(*self.columns)
                 .where(t.c.lease_owner == token, t.c.state == int(OutboxState.SENDING))
             ).mappings().all()
         return [OutboxRow.from_mapping(r) for r in rows]

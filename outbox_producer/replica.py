@@ -112,10 +112,10 @@ class ReplicaClaimer(CandidateClaimer):
         assert self.read_engine is not None
         t = self.table
         with self.read_engine.connect() as conn:
-            ids = list(conn.execute(sa.select(t.c.id).where(*self._due(now))
+            ids = list(conn.execute(sa.select(t.c.id).where(*self.due(now))
                                     .order_by(t.c.next_retry_at).limit(batch)).scalars())
             if len(ids) < batch:
-                ids += conn.execute(sa.select(t.c.id).where(*self._expired(now))
+                ids += conn.execute(sa.select(t.c.id).where(*self.expired(now))
                                     .limit(batch - len(ids))).scalars()
         return [int(i) for i in ids]
 

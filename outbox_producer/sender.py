@@ -56,6 +56,24 @@ class SendStats:
 
 
 @dataclasses.dataclass
+class Attempt:
+    """The sorted outcomes of sending a batch, before anything is written: `sent` (row, broker
+    id), `failures` (row, reason, permanent), and when the batch stopped early, the rows left
+    `unsent` with the `outage` or the `fatal` configuration error that stopped it."""
+
+    sent: list[tuple[OutboxRow, str]] = dataclasses.field(default_factory=list)
+    failures: list[tuple[OutboxRow, str, bool]] = dataclasses.field(default_factory=list)
+    unsent: list[OutboxRow] = dataclasses.field(default_factory=list)
+    outage: TransportUnavailable | None = None
+    fatal: CkitError | None = None
+
+    def outage_text(self, released: int) -> str:
+        """The `SendStats.outage` line for this batch's outage."""
+        return (f"broker unavailable; {released} unsent rows back to PENDING, no retry counted "
+                f"(first message {self.unsent[0].message_id}): {self.outage}")
+
+
+@dataclasses.dataclass
 class Sender:
     """Sends rows already claimed (SENDING, send lease held) and marks them."""
 
@@ -85,60 +103,65 @@ class Sender:
             ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
                 missing): the rows not sent yet went back to PENDING with no retry counted.
         """
-        sent: list[tuple[OutboxRow, str]] = []
-        failures: list[tuple[OutboxRow, str, bool]] = []
+        attempt = self.attempt(rows, pace=pace)
+        stats = SendStats()
+        if attempt.sent:
+            with self.engine.begin() as conn:
+                stats.sent, stats.conflicts = self.mark_sent(conn, attempt.sent, "mark_sent")
+            metrics.SENT.inc(stats.sent)
+        for row, reason, permanent in attempt.failures:
+            with self.engine.begin() as conn:
+                self.mark_failure(conn, row, reason, permanent, stats,
+                                  moves=("retry_later", "give_up"))
+        if attempt.fatal is not None:
+            self._release(attempt.unsent)
+            raise attempt.fatal
+        if attempt.outage is not None:
+            released = self._release(attempt.unsent)
+            stats.released = released
+            stats.conflicts += len(attempt.unsent) - released
+            stats.outage = attempt.outage_text(released)
+        return stats
+
+    def attempt(
+        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None
+    ) -> Attempt:
+        """Send each row and sort the outcomes (see `send_rows`); write nothing."""
+        out = Attempt()
         suspect: tuple[OutboxRow, TransportUnavailable] | None = None
-        outage: TransportUnavailable | None = None
-        unsent: list[OutboxRow] = []
-        fatal: CkitError | None = None
         for i, row in enumerate(rows):
             if pace is not None:
                 pace()
             try:
                 result = self.transport.send(to_message(row))
             except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none
-                fatal, unsent = exc, [*([suspect[0]] if suspect else []), *rows[i:]]
+                out.fatal, out.unsent = exc, [*([suspect[0]] if suspect else []), *rows[i:]]
                 suspect = None
                 break
             except MessageRefused as exc:  # retrying cannot help (too large, empty)
-                failures.append((row, _reason(exc), True))
+                out.failures.append((row, _reason(exc), True))
                 continue
             except TransportUnavailable as exc:
                 if suspect is None:  # the next send tells an outage from a problem of this row
                     suspect = (row, exc)
                     continue
-                outage, unsent, suspect = exc, [suspect[0], *rows[i:]], None
+                out.outage, out.unsent, suspect = exc, [suspect[0], *rows[i:]], None
                 break
             except TransportError as exc:
-                failures.append((row, _reason(exc), False))
+                out.failures.append((row, _reason(exc), False))
                 continue
             except Exception as exc:  # a transport bug must not kill the relay or lose the row
                 log.exception("message %s: unexpected send error", row.message_id)
-                failures.append((row, _reason(exc), False))
+                out.failures.append((row, _reason(exc), False))
                 continue
-            sent.append((row, result.broker_message_id[:MESSAGE_ID_LEN]))
+            out.sent.append((row, result.broker_message_id[:MESSAGE_ID_LEN]))
             log.debug("message %s sent as %s", row.message_id, result.broker_message_id)
             if suspect is not None:  # the broker is up: the suspect's failure is its own
-                failures.append((suspect[0], _reason(suspect[1]), False))
+                out.failures.append((suspect[0], _reason(suspect[1]), False))
                 suspect = None
         if suspect is not None:  # nothing after it proved the broker up
-            outage, unsent = suspect[1], [suspect[0]]
-        stats = SendStats()
-        if sent:
-            stats.sent, stats.conflicts = self._mark_sent(sent)
-            metrics.SENT.inc(stats.sent)
-        for row, reason, permanent in failures:
-            self._mark_failure(row, reason, permanent, stats)
-        if fatal is not None:
-            self._release(unsent)
-            raise fatal
-        if outage is not None:
-            released = self._release(unsent)
-            stats.released = released
-            stats.conflicts += len(unsent) - released
-            stats.outage = (f"broker unavailable; {released} unsent rows back to PENDING, no "
-                            f"retry counted (first message {unsent[0].message_id}): {outage}")
-        return stats
+            out.outage, out.unsent = suspect[1], [suspect[0]]
+        return out
 
     def _release(self, rows: Sequence[OutboxRow]) -> int:
         """Put claimed rows back to PENDING as they were before the claim (`retry_count`,
@@ -149,40 +172,42 @@ class Sender:
                        Versions([(r.id, r.lock_version) for r in rows]),
                        now=now, by=self.owner, values={"lease_owner": None, "lease_until": None})
 
-    def _mark_sent(self, sent: list[tuple[OutboxRow, str]]) -> tuple[int, int]:
-        """Mark a batch SENT with one guarded UPDATE per chunk, each row at its own
-        `(id, lock_version)` with its own broker id (`cas_each`); return (changed, conflicts)."""
+    def mark_sent(self, conn: sa.Connection, sent: list[tuple[OutboxRow, str]],
+                  move: str) -> tuple[int, int]:
+        """Mark a batch SENT (transition `move`) with one guarded UPDATE per chunk, each row at
+        its own `(id, lock_version)` with its own broker id (`cas_each`); return (changed,
+        conflicts)."""
         now = utcnow()
         changed = 0
-        with self.engine.begin() as conn:
-            for start in range(0, len(sent), MARK_CHUNK):
-                chunk = sent[start:start + MARK_CHUNK]
-                changed += cas_each(
-                    conn, self.table, "mark_sent", [(r.id, r.lock_version, b) for r, b in chunk],
-                    column="broker_message_id", now=now, by=self.owner,
-                    values={"sent_at": now, "lease_owner": None, "lease_until": None,
-                            "fail_reason": None})
+        for start in range(0, len(sent), MARK_CHUNK):
+            chunk = sent[start:start + MARK_CHUNK]
+            changed += cas_each(
+                conn, self.table, move, [(r.id, r.lock_version, b) for r, b in chunk],
+                column="broker_message_id", now=now, by=self.owner,
+                values={"sent_at": now, "lease_owner": None, "lease_until": None,
+                        "fail_reason": None})
         # a row not changed got its receipt before we marked it (it is CONSUMED already) or its
         # lease was reclaimed; both are fine, neither is overwritten
         return changed, len(sent) - changed
 
-    def _mark_failure(self, row: OutboxRow, reason: str, permanent: bool,
-                      stats: SendStats) -> None:
+    def mark_failure(self, conn: sa.Connection, row: OutboxRow, reason: str, permanent: bool,
+                     stats: SendStats, *, moves: tuple[str, str]) -> None:
+        """Charge `row` a failed attempt: transition `moves[0]` (retry after the back-off) or,
+        retries exhausted or `permanent`, `moves[1]` (FAILED)."""
         now = utcnow()
         retries = row.retry_count + 1
         exhausted = permanent or retries > row.max_retries
         if exhausted:
-            move = "give_up"
+            move = moves[1]
             next_at = now + self.failed_retry_after if self.failed_retry_after else now
         else:
-            move = "retry_later"
+            move = moves[0]
             next_at = now + self.backoff.delay(retries - 1)
-        with self.engine.begin() as conn:
-            changed = cas(conn, self.table, move, Versions([(row.id, row.lock_version)]),
-                          now=now, by=self.owner,
-                          values={"retry_count": retries, "next_retry_at": next_at,
-                                  "fail_reason": reason[:REASON_LEN], "lease_owner": None,
-                                  "lease_until": None})
+        changed = cas(conn, self.table, move, Versions([(row.id, row.lock_version)]),
+                      now=now, by=self.owner,
+                      values={"retry_count": retries, "next_retry_at": next_at,
+                              "fail_reason": reason[:REASON_LEN], "lease_owner": None,
+                              "lease_until": None})
         if not changed:
             stats.conflicts += 1
             return
