@@ -70,6 +70,8 @@ def parse(argv: list[str]) -> Config:
                    "folder/timeline.png)")
     p.add_argument("--json", type=Path, help="write the report here (default run folder/"
                    "report.json)")
+    p.add_argument("--relay-claim", choices=("lease", "lock"), default="lease",
+                   help="the two relays' ckit relay --claim mode (default lease)")
     p.add_argument("--keep-services", action="store_true",
                    help="leave the run's MariaDB/Redis/RocketMQ (5) running (to inspect them)")
     a = p.parse_args(argv)
@@ -86,7 +88,8 @@ def parse(argv: list[str]) -> Config:
         max_seconds=a.max_seconds or max(float(base["max_seconds"]), window + 240),
         quiet=a.quiet, stuck_after=a.stuck_after,
         timeline=a.timeline or (run_dir / "timeline.png" if a.long else None),
-        json_path=a.json or run_dir / "report.json", keep_services=a.keep_services)
+        json_path=a.json or run_dir / "report.json", keep_services=a.keep_services,
+        relay_claim=a.relay_claim)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

@@ -4,6 +4,8 @@ Three drains of the same fresh backlog, interleaved run by run on one PostgreSQL
 
 - *relay*: `Relay.run_once()` (one process, `--workers` loops) to a transport whose send does
   nothing, on the outbox table as `ckit db init` creates it (7 indexes);
+- *relay, --claim lock*: the same relay holding each batch locked while it sends, marking it in
+  that transaction (one UPDATE per row: `outbox_producer.locked`);
 - *SQL only*: the same claim (`WITH picked ... FOR UPDATE SKIP LOCKED ... UPDATE ... RETURNING`)
   and mark (`UPDATE ... FROM unnest(...)`) statements the relay sends, from one psycopg
   connection with nothing else per row: the ceiling of this schema on this server;
@@ -11,6 +13,8 @@ Three drains of the same fresh backlog, interleaved run by run on one PostgreSQL
   and the `(state, next_retry_at)` index: what the other five indexes cost. Both statements
   change `state`, an indexed column, so neither update is HOT: every index gets a new entry
   for every row, twice per send.
+- *SQL only, locked send*: `--claim lock`'s statements from one connection (`SELECT ... FOR
+  UPDATE SKIP LOCKED`, then the mark from PENDING, one commit): the ceiling of one write per row.
 
     python bench/relay_ceiling.py [--url URL] [--rows 30000] [--batch 500] [--runs 3]
 
@@ -58,6 +62,10 @@ MARK = """UPDATE {t} AS o SET state = 2, broker_message_id = v.val,
   sent_at = %(now)s, lease_owner = NULL, lease_until = NULL, fail_reason = NULL
   FROM unnest(%(ids)s::bigint[], %(lvs)s::integer[], %(vals)s::text[]) AS v(id, lv, val)
   WHERE o.id = v.id AND o.lock_version = v.lv AND o.state IN (1)"""
+PICK = """SELECT id, message_id, biz_type, biz_key, topic, tags, keys, headers, body, retry_count,
+  max_retries, created_by, gmt_create, lock_version, state, sent_at FROM {t}
+  WHERE state = 0 AND next_retry_at <= %(now)s ORDER BY next_retry_at LIMIT %(n)s
+  FOR UPDATE SKIP LOCKED"""
 
 
 def dsn(url: str) -> str:
@@ -96,6 +104,27 @@ def raw_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, i
         conn.commit()
 
 
+def locked_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, int]:
+    """Pick with row locks, mark SENT, commit: one UPDATE per row, the send inside the lock."""
+    pick, mark = PICK.format(t=name), MARK.format(t=name).replace("o.state IN (1)",
+                                                                  "o.state IN (0)")
+    t0 = time.perf_counter()
+    moved = 0
+    while True:
+        now = utcnow()
+        with conn.cursor() as cur:
+            cur.execute(pick, {"n": batch, "now": now})
+            rows = cur.fetchall()
+            if not rows:
+                conn.commit()
+                return time.perf_counter() - t0, moved
+            cur.execute(mark, {"now": now, "ids": [r[0] for r in rows],
+                               "lvs": [r[13] for r in rows],
+                               "vals": [f"b{r[0]}" for r in rows]})
+            moved += cur.rowcount
+        conn.commit()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default=os.environ.get(
@@ -123,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"nextval('{lean.name}_seq')")
         c.exec_driver_sql(f"CREATE INDEX ix_{lean.name}_sn ON {lean.name} (state, next_retry_at)")
     conn = psycopg.connect(dsn(a.url))
-    rates: dict[str, list[float]] = {"relay": [], "SQL only": [], "SQL only, 2 indexes": []}
+    rates: dict[str, list[float]] = {
+        name: [] for name in ("relay", "relay, --claim lock", "SQL only", "SQL only, 2 indexes",
+                              "SQL only, locked send")}
     try:
         for _ in range(a.runs):
             fill(conn, full.name, a.rows)
@@ -133,13 +164,23 @@ def main(argv: list[str] | None = None) -> int:
             sent = relay.run_once().stats.sent
             rates["relay"].append(sent / (time.perf_counter() - t0))
             fill(conn, full.name, a.rows)
+            locked = Relay(engine, NullTransport(), table=full.name, batch=a.batch,
+                           workers=a.workers, claim="lock")
+            t0 = time.perf_counter()
+            sent_locked = locked.run_once().stats.sent
+            rates["relay, --claim lock"].append(sent_locked / (time.perf_counter() - t0))
+            fill(conn, full.name, a.rows)
             seconds, moved = raw_drain(conn, full.name, a.batch)
             rates["SQL only"].append(moved / seconds)
             fill(conn, lean.name, a.rows)
             seconds, moved = raw_drain(conn, lean.name, a.batch)
             rates["SQL only, 2 indexes"].append(moved / seconds)
-            if sent != a.rows or moved != a.rows:
-                print(f"error: moved {sent} / {moved} of {a.rows} rows", file=sys.stderr)
+            fill(conn, full.name, a.rows)
+            seconds, moved = locked_drain(conn, full.name, a.batch)
+            rates["SQL only, locked send"].append(moved / seconds)
+            if a.rows != sent or a.rows != moved or a.rows != sent_locked:
+                print(f"error: moved {sent} / {sent_locked} / {moved} of {a.rows} rows",
+                      file=sys.stderr)
                 return 1
     finally:
         conn.close()

@@ -20,6 +20,7 @@ from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
 from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, default_owner
+from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
 from outbox_producer.sender import Sender, SendStats
 
@@ -100,9 +101,15 @@ class Relay:
         once_outage_limit: float = DEFAULT_ONCE_OUTAGE_LIMIT,
         read_engine: Engine | str | None = None,
         sweep_every: float = DEFAULT_SWEEP_EVERY,
+        claim: str = "lease",
     ) -> None:
         if batch < 1 or workers < 1:
             raise ConfigError("batch and workers must be at least 1")
+        if claim not in CLAIM_MODES:
+            raise ConfigError(f"unknown claim mode {claim!r}: use {' or '.join(CLAIM_MODES)}")
+        if claim == "lock" and read_engine is not None:
+            raise ConfigError("--claim lock reads and locks on the primary: it takes no "
+                              "--read-url (use --claim lease with a replica)")
         if max_rate is not None and not (0 < max_rate < float("inf")):
             raise ConfigError(f"max_rate must be a positive finite number, not {max_rate}")
         self.once_outage_limit = once_outage_limit
@@ -122,6 +129,8 @@ class Relay:
                                           read_engine=self.read_engine, sweep_every=sweep_every)
         self.sender = Sender(self.engine, self.table, transport, self.owner,
                              backoff or Backoff(), failed_retry_after)
+        self.locked = (LockedSender(self.claimer, self.sender, lease) if claim == "lock"
+                       else None)
         self.limiter = RateLimiter(max_rate) if max_rate else None
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
@@ -136,13 +145,14 @@ class Relay:
         claim_size = self.batch
         if self.limiter is not None:  # never hold leases on more rows than we may send soon
             claim_size = max(1, min(self.batch, int(1 / self.limiter.interval) or 1))
+        limiter = self.limiter
+        pace = None if limiter is None else (lambda: limiter.acquire(self.stopping))
+        if self.locked is not None:
+            return self.locked.step(claim_size, pace=pace)
         rows = self.claimer.claim(claim_size)
         if not rows:
             return None
-        limiter = self.limiter
-        if limiter is None:
-            return self.sender.send_rows(rows)
-        return self.sender.send_rows(rows, pace=lambda: limiter.acquire(self.stopping))
+        return self.sender.send_rows(rows, pace=pace)
 
     def run(self, *, once: bool = False, max_batches: int | None = None) -> RelayResult:
         """Loop until `stop()` (or, with `once`, until nothing is due). Outages of the database

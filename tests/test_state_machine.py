@@ -34,6 +34,8 @@ from outbox_producer import Backoff, Dispatcher, Outbox, Relay, ops
 from tests.conftest import Db
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The transitions of `--claim lock` (a relay holding row locks), proved on MariaDB/PostgreSQL.
+LOCKED_MOVES = {"send_locked", "retry_locked", "give_up_locked"}
 
 
 class Statements:
@@ -199,9 +201,11 @@ def test_every_writer_moves_rows_only_through_the_transition_table(
     # Then every statement that changed the outbox named its transition
     untracked = [s for s in statements.seen if s[1] is None]
     assert untracked == []
-    # and the scenario went through every transition of the table
+    # and the scenario went through every transition of the table (but --claim lock's, which
+    # SQLite cannot run: tests/producer/test_relay_lock.py watches them on the real servers)
     used = {name for _verb, name in statements.seen}
-    assert {t.name for t in TRANSITIONS} <= used, sorted({t.name for t in TRANSITIONS} - used)
+    expected = {t.name for t in TRANSITIONS} - LOCKED_MOVES
+    assert expected <= used, sorted(expected - used)
     assert "archive" in used
     # and every state change a row went through is one the table allows
     with db.engine.connect() as conn:

@@ -51,6 +51,8 @@ class Config:
     timeline: Path | None = None
     json_path: Path | None = None
     keep_services: bool = False
+    #: the relays' `ckit relay --claim` mode
+    relay_claim: str = "lease"
 
     @property
     def rate(self) -> float:
@@ -160,8 +162,8 @@ class Run:
             ("consume", 1, [*cli, "consume", "bench.faults.app:app"]),
             ("consume", 2, [*cli, "consume", "bench.faults.app:app"]),
             ("receipts", 1, [*cli, kit.RECEIPTS_COMMAND, "--producer", world.PRODUCER]),
-            ("relay", 1, [*cli, "relay"]),
-            ("relay", 2, [*cli, "relay"]),
+            ("relay", 1, [*cli, "relay", "--claim", self.cfg.relay_claim]),
+            ("relay", 2, [*cli, "relay", "--claim", self.cfg.relay_claim]),
             ("producer", 1, [sys.executable, "-m", "bench.faults.producer",
                              "--orders", str(self.cfg.messages), "--rate", f"{self.cfg.rate:.3f}"]),
         ]

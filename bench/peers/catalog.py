@@ -35,7 +35,8 @@ CKIT = Peer(
     databases=(MYSQL, POSTGRESQL),
     publish={"consumer-kit (Connection)": {"api": "connection"},
              "consumer-kit (Session + Dispatcher)": {"api": "session"}},
-    drain={db: [{"batch": b, "workers": w}
+    drain={db: [{"batch": b, "workers": w, "claim": c}
+                for c in ("lease", "lock")
                 for b, w in ((200, 1), (500, 1), (1000, 1), (500, 2), (1000, 2))]
            for db in (MYSQL, POSTGRESQL)},
     dedupe=True,
@@ -48,9 +49,12 @@ CKIT = Peer(
         "and marks the row SENT while the next transactions run (same process, same GIL); the "
         "figure is the commit latency the caller sees, not the send. That thread also slows the "
         "bare and floor transactions interleaved with it, so its x bare understates its cost.",
-        "the relay sends to the in-memory transport (it stores every message and builds a "
-        "Delivery), peers to a no-op function; it claims with SKIP LOCKED under a lease, marks "
-        "SENT with a guarded UPDATE per batch, and refreshes backlog gauges at start and end.",
+        "the relay sends to a no-op transport, as the peers send to no-op functions; the sweep "
+        "tries both claim modes: `lease` (SKIP LOCKED claim to SENDING under a lease, then a "
+        "guarded UPDATE to SENT: two writes per row, sends outside any transaction) and `lock` "
+        "(the batch held with FOR UPDATE SKIP LOCKED while it is sent, one UPDATE to SENT in "
+        "that transaction, the lease enforced as the server's idle-transaction timeout); the "
+        "best is timed. It refreshes backlog gauges at start and end.",
         "dedupe: the processed row is inserted in the handler's own transaction (exactly once in "
         "effect); with Redis, one claim round trip before and a done marker after, off the hot "
         "path. Duplicates measured are ids this process did not see (in-process cache off).",

@@ -52,6 +52,11 @@ def relay(
                                           help="cap on sends per second, per database"),
     lease: str = typer.Option(LEASE_TEXT, "--lease",
                               help="send lease; expired leases are reclaimed"),
+    claim: str = typer.Option(
+        "lease", "--claim",
+        help="lease: claim rows SENDING under --lease, send, mark SENT (two UPDATEs per "
+             "message); lock: send rows held locked and mark them in that transaction (one "
+             "UPDATE; PostgreSQL or MariaDB >= 10.6; --lease bounds the held transaction)"),
     retry_failed_after: str | None = typer.Option(
         None, "--retry-failed-after", help="slow retry of FAILED rows after this long (e.g. 1h)"),
     give_up_after: str = typer.Option(
@@ -96,7 +101,7 @@ def relay(
         shard=Shard.parse(shard) if shard else None,
         lease=parse_duration(lease, option="--lease"), failed_retry_after=failed_after,
         once_outage_limit=parse_duration(give_up_after, option="--give-up-after").total_seconds(),
-        idle_sleep=idle, sweep_every=sweep)
+        idle_sleep=idle, sweep_every=sweep, claim=claim)
     target = open_for_processes(
         require(transport, "--transport", "CKIT_TRANSPORT"), command="ckit relay",
         outage_limit=relay_options["once_outage_limit"] if once else None)

@@ -112,6 +112,13 @@ TRANSITIONS: tuple[Transition, ...] = (
                meaning="retries exhausted (or the message can never be sent)"),
     Transition("release", Actor.SENDER, (S.SENDING,), S.PENDING,
                meaning="a broker outage stopped the batch: unsent rows back, no retry counted"),
+    Transition("send_locked", Actor.SENDER, (S.PENDING, S.FAILED, S.SENDING), S.SENT,
+               meaning="a relay with --claim lock sent a due row it held locked (claim and "
+                       "mark in one UPDATE)"),
+    Transition("retry_locked", Actor.SENDER, (S.PENDING, S.FAILED, S.SENDING), S.PENDING,
+               meaning="--claim lock: the send failed: retry_count + 1, due after the back-off"),
+    Transition("give_up_locked", Actor.SENDER, (S.PENDING, S.FAILED, S.SENDING), S.FAILED,
+               meaning="--claim lock: retries exhausted (or the message can never be sent)"),
     Transition("consume", Actor.RECEIPTS, OPEN_STATES, S.CONSUMED,
                meaning="every expected group sent a consumed receipt (may beat mark_sent)"),
     Transition("reject", Actor.RECEIPTS, OPEN_STATES, S.REJECTED,

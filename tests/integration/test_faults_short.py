@@ -56,15 +56,16 @@ def programs(transport: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(max(RUN_TIMEOUT.values()) + 90)
-@pytest.mark.parametrize("transport", [
-    pytest.param("sql", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("rocketmq", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                    pytest.mark.rocketmq]),
-    pytest.param("rocketmq5", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                     pytest.mark.rocketmq5]),
+@pytest.mark.parametrize(("transport", "claim"), [
+    pytest.param("sql", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lock", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("rocketmq", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis,
+                                             pytest.mark.rocketmq]),
+    pytest.param("rocketmq5", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis,
+                                              pytest.mark.rocketmq5]),
 ])
 def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
-    transport: str, tmp_path: Path
+    transport: str, claim: str, tmp_path: Path
 ) -> None:
     # Given: the server programs (the run starts its own servers with them)
     services.require(f"the programs for a {transport} fault run", lambda: programs(transport))
@@ -73,7 +74,8 @@ def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
     # When: the short scenario runs with every fault kind of this transport
     stdout, stderr, code = run_bounded(
         [sys.executable, "bench/faults.py", "--transport", transport, "--seed", "12",
-         "--dir", str(tmp_path / "run"), "--json", str(report_path)], RUN_TIMEOUT[transport])
+         "--relay-claim", claim, "--dir", str(tmp_path / "run"), "--json", str(report_path)],
+        RUN_TIMEOUT[transport])
 
     # Then: every invariant held, after every kind of fault
     output = stdout[-6000:] + stderr[-3000:]

@@ -151,8 +151,8 @@ def session_variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox,
 
 
 def drain(job: dict[str, Any]) -> dict[str, Any]:
-    """`Relay.run_once()` to a no-op transport (the peers drain to no-op publishers too), batch
-    and workers swept."""
+    """`Relay.run_once()` to a no-op transport (the peers drain to no-op publishers too), batch,
+    workers and claim mode (`lease`, `lock`) swept."""
     engine = make_engine(job["url"])
     metadata = sa.MetaData()
     table = outbox_table(metadata, f"{job['prefix']}_outbox")
@@ -175,7 +175,7 @@ def drain(job: dict[str, Any]) -> dict[str, Any]:
     def run(setting: dict[str, Any], n: int) -> tuple[float, int]:
         transport = NullTransport()
         relay = Relay(engine, transport, table=table.name, batch=int(setting["batch"]),
-                      workers=int(setting["workers"]))
+                      workers=int(setting["workers"]), claim=str(setting.get("claim", "lease")))
         t0 = time.perf_counter()
         result = relay.run_once()
         seconds = time.perf_counter() - t0

@@ -1,0 +1,153 @@
+"""`--claim lock`: send due rows while holding their row locks, and mark them in that transaction.
+
+The lease claim (the default) writes every row twice: PENDING -> SENDING under a lease in one
+transaction, SENT in another, with the sends between them outside any transaction. On a table
+whose `state` is indexed neither UPDATE is a HOT/in-place one, so every index of the outbox gets
+two new entries per message. Here one transaction does it all:
+
+    BEGIN
+      bound the transaction's idle time by the lease (see below)
+      SELECT ... WHERE due ORDER BY next_retry_at LIMIT :batch FOR UPDATE SKIP LOCKED
+      send each row
+      UPDATE ... SET state = SENT ... (one `cas_each`: `send_locked`), failures `retry_locked` /
+      `give_up_locked`
+    COMMIT
+
+The guarantees are the lease's, held by the database instead of by a column:
+
+- **No double send**: other relays skip the locked rows (SKIP LOCKED), the dispatcher's
+  compare-and-set waits for the commit and then finds the row moved.
+- **The lease**: the transaction's idle time (the time between two statements: the sends) is
+  bounded by the server, `idle_in_transaction_session_timeout` (PostgreSQL, `SET LOCAL`) or
+  `idle_transaction_timeout` (MariaDB, set for the session and put back after the commit). A
+  relay that hangs or dies loses its session, the rows roll back to what they were (PENDING,
+  no retry counted) and are due at once for any relay: the same at-least-once re-send an
+  expired lease gives, which the consumers dedupe.
+- **Back-off and FAILED**: a failed send is charged in the same transaction, as the lease
+  claim charges it.
+- **Outages**: rows left unsent by a broker outage are not written at all (they stay PENDING,
+  their retry count unchanged).
+
+Needs SKIP LOCKED and a server-side idle-transaction timeout: PostgreSQL or MariaDB >= 10.6.
+Expired leases of other senders (a dispatcher that died) are taken over as well. The rows are
+never seen in SENDING: `ckit outbox stats` counts them PENDING until their commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db import dialect_name, supports_skip_locked
+from consumer_kit.core.errors import CkitError, ConfigError
+from consumer_kit.core.rows import OutboxRow
+from outbox_producer import metrics
+from outbox_producer.claim import Claimer
+from outbox_producer.sender import Sender, SendStats
+
+#: The claim modes of a relay.
+CLAIM_MODES = ("lease", "lock")
+
+
+def check_lock_mode(engine: sa.engine.Engine) -> None:
+    """Raise `ConfigError` (one line) unless this database can hold a batch locked with a
+    server-side bound on the transaction's idle time."""
+    name = dialect_name(engine)
+    if not supports_skip_locked(engine):
+        raise ConfigError(
+            f"--claim lock needs SELECT ... FOR UPDATE SKIP LOCKED (PostgreSQL or MariaDB >= "
+            f"10.6); this {engine.dialect.name} database has not: use --claim lease")
+    if name == "mysql" and not getattr(engine.dialect, "is_mariadb", False):
+        raise ConfigError(
+            "--claim lock bounds a held batch with the server's idle-transaction timeout, "
+            "which MySQL lacks (MariaDB and PostgreSQL have one): use --claim lease")
+
+
+@dataclasses.dataclass
+class LockedSender:
+    """One relay loop's batches in `--claim lock` mode (see the module's docstring)."""
+
+    claimer: Claimer
+    sender: Sender
+    lease: dt.timedelta
+
+    def __post_init__(self) -> None:
+        engine = self.sender.engine
+        if engine.dialect.server_version_info is not None or dialect_name(engine) != "mysql":
+            check_lock_mode(engine)
+            self._checked = True
+        else:  # the server's version is learnt on the first step (before any row moves)
+            self._checked = False
+        self._postgres = dialect_name(engine) == "postgresql"
+        self._seconds = max(1, int(self.lease.total_seconds()))
+
+    def step(self, batch: int, *, pace: Callable[[], object] | None = None) -> SendStats | None:
+        """Pick, send and mark up to `batch` due rows in one transaction; None when none was
+        due.
+
+        Raises:
+            ConfigError, SchemaError: the transport is misconfigured; what was sent before it
+                is marked, the rest stays as it was.
+        """
+        if not self._checked:
+            check_lock_mode(self.sender.engine)
+            self._checked = True
+        with self.sender.engine.connect() as conn:
+            try:
+                stats, fatal = self._step(conn, batch, pace)
+            except BaseException:
+                conn.invalidate()  # the session's timeout stays behind with a failed session
+                raise
+            if not self._postgres:
+                conn.exec_driver_sql(
+                    "SET SESSION idle_transaction_timeout = @@GLOBAL.idle_transaction_timeout")
+                conn.commit()
+        if fatal is not None:
+            raise fatal
+        return stats
+
+    def _step(self, conn: Connection, batch: int, pace: Callable[[], object] | None
+              ) -> tuple[SendStats | None, CkitError | None]:
+        with conn.begin():
+            if self._postgres:
+                conn.exec_driver_sql(
+                    f"SET LOCAL idle_in_transaction_session_timeout = '{self._seconds}s'")
+            else:
+                conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {self._seconds}")
+            rows = self._pick(conn, batch)
+            if not rows:
+                return None, None
+            attempt = self.sender.attempt(rows, pace=pace)
+            stats = SendStats()
+            if attempt.sent:
+                stats.sent, stats.conflicts = self.sender.mark_sent(conn, attempt.sent,
+                                                                    "send_locked")
+            for row, reason, permanent in attempt.failures:
+                self.sender.mark_failure(conn, row, reason, permanent, stats,
+                                         moves=("retry_locked", "give_up_locked"))
+        metrics.SENT.inc(stats.sent)
+        if attempt.outage is not None and attempt.fatal is None:
+            stats.released = len(attempt.unsent)
+            stats.outage = attempt.outage_text(stats.released)
+        return stats, attempt.fatal
+
+    def _pick(self, conn: Connection, batch: int) -> list[OutboxRow]:
+        """Lock up to `batch` due rows (then expired leases of other senders), oldest due
+        first, skipping rows another transaction holds."""
+        c = self.claimer
+        t = c.table
+        now = utcnow()
+        columns = c.columns
+        rows = conn.execute(
+            sa.select(*columns).where(*c.due(now)).order_by(t.c.next_retry_at)
+            .limit(batch).with_for_update(skip_locked=True)).mappings().all()
+        if len(rows) < batch:
+            rows = [*rows, *conn.execute(
+                sa.select(*columns).where(*c.expired(now)).limit(batch - len(rows))
+                .with_for_update(skip_locked=True)).mappings().all()]
+        return [OutboxRow.from_mapping(r) for r in rows]
