@@ -37,10 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+import math
+import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, supports_skip_locked
@@ -49,6 +53,8 @@ from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
 from outbox_producer.claim import Claimer
 from outbox_producer.sender import Sender, SendStats
+
+log = logging.getLogger(__name__)
 
 #: The claim modes of a relay.
 CLAIM_MODES = ("lease", "lock")
@@ -78,34 +84,43 @@ class LockedSender:
 
     def __post_init__(self) -> None:
         engine = self.sender.engine
-        if engine.dialect.server_version_info is not None or dialect_name(engine) != "mysql":
-            check_lock_mode(engine)
-            self._checked = True
-        else:  # the server's version is learnt on the first step (before any row moves)
-            self._checked = False
+        check_lock_mode(engine)  # (connects once on MySQL/MariaDB to learn the version)
         self._postgres = dialect_name(engine) == "postgresql"
-        self._seconds = max(1, int(self.lease.total_seconds()))
+        seconds = self.lease.total_seconds()
+        if seconds < 1:
+            raise ConfigError(f"--claim lock needs a --lease of at least 1s, not {self.lease}")
+        # PostgreSQL takes milliseconds; MariaDB whole seconds (rounded up, never shorter)
+        self._timeout = (f"'{int(seconds * 1000)}ms'" if self._postgres
+                         else str(math.ceil(seconds)))
 
     def step(self, batch: int, *, pace: Callable[[], object] | None = None) -> SendStats | None:
         """Pick, send and mark up to `batch` due rows in one transaction; None when none was
-        due.
+        due. Sends stop at half the lease after the pick: rows not sent by then stay as they
+        were (due again at once), so a slow broker makes small batches, not killed sessions.
 
         Raises:
             ConfigError, SchemaError: the transport is misconfigured; what was sent before it
                 is marked, the rest stays as it was.
+            DBAPIError: the database failed or ended the transaction (a batch that outlasted
+                the lease): nothing of the batch is marked, its rows are due again.
         """
-        if not self._checked:
-            check_lock_mode(self.sender.engine)
-            self._checked = True
+        began = time.monotonic()
         with self.sender.engine.connect() as conn:
             try:
                 stats, fatal = self._step(conn, batch, pace)
-            except BaseException:
-                conn.invalidate()  # the session's timeout stays behind with a failed session
+            except DBAPIError:
+                conn.invalidate()
+                held = time.monotonic() - began
+                if held >= self.lease.total_seconds():
+                    log.warning("a --claim lock batch was held %.1fs, past --lease %s: the "
+                                "database ended its transaction, its rows are due again "
+                                "(those sent go out twice; consumers dedupe)", held, self.lease)
                 raise
-            if not self._postgres:
-                conn.exec_driver_sql(
-                    "SET SESSION idle_transaction_timeout = @@GLOBAL.idle_transaction_timeout")
+            except BaseException:
+                conn.invalidate()  # never pool a session whose timeout was changed
+                raise
+            if stats is not None and not self._postgres:
+                conn.exec_driver_sql("SET SESSION idle_transaction_timeout = @ckit_idle_timeout")
                 conn.commit()
         if fatal is not None:
             raise fatal
@@ -114,26 +129,35 @@ class LockedSender:
     def _step(self, conn: Connection, batch: int, pace: Callable[[], object] | None
               ) -> tuple[SendStats | None, CkitError | None]:
         with conn.begin():
-            if self._postgres:
-                conn.exec_driver_sql(
-                    f"SET LOCAL idle_in_transaction_session_timeout = '{self._seconds}s'")
-            else:
-                conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {self._seconds}")
             rows = self._pick(conn, batch)
             if not rows:
                 return None, None
-            attempt = self.sender.attempt(rows, pace=pace)
+            picked_at = utcnow()
+            if self._postgres:  # the lease bounds this transaction's idle time (the sends)
+                conn.exec_driver_sql(
+                    f"SET LOCAL idle_in_transaction_session_timeout = {self._timeout}")
+            else:  # (the session's own value is put back after the commit)
+                conn.exec_driver_sql(
+                    "SET @ckit_idle_timeout = @@SESSION.idle_transaction_timeout, "
+                    f"SESSION idle_transaction_timeout = {self._timeout}")
+            deadline = time.monotonic() + self.lease.total_seconds() / 2
+            attempt = self.sender.attempt(rows, pace=pace, deadline=deadline)
             stats = SendStats()
+            done = {"last_attempt_at": picked_at}
             if attempt.sent:
-                stats.sent, stats.conflicts = self.sender.mark_sent(conn, attempt.sent,
-                                                                    "send_locked")
+                stats.sent, stats.conflicts = self.sender.mark_sent(
+                    conn, attempt.sent, "send_locked", values=done)
             for row, reason, permanent in attempt.failures:
                 self.sender.mark_failure(conn, row, reason, permanent, stats,
-                                         moves=("retry_locked", "give_up_locked"))
+                                         moves=("retry_locked", "give_up_locked"),
+                                         values=done)
         metrics.SENT.inc(stats.sent)
         if attempt.outage is not None and attempt.fatal is None:
             stats.released = len(attempt.unsent)
-            stats.outage = attempt.outage_text(stats.released)
+            stats.outage = attempt.outage_text(stats.released, "left as they were")
+        elif attempt.unsent and attempt.fatal is None:
+            log.info("--claim lock: %d rows of the batch not sent within half the lease (%s); "
+                     "due again at once", len(attempt.unsent), self.lease)
         return stats, attempt.fatal
 
     def _pick(self, conn: Connection, batch: int) -> list[OutboxRow]:

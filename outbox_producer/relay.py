@@ -110,6 +110,11 @@ class Relay:
         if claim == "lock" and read_engine is not None:
             raise ConfigError("--claim lock reads and locks on the primary: it takes no "
                               "--read-url (use --claim lease with a replica)")
+        if claim == "lock" and max_rate is not None and max_rate * lease.total_seconds() < 4:
+            raise ConfigError(
+                f"--claim lock holds a batch's rows while it paces its sends: --max-rate "
+                f"{max_rate:g} with --lease {lease.total_seconds():g}s leaves under 2 sends per "
+                f"half lease; raise either, or use --claim lease")
         if max_rate is not None and not (0 < max_rate < float("inf")):
             raise ConfigError(f"max_rate must be a positive finite number, not {max_rate}")
         self.once_outage_limit = once_outage_limit
@@ -159,7 +164,8 @@ class Relay:
         or broker are logged and waited out with a doubling back-off (with `once`, for at most
         `once_outage_limit` seconds: then `gave_up` says why). A broker outage puts the
         batch's unsent rows back to PENDING without counting a retry; after a database outage
-        claimed rows keep their lease and are reclaimed when it expires, so nothing is lost.
+        claimed rows keep their lease and are reclaimed when it expires, so nothing is lost
+        (with `claim="lock"` they were never written: the rolled-back rows are due at once).
 
         With `workers > 1` that many loops run on threads of this process; their claims never
         overlap (row locks or claim tokens), so database round trips of one overlap the sends
@@ -180,9 +186,15 @@ class Relay:
         if self.workers == 1:
             return self._loop(once, max_batches)
         parts = [RelayResult() for _ in range(self.workers)]
+        errors: list[BaseException] = []
 
         def work(i: int) -> None:
-            parts[i] = self._loop(once, max_batches)
+            try:
+                parts[i] = self._loop(once, max_batches)
+            except BaseException as exc:  # re-raised below, once the other loops stopped
+                if not errors:
+                    self.stopping.set()
+                errors.append(exc)
 
         threads = [threading.Thread(target=work, args=(i,), name=f"ckit-relay-{i}")
                    for i in range(self.workers)]
@@ -190,6 +202,9 @@ class Relay:
             thread.start()
         for thread in threads:
             thread.join()
+        if errors:
+            self.stopping.clear()  # (set above to end the other loops, not by stop())
+            raise errors[0]
         total = RelayResult()
         for part in parts:
             total.add(part)

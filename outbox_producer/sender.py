@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -67,9 +69,9 @@ class Attempt:
     outage: TransportUnavailable | None = None
     fatal: CkitError | None = None
 
-    def outage_text(self, released: int) -> str:
+    def outage_text(self, released: int, where: str = "back to PENDING") -> str:
         """The `SendStats.outage` line for this batch's outage."""
-        return (f"broker unavailable; {released} unsent rows back to PENDING, no retry counted "
+        return (f"broker unavailable; {released} unsent rows {where}, no retry counted "
                 f"(first message {self.unsent[0].message_id}): {self.outage}")
 
 
@@ -124,14 +126,21 @@ class Sender:
         return stats
 
     def attempt(
-        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None
+        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None,
+        deadline: float | None = None,
     ) -> Attempt:
-        """Send each row and sort the outcomes (see `send_rows`); write nothing."""
+        """Send each row and sort the outcomes (see `send_rows`); write nothing. With
+        `deadline` (a `time.monotonic()` value) no send starts after it: the rest is `unsent`
+        (with neither `outage` nor `fatal`)."""
         out = Attempt()
         suspect: tuple[OutboxRow, TransportUnavailable] | None = None
         for i, row in enumerate(rows):
             if pace is not None:
                 pace()
+            if deadline is not None and time.monotonic() >= deadline:
+                out.unsent = [*([suspect[0]] if suspect else []), *rows[i:]]
+                suspect = None
+                break
             try:
                 result = self.transport.send(to_message(row))
             except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none
@@ -173,7 +182,7 @@ class Sender:
                        now=now, by=self.owner, values={"lease_owner": None, "lease_until": None})
 
     def mark_sent(self, conn: sa.Connection, sent: list[tuple[OutboxRow, str]],
-                  move: str) -> tuple[int, int]:
+                  move: str, values: Mapping[str, Any] | None = None) -> tuple[int, int]:
         """Mark a batch SENT (transition `move`) with one guarded UPDATE per chunk, each row at
         its own `(id, lock_version)` with its own broker id (`cas_each`); return (changed,
         conflicts)."""
@@ -185,13 +194,14 @@ class Sender:
                 conn, self.table, move, [(r.id, r.lock_version, b) for r, b in chunk],
                 column="broker_message_id", now=now, by=self.owner,
                 values={"sent_at": now, "lease_owner": None, "lease_until": None,
-                        "fail_reason": None})
+                        "fail_reason": None, **(values or {})})
         # a row not changed got its receipt before we marked it (it is CONSUMED already) or its
         # lease was reclaimed; both are fine, neither is overwritten
         return changed, len(sent) - changed
 
     def mark_failure(self, conn: sa.Connection, row: OutboxRow, reason: str, permanent: bool,
-                     stats: SendStats, *, moves: tuple[str, str]) -> None:
+                     stats: SendStats, *, moves: tuple[str, str],
+                     values: Mapping[str, Any] | None = None) -> None:
         """Charge `row` a failed attempt: transition `moves[0]` (retry after the back-off) or,
         retries exhausted or `permanent`, `moves[1]` (FAILED)."""
         now = utcnow()
@@ -207,7 +217,7 @@ class Sender:
                       now=now, by=self.owner,
                       values={"retry_count": retries, "next_retry_at": next_at,
                               "fail_reason": reason[:REASON_LEN], "lease_owner": None,
-                              "lease_until": None})
+                              "lease_until": None, **(values or {})})
         if not changed:
             stats.conflicts += 1
             return

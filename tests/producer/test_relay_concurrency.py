@@ -9,6 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.messages import OutgoingMessage, SendResult
 from consumer_kit.core.schema import outbox_table
 from outbox_producer import Outbox, Relay
 from outbox_producer.ids import new_message_id
@@ -116,3 +118,18 @@ def test_a_relay_built_from_a_url_claims_with_skip_locked_on_mariadb(mariadb: Db
         assert relay.claimer.skip_locked is True
     finally:
         relay.engine.dispose()
+
+
+class Misconfigured(RecordingTransport):
+    def send(self, message: OutgoingMessage) -> SendResult:
+        raise ConfigError("topic T does not exist (simulated)")
+
+
+def test_an_error_in_one_of_several_workers_ends_the_run_and_reaches_the_caller(
+        sqlite_db: Db) -> None:
+    bulk_insert(sqlite_db, 50)
+    relay = Relay(sqlite_db.engine, Misconfigured(), table=sqlite_db.names.outbox, batch=5,
+                  workers=3)
+    with pytest.raises(ConfigError, match="topic T does not exist"):
+        relay.run_once()
+    assert sqlite_db.count(sqlite_db.names.outbox, "state = 0") == 50  # none charged

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def test_lock_mode_sends_every_due_row_once_with_one_update_per_row(
         r = row(server_db, mid)
         assert (r["state"], r["lock_version"]) == (int(OutboxState.SENT), 1)
         assert r["broker_message_id"] and r["sent_at"] is not None and r["lease_owner"] is None
+        assert r["last_attempt_at"] is not None
     assert {name for _verb, name in statements.seen} == {"send_locked"} < LOCKED_MOVES
     assert len(statements.seen) == 3  # one UPDATE per batch
 
@@ -180,7 +182,7 @@ def test_a_broker_outage_in_lock_mode_leaves_the_rows_untouched(server_db: Db) -
     # When the relay tries a batch
     stats = relay.step()
     # Then it stopped after the second failure in a row and wrote nothing to the rows
-    assert stats is not None and "3 unsent rows back to PENDING" in str(stats.outage)
+    assert stats is not None and "3 unsent rows left as they were" in str(stats.outage)
     assert stats.released == 3 and stats.sent == stats.retried == 0
     for mid in ids:
         r = row(server_db, mid)
@@ -196,27 +198,61 @@ def test_a_lock_relay_takes_over_an_expired_lease_of_a_dead_sender(server_db: Db
     transport = RecordingTransport()
     Relay(server_db.engine, transport, table=server_db.names.outbox, claim="lock").run_once()
     assert transport.counts() == {mid: 1}
-    assert row(server_db, mid)["state"] == int(OutboxState.SENT)
+    r = row(server_db, mid)
+    assert (r["state"], r["lease_owner"], r["lease_until"]) == (int(OutboxState.SENT), None, None)
+
+
+class SlowTransport(RecordingTransport):
+    """Each send takes `seconds` (a broker that answers slowly)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        time.sleep(self.seconds)
+        return super().send(message)
+
+
+def test_a_slow_broker_makes_short_batches_not_transactions_past_the_lease(
+        server_db: Db) -> None:
+    # Given 10 due rows, sends of 0.3 s and a 2 s lease: the whole batch would take 3 s
+    ids = publish_many(server_db, 10)
+    transport = SlowTransport(0.3)
+    relay = Relay(server_db.engine, transport, table=server_db.names.outbox, batch=10,
+                  claim="lock", lease=dt.timedelta(seconds=2))
+    # When one batch runs
+    stats = relay.step()
+    # Then it stopped sending at half the lease and marked what it sent; the rest is untouched
+    assert stats is not None and stats.outage is None
+    assert 2 <= stats.sent <= 5, stats
+    states = [row(server_db, m) for m in ids]
+    assert sum(r["state"] == int(OutboxState.SENT) for r in states) == stats.sent
+    untouched = [r for r in states if r["state"] == int(OutboxState.PENDING)]
+    assert len(untouched) == 10 - stats.sent
+    assert all((r["retry_count"], r["lock_version"]) == (0, 0) for r in untouched)
+    # and the next batches send the rest, each row once
+    relay.run_once()
+    assert transport.counts() == {mid: 1 for mid in ids}
 
 
 @pytest.mark.mariadb
 def test_the_mariadb_session_gets_its_idle_transaction_timeout_back(mariadb: Db) -> None:
-    # Given a one-connection pool whose session had its own timeout
+    # Given a one-connection pool whose session has a timeout of its own
     engine = make_engine(mariadb.url, pool_size=1, max_overflow=0)
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 0")
+            conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 123")
             conn.commit()
         publish_many(mariadb, 2)
         relay = Relay(engine, RecordingTransport(), table=mariadb.names.outbox, claim="lock",
                       lease=dt.timedelta(seconds=7))
         # When a batch ran on it
         assert relay.step() is not None
-        # Then the session's timeout is the server's again, not the lease
+        # Then the session has its own timeout again, not the lease
         with engine.connect() as conn:
             assert conn.exec_driver_sql(
-                "SELECT @@SESSION.idle_transaction_timeout = "
-                "@@GLOBAL.idle_transaction_timeout").scalar() == 1
+                "SELECT @@SESSION.idle_transaction_timeout").scalar() == 123
     finally:
         engine.dispose()
 
@@ -232,6 +268,12 @@ def test_lock_mode_is_refused_with_one_line_where_it_cannot_hold_its_promise(
     with pytest.raises(ConfigError, match="unknown claim mode 'locks'"):
         Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
               claim="locks")
+    with pytest.raises(ConfigError, match=r"--max-rate 0\.1 with --lease 30s"):
+        Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+              claim="lock", max_rate=0.1)
+    with pytest.raises(ConfigError, match="--lease of at least 1s"):
+        Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+              claim="lock", lease=dt.timedelta(milliseconds=500))
 
 
 def sql_transport(tmp_path: Path) -> str:
