@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -84,6 +85,12 @@ def fill(conn: psycopg.Connection, name: str, rows: int) -> None:
     conn.commit()
 
 
+def mark_params(rows: list[tuple[Any, ...]], now: object) -> dict[str, object]:
+    """MARK's parameters for rows read by CLAIM or PICK (id first, lock_version 14th)."""
+    return {"now": now, "ids": [r[0] for r in rows], "lvs": [r[13] for r in rows],
+            "vals": [f"b{r[0]}" for r in rows]}
+
+
 def raw_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, int]:
     claim, mark = CLAIM.format(t=name), MARK.format(t=name)
     t0 = time.perf_counter()
@@ -97,9 +104,7 @@ def raw_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, i
         if not rows:
             return time.perf_counter() - t0, moved
         with conn.cursor() as cur:
-            cur.execute(mark, {"now": now, "ids": [r[0] for r in rows],
-                               "lvs": [r[13] for r in rows],
-                               "vals": [f"b{r[0]}" for r in rows]})
+            cur.execute(mark, mark_params(rows, now))
             moved += cur.rowcount
         conn.commit()
 
@@ -118,9 +123,7 @@ def locked_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float
             if not rows:
                 conn.commit()
                 return time.perf_counter() - t0, moved
-            cur.execute(mark, {"now": now, "ids": [r[0] for r in rows],
-                               "lvs": [r[13] for r in rows],
-                               "vals": [f"b{r[0]}" for r in rows]})
+            cur.execute(mark, mark_params(rows, now))
             moved += cur.rowcount
         conn.commit()
 

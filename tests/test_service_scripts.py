@@ -47,31 +47,35 @@ def run_script(script: str, run: Path, *args: str) -> subprocess.CompletedProces
     )
 
 
+def stale_pid_file(script: str, tmp_path: Path, stranger: subprocess.Popen[bytes]
+                   ) -> tuple[Path, Path]:
+    """A run folder whose pid file (of the script's checked JVM) names `stranger`."""
+    run = tmp_path / "run"
+    run.mkdir()
+    pid_file = run / f"{SCRIPTS[script][1]}.pid"
+    pid_file.write_text(f"{stranger.pid}\n")
+    return run, pid_file
+
+
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_stop_never_signals_a_process_that_a_stale_pid_file_names(
     script: str, tmp_path: Path, stranger: subprocess.Popen[bytes]
 ) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    name = SCRIPTS[script][1]
-    (run / f"{name}.pid").write_text(f"{stranger.pid}\n")
+    run, pid_file = stale_pid_file(script, tmp_path, stranger)
 
     result = run_script(script, run, "stop")
 
     assert result.returncode == 0, result.stderr
     assert stranger.poll() is None, "stop killed a process it did not start"
     assert f"pid {stranger.pid}" not in result.stderr + result.stdout
-    assert not (run / f"{name}.pid").exists(), "the stale pid file stays behind"
+    assert not pid_file.exists(), "the stale pid file stays behind"
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_status_reports_down_when_the_pid_file_names_another_run_folders_jvm(
     script: str, tmp_path: Path, stranger: subprocess.Popen[bytes]
 ) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    name = SCRIPTS[script][1]
-    (run / f"{name}.pid").write_text(f"{stranger.pid}\n")
+    run, _ = stale_pid_file(script, tmp_path, stranger)
 
     result = run_script(script, run, "status")
 

@@ -32,6 +32,18 @@ def bulk_insert(db: Db, n: int) -> None:
             conn.execute(sa.insert(table), rows[start:start + 2000])
 
 
+def drain_side_by_side(relays: list[Relay], timeout: float = 240) -> dict[int, int]:
+    """Run each relay's `run_once` on a thread of its own; return the rows each sent."""
+    sent: dict[int, int] = {}
+    threads = [threading.Thread(target=lambda i=i: sent.__setitem__(
+        i, relays[i].run_once().stats.sent)) for i in range(len(relays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return sent
+
+
 @pytest.mark.slow
 def test_four_relays_on_a_database_server_send_each_of_10000_rows_exactly_once(
     server_db: Db,
@@ -41,14 +53,8 @@ def test_four_relays_on_a_database_server_send_each_of_10000_rows_exactly_once(
     transport = RecordingTransport()
     relays = [Relay(server_db.engine, transport, table=server_db.names.outbox, batch=200,
                     owner=f"relay-{i}") for i in range(4)]
-    results: dict[int, int] = {}
     # When
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
-        i, relays[i].run_once().stats.sent)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
+    results = drain_side_by_side(relays)
     # Then
     counts = transport.counts()
     assert len(counts) == ROWS

@@ -25,7 +25,7 @@ from outbox_producer.claim import Claimer
 from tests.cli import ckit, error_line
 from tests.conftest import Db
 from tests.producer.test_relay import FlakyTransport, publish_many, row
-from tests.producer.test_relay_concurrency import bulk_insert
+from tests.producer.test_relay_concurrency import bulk_insert, drain_side_by_side
 from tests.recording import RecordingTransport
 from tests.test_state_machine import LOCKED_MOVES, Statements
 
@@ -82,13 +82,7 @@ def test_four_lock_relays_send_each_of_4000_rows_exactly_once(server_db: Db) -> 
     transport = RecordingTransport()
     relays = [Relay(server_db.engine, transport, table=server_db.names.outbox, batch=100,
                     owner=f"relay-{i}", claim="lock") for i in range(4)]
-    sent: dict[int, int] = {}
-    threads = [threading.Thread(target=lambda i=i: sent.__setitem__(
-        i, relays[i].run_once().stats.sent)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
+    sent = drain_side_by_side(relays)
     counts = transport.counts()
     assert len(counts) == 4_000 and max(counts.values()) == 1
     assert sum(sent.values()) == 4_000
