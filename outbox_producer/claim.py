@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.rows import SEND_COLUMNS, OutboxRow
+from consumer_kit.core.rows import READ_COLUMNS, OutboxRow
 from consumer_kit.core.states import OutboxState
 from consumer_kit.core.transitions import Ids, Versions, Where, cas, cas_returning
 
@@ -72,7 +72,7 @@ class Claimer:
         self._skip_locked: bool | None = None
         # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
         self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
-        self.columns = [self.table.c[name] for name in (*SEND_COLUMNS, "state", "sent_at")]
+        self.columns = [self.table.c[name] for name in READ_COLUMNS]
 
     @property
     def skip_locked(self) -> bool:
@@ -144,7 +144,7 @@ class Claimer:
                 if room <= 0:
                     break
                 if taken:  # never again a row this claim just took (a lease can be that short)
-                    where = [*where, t.c.id.not_in([int(r["id"]) for r in taken])]
+                    where = [*where, t.c.id.not_in([int(r.id) for r in taken])]
                 pick = sa.select(t.c.id).where(*where).order_by(t.c.next_retry_at).limit(room)
                 if self.skip_locked:
                     pick = pick.with_for_update(skip_locked=True)
@@ -165,7 +165,7 @@ class Claimer:
                 taken += cas_returning(conn, t, name, Where(guard),
                                        returning=self.columns, now=now, by=self.owner,
                                        values=self._values(now, self.owner))
-        return [OutboxRow.from_mapping(r) for r in taken]
+        return [OutboxRow.from_row(r) for r in taken]
 
     def _values(self, now: dt.datetime, token: str) -> dict[str, Any]:
         return {"lease_owner": token, "lease_until": now + self.lease, "last_attempt_at": now}
@@ -185,20 +185,20 @@ class Claimer:
             rows = conn.execute(
                 sa.select(*self.columns).where(*self.due(now)).order_by(t.c.next_retry_at)
                 .limit(batch).with_for_update(skip_locked=True)
-            ).mappings().all()
+            ).all()
             if len(rows) < batch:
                 rows = [*rows, *conn.execute(
                     sa.select(*self.columns).where(*self.expired(now))
                     .limit(batch - len(rows)).with_for_update(skip_locked=True)
-                ).mappings().all()]
+                ).all()]
             if not rows:
                 return []
             by_state: dict[int, list[int]] = {}
             for r in rows:
-                by_state.setdefault(int(r["state"]), []).append(int(r["id"]))
+                by_state.setdefault(int(r.state), []).append(int(r.id))
             self._claim_all(conn, {s: len(ids) for s, ids in by_state.items()},
                             lambda state: Ids(by_state[state]), now, self.owner)
-        return [OutboxRow.from_mapping(r).next_version() for r in rows]
+        return [OutboxRow.from_row(r).next_version() for r in rows]
 
     def _claim_optimistic(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
         t = self.table
@@ -226,8 +226,8 @@ class Claimer:
             rows = conn.execute(
                 sa.select(*self.columns)
                 .where(t.c.lease_owner == token, t.c.state == int(OutboxState.SENDING))
-            ).mappings().all()
-        return [OutboxRow.from_mapping(r) for r in rows]
+            ).all()
+        return [OutboxRow.from_row(r) for r in rows]
 
     def claim_rows(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on

@@ -169,9 +169,9 @@ class LockedSender:
         columns = c.columns
         rows = conn.execute(
             sa.select(*columns).where(*c.due(now)).order_by(t.c.next_retry_at)
-            .limit(batch).with_for_update(skip_locked=True)).mappings().all()
+            .limit(batch).with_for_update(skip_locked=True)).all()
         if len(rows) < batch:
             rows = [*rows, *conn.execute(
                 sa.select(*columns).where(*c.expired(now)).limit(batch - len(rows))
-                .with_for_update(skip_locked=True)).mappings().all()]
-        return [OutboxRow.from_mapping(r) for r in rows]
+                .with_for_update(skip_locked=True)).all()]
+        return [OutboxRow.from_row(r) for r in rows]

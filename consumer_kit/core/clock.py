@@ -22,9 +22,14 @@ def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_EPOCH = dt.datetime(1970, 1, 1)
+_MILLISECOND = dt.timedelta(milliseconds=1)
+
+
 def to_epoch_ms(value: dt.datetime) -> int:
-    """Convert a naive-UTC datetime to epoch milliseconds."""
-    return int(value.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+    """Convert a naive-UTC datetime to epoch milliseconds (exact integer arithmetic, rounded
+    down: no float in between)."""
+    return (value - _EPOCH) // _MILLISECOND
 
 
 def parse_duration(text: str, *, option: str | None = None) -> dt.timedelta:

@@ -56,20 +56,23 @@ def to_message(row: OutboxRow) -> OutgoingMessage:
     it; `ckit_src` is the row's `created_by` (the producer that published it, where receipts
     go); user headers go first so they can never overwrite the envelope properties.
     """
-    properties = {str(k): str(v) for k, v in (row.headers or {}).items()
-                  if k not in RESERVED_PROPERTIES}
+    headers = row.headers
+    properties = ({str(k): str(v) for k, v in headers.items() if k not in RESERVED_PROPERTIES}
+                  if headers else {})
     properties[PROP_ID] = row.message_id
     properties[PROP_BIZ] = f"{row.biz_type}:{row.biz_key}"
     properties[PROP_SRC] = row.created_by or ""
     properties[PROP_SENT] = str(to_epoch_ms(row.gmt_create))
     if row.sent_before:
         properties[PROP_RESEND] = "1"
-    extra_keys = tuple(k for k in (row.keys or "").split() if k != row.message_id)
+    keys: tuple[str, ...] = (row.message_id,)
+    if row.keys:
+        keys += tuple(k for k in row.keys.split() if k != row.message_id)
     return OutgoingMessage(
         topic=row.topic,
         body=row.body,
         tags=row.tags or None,
-        keys=(row.message_id, *extra_keys),
+        keys=keys,
         properties=properties,
         sharding_key=row.biz_key,
     )
