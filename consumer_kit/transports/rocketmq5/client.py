@@ -4,17 +4,25 @@ Both RocketMQ Python clients ship a top-level `rocketmq` package with their own
 `rocketmq/__init__.py`; 5.x's imports `ClientConfiguration` and friends from it, and the 2.0.0
 client's is empty. When 2.0.0 was installed after 5.x (or uninstalled, taking the shared file
 with it), the 5.x client cannot import itself: this module says so in one line with the fix.
+
+The client's gRPC channels get a capped reconnect back-off (`RECONNECT_BACKOFF_MS`): it builds
+them with fixed options, and gRPC's default back-off (1 s, x1.6 per failed attempt, up to
+120 s) left a client that lost its proxy for 10-20 s waiting 5-16 s more after the proxy was
+back, for its next attempt.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
 from consumer_kit.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'consumer-kit[rocketmq5]' (rocketmq-python-client==5.1.2)"
 REPAIR = "pip install --force-reinstall --no-deps rocketmq-python-client==5.1.2"
@@ -48,6 +56,7 @@ def v5() -> SimpleNamespace:
             from rocketmq.v5.producer import Producer
         except ImportError as exc:
             raise ConfigError(f"the rocketmq5:// transport needs {INSTALL}: {exc}") from None
+        _cap_reconnect_backoff()
     return SimpleNamespace(
         ClientConfiguration=ClientConfiguration, Credentials=Credentials,
         SimpleConsumer=SimpleConsumer, FilterExpression=FilterExpression, Message=Message,
@@ -76,3 +85,51 @@ def configuration(endpoint: str, request_timeout: float) -> Any:
     lib = v5()
     return lib.ClientConfiguration(endpoint, lib.Credentials(),
                                    request_timeout=max(1, round(request_timeout)))
+
+
+#: gRPC channel options the 5.x client's channels get on top of its own: a lost proxy is tried
+#: again every second at most (gRPC's defaults: 1 s, x1.6 per failed attempt, up to 120 s)
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+class BackoffCappedAio:
+    """`grpc.aio` as the client's channel module sees it, with `RECONNECT_OPTIONS` added to the
+    options of every channel it opens (everything else is `grpc.aio` itself)."""
+
+    def __init__(self, aio: Any) -> None:
+        self.aio = aio
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.aio, name)
+
+    def insecure_channel(self, target: str, options: Any = None, *args: Any,
+                         **kwargs: Any) -> Any:
+        return self.aio.insecure_channel(target, _with_backoff(options), *args, **kwargs)
+
+    def secure_channel(self, target: str, credentials: Any, options: Any = None, *args: Any,
+                       **kwargs: Any) -> Any:
+        return self.aio.secure_channel(target, credentials, _with_backoff(options), *args,
+                                       **kwargs)
+
+
+def _with_backoff(options: Any) -> list[tuple[str, Any]]:
+    mine = {name for name, _ in RECONNECT_OPTIONS}
+    return [*(o for o in (options or ()) if o[0] not in mine), *RECONNECT_OPTIONS]
+
+
+def _cap_reconnect_backoff() -> None:
+    """Give the client's channel module `BackoffCappedAio` (once). A client without that module
+    (another version than the pinned one) keeps gRPC's back-off, with a warning."""
+    try:
+        from rocketmq.v5.client.connection import rpc_channel
+    except ImportError as exc:
+        log.warning("rocketmq5: cannot cap the gRPC reconnect back-off (%s): a restarted proxy "
+                    "may be reached only after gRPC's own back-off (up to 120 s)", exc)
+        return
+    aio = getattr(rpc_channel, "aio", None)
+    if aio is None:
+        log.warning("rocketmq5: the client's channel module has no `aio`: the gRPC reconnect "
+                    "back-off is not capped")
+    elif not isinstance(aio, BackoffCappedAio):
+        rpc_channel.aio = BackoffCappedAio(aio)
