@@ -7,8 +7,8 @@ Three drains of the same fresh backlog, interleaved run by run on one PostgreSQL
 - *relay, --claim lock*: the same relay holding each batch locked while it sends, marking it in
   that transaction (one UPDATE per row: `outbox_producer.locked`);
 - *SQL only*: the same claim (`WITH picked ... FOR UPDATE SKIP LOCKED ... UPDATE ... RETURNING`)
-  and mark (`UPDATE ... FROM unnest(...)`) statements the relay sends, from one psycopg
-  connection with nothing else per row: the ceiling of this schema on this server;
+  and mark (`UPDATE ... FROM jsonb_array_elements(...)`) statements the relay sends, from one
+  psycopg connection with nothing else per row: the ceiling of this schema on this server;
 - *SQL only, 2 indexes*: the same statements on a copy of the table with only the primary key
   and the `(state, next_retry_at)` index: what the other five indexes cost. Both statements
   change `state`, an indexed column, so neither update is HOT: every index gets a new entry
@@ -24,6 +24,7 @@ Prints rows/s per run, medians and ratios (the machine is shared: compare within
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -61,7 +62,8 @@ CLAIM = """WITH picked AS MATERIALIZED (SELECT id FROM {t}
 MARK = """UPDATE {t} AS o SET state = 2, broker_message_id = v.val,
   lock_version = o.lock_version + 1, gmt_modified = %(now)s, updated_by = 'raw',
   sent_at = %(now)s, lease_owner = NULL, lease_until = NULL, fail_reason = NULL
-  FROM unnest(%(ids)s::bigint[], %(lvs)s::integer[], %(vals)s::text[]) AS v(id, lv, val)
+  FROM (SELECT CAST(r->>0 AS BIGINT) AS id, CAST(r->>1 AS INTEGER) AS lv, r->>2 AS val
+        FROM jsonb_array_elements(CAST(%(rows)s AS JSONB)) AS e(r)) AS v
   WHERE o.id = v.id AND o.lock_version = v.lv AND o.state IN (1)"""
 PICK = """SELECT id, message_id, biz_type, biz_key, topic, tags, keys, headers, body, retry_count,
   max_retries, created_by, gmt_create, lock_version, state, sent_at FROM {t}
@@ -87,8 +89,7 @@ def fill(conn: psycopg.Connection, name: str, rows: int) -> None:
 
 def mark_params(rows: list[tuple[Any, ...]], now: object) -> dict[str, object]:
     """MARK's parameters for rows read by CLAIM or PICK (id first, lock_version 14th)."""
-    return {"now": now, "ids": [r[0] for r in rows], "lvs": [r[13] for r in rows],
-            "vals": [f"b{r[0]}" for r in rows]}
+    return {"now": now, "rows": json.dumps([[r[0], r[13], f"b{r[0]}"] for r in rows])}
 
 
 def raw_drain(conn: psycopg.Connection, name: str, batch: int) -> tuple[float, int]:

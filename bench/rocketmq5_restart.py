@@ -83,7 +83,7 @@ def one_round(broker: RocketMQ5, mode: str, outage: float) -> dict[str, Any]:
         broker.kill9("proxy")
         killed = time.monotonic()
         time.sleep(outage)
-        starting = threading.Thread(target=broker.start, name="proxy-start")
+        starting = threading.Thread(target=broker.start, name="proxy-start", daemon=True)
         starting.start()
         if not wait(lambda: port_open(broker.proxy_port), ROUND_LIMIT, step=0.05):
             raise SystemExit(f"{mode}: the proxy did not open its port in {ROUND_LIMIT:g} s")

@@ -27,8 +27,10 @@ _MILLISECOND = dt.timedelta(milliseconds=1)
 
 
 def to_epoch_ms(value: dt.datetime) -> int:
-    """Convert a naive-UTC datetime to epoch milliseconds (exact integer arithmetic, rounded
-    down: no float in between)."""
+    """Convert a naive-UTC (or an aware) datetime to epoch milliseconds (exact integer
+    arithmetic, rounded down: no float in between)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return (value - _EPOCH) // _MILLISECOND
 
 

@@ -9,7 +9,9 @@ proxy was back (`python bench/rocketmq5_restart.py`); the transport caps it at 1
 This test runs a 5.x name server + proxy of its own (scripts/rocketmq5.sh on offset ports, run
 folder in tmp_path; the standing instance is not touched), kills the proxy with SIGKILL, keeps
 it down for `OUTAGE`, starts it again and times the first send and delivery from the moment
-its port accepts connections.
+its port accepts connections. gRPC's jitter sometimes lands an uncapped attempt early (the
+old code passed this test two times in three): the deterministic guard of the cap is
+tests/transports/test_rocketmq5_client.py.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def test_a_client_reaches_its_proxy_again_soon_after_it_is_killed_and_restarted(
             except BaseException as exc:  # reported below: a thread's error is not the test's
                 failed.append(exc)
 
-        starting = threading.Thread(target=start, name="proxy-start")
+        starting = threading.Thread(target=start, name="proxy-start", daemon=True)
         starting.start()
         assert wait_for(lambda: port_open(private_5x.proxy_port) or bool(failed), 240), (
             "the proxy did not open its port")

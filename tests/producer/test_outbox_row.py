@@ -85,3 +85,10 @@ def test_to_epoch_ms_counts_whole_milliseconds_since_the_epoch() -> None:
     assert to_epoch_ms(dt.datetime(1970, 1, 1)) == 0
     assert to_epoch_ms(CREATED) == 1_795_586_400_123  # 123.999 ms rounds down
     assert to_epoch_ms(dt.datetime(1969, 12, 31, 23, 59, 59, 999_500)) == -1
+
+
+def test_to_epoch_ms_reads_an_aware_datetime_in_its_own_zone() -> None:
+    plus_two = dt.timezone(dt.timedelta(hours=2))
+    assert to_epoch_ms(CREATED.replace(tzinfo=dt.timezone.utc)) == to_epoch_ms(CREATED)
+    assert to_epoch_ms((CREATED + dt.timedelta(hours=2)).replace(tzinfo=plus_two)) == (
+        to_epoch_ms(CREATED))

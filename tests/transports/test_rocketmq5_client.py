@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
+from unittest import mock
+
+import pytest
 
 from consumer_kit.transports.rocketmq5 import client
 
@@ -17,13 +20,13 @@ class RecordingAio:
         self.channels: list[tuple[str, str, list[tuple[str, Any]]]] = []
         self.ChannelConnectivity = "the real module's attribute"
 
-    def insecure_channel(self, target: str, options: Any = None) -> str:
+    def insecure_channel(self, target: str, options: Any = None) -> Any:
         self.channels.append(("insecure", target, list(options)))
-        return "channel"
+        return mock.MagicMock(name="channel")
 
-    def secure_channel(self, target: str, credentials: Any, options: Any = None) -> str:
+    def secure_channel(self, target: str, credentials: Any, options: Any = None) -> Any:
         self.channels.append(("secure", target, list(options)))
-        return "channel"
+        return mock.MagicMock(name="channel")
 
 
 def test_loading_the_client_caps_the_reconnect_backoff_of_its_channel_module() -> None:
@@ -35,12 +38,36 @@ def test_loading_the_client_caps_the_reconnect_backoff_of_its_channel_module() -
     assert not isinstance(rpc_channel.aio.aio, client.BackoffCappedAio)
 
 
+def test_the_channels_the_client_builds_itself_carry_the_capped_backoff(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client.v5()
+    from rocketmq.grpc_protocol import definition_pb2
+    from rocketmq.v5.client.connection import rpc_channel
+
+    aio = RecordingAio()
+    monkeypatch.setattr(rpc_channel.aio, "aio", aio)  # under the installed cap
+    endpoints = definition_pb2.Endpoints(
+        scheme=definition_pb2.AddressScheme.IPv4,
+        addresses=[definition_pb2.Address(host="127.0.0.1", port=8081)])
+    loop = asyncio.new_event_loop()
+    try:
+        rpc_channel.RpcChannel(rpc_channel.RpcEndpoints(endpoints)).create_channel(loop)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+    (kind, target, options), = aio.channels
+    assert (kind, target) == ("insecure", "ipv4:127.0.0.1:8081")
+    assert ("grpc.enable_retries", 0) in options  # the client's own options stay
+    assert dict(options)["grpc.max_reconnect_backoff_ms"] == 1000
+    assert dict(options)["grpc.initial_reconnect_backoff_ms"] == 500
+
+
 def test_channels_keep_the_clients_options_and_get_the_capped_backoff() -> None:
     aio = RecordingAio()
     capped = client.BackoffCappedAio(aio)
     own = [("grpc.enable_retries", 0), ("grpc.max_reconnect_backoff_ms", 120_000)]
-    assert capped.insecure_channel("127.0.0.1:8081", own) == "channel"
-    assert capped.secure_channel("127.0.0.1:8081", "credentials", own) == "channel"
+    capped.insecure_channel("127.0.0.1:8081", own)
+    capped.secure_channel("127.0.0.1:8081", "credentials", own)
     for _, target, options in aio.channels:
         assert target == "127.0.0.1:8081"
         assert dict(options) == {"grpc.enable_retries": 0,

@@ -5,10 +5,12 @@ Both RocketMQ Python clients ship a top-level `rocketmq` package with their own
 client's is empty. When 2.0.0 was installed after 5.x (or uninstalled, taking the shared file
 with it), the 5.x client cannot import itself: this module says so in one line with the fix.
 
-The client's gRPC channels get a capped reconnect back-off (`RECONNECT_BACKOFF_MS`): it builds
+The client's gRPC channels get a capped reconnect back-off (`RECONNECT_OPTIONS`): it builds
 them with fixed options, and gRPC's default back-off (1 s, x1.6 per failed attempt, up to
 120 s) left a client that lost its proxy for 10-20 s waiting 5-16 s more after the proxy was
-back, for its next attempt.
+back, for its next attempt. The cap bounds the wait between attempts (a refused connection is
+tried again within a second), not how long one attempt may take; it applies to every 5.x
+client of the process, from the first `v5()` on.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def configuration(endpoint: str, request_timeout: float) -> Any:
                                    request_timeout=max(1, round(request_timeout)))
 
 
-#: gRPC channel options the 5.x client's channels get on top of its own: a lost proxy is tried
-#: again every second at most (gRPC's defaults: 1 s, x1.6 per failed attempt, up to 120 s)
+#: gRPC channel options the 5.x client's channels get on top of its own: after a failed
+#: connection the next attempt comes within a second (gRPC's defaults: 1 s, x1.6 per failed
+#: attempt, up to 120 s)
 RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500),
                      ("grpc.max_reconnect_backoff_ms", 1000))
 
