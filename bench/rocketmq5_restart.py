@@ -37,6 +37,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 from bench.common import machine_facts, table  # noqa: E402
 from bench.faults.services import RocketMQ5, port_open  # noqa: E402
+from consumer_kit.testing.harness import wait_for  # noqa: E402
 from consumer_kit.transports import (  # noqa: E402
     ConsumeStatus,
     Delivery,
@@ -78,14 +79,14 @@ def one_round(broker: RocketMQ5, mode: str, outage: float) -> dict[str, Any]:
     consumer.start()
     try:
         transport.send(OutgoingMessage(topic, b"before"))
-        if not wait(lambda: b"before" in got, 60):
+        if not wait_for(lambda: b"before" in got, 60):
             raise SystemExit(f"{mode}: nothing received before the restart")
         broker.kill9("proxy")
         killed = time.monotonic()
         time.sleep(outage)
         starting = threading.Thread(target=broker.start, name="proxy-start", daemon=True)
         starting.start()
-        if not wait(lambda: port_open(broker.proxy_port), ROUND_LIMIT, step=0.05):
+        if not wait_for(lambda: port_open(broker.proxy_port), ROUND_LIMIT, interval=0.05):
             raise SystemExit(f"{mode}: the proxy did not open its port in {ROUND_LIMIT:g} s")
         opened = time.monotonic()
         sent = None
@@ -95,7 +96,7 @@ def one_round(broker: RocketMQ5, mode: str, outage: float) -> dict[str, Any]:
                 sent = time.monotonic()
             except Exception:  # refused or unavailable until the client reconnects
                 time.sleep(0.2)
-        delivered = got.get(b"after") if wait(lambda: b"after" in got, ROUND_LIMIT) else None
+        delivered = got.get(b"after") if wait_for(lambda: b"after" in got, ROUND_LIMIT) else None
         starting.join(ROUND_LIMIT)
         return {"mode": mode, "port_after_kill": opened - killed,
                 "send": None if sent is None else sent - opened,
@@ -103,15 +104,6 @@ def one_round(broker: RocketMQ5, mode: str, outage: float) -> dict[str, Any]:
     finally:
         consumer.shutdown()
         transport.close()
-
-
-def wait(predicate: Any, seconds: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,9 +116,11 @@ class BackoffCappedAio:
                                        **kwargs)
 
 
+_RECONNECT_NAMES = frozenset(name for name, _ in RECONNECT_OPTIONS)
+
+
 def _with_backoff(options: Any) -> list[tuple[str, Any]]:
-    mine = {name for name, _ in RECONNECT_OPTIONS}
-    return [*(o for o in (options or ()) if o[0] not in mine), *RECONNECT_OPTIONS]
+    return [*(o for o in (options or ()) if o[0] not in _RECONNECT_NAMES), *RECONNECT_OPTIONS]
 
 
 def _cap_reconnect_backoff() -> None:
