@@ -6,6 +6,10 @@ the Redis fast path costs what the database-only path costs. A duplicate still l
 once from the processed row's unique key, and Redis' answer rolls the transaction back when
 the message is done or another consumer holds it. While duplicates are frequent the pipeline
 claims first instead (`Predictor`), so they never reach the database.
+
+The claim carries the done markers queued since the last one (`RedisWriter.take`): they go in
+the same write and their answers are read before the claim's, so they cost no round trip and
+wake no thread.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, Protocol
 import redis
 
 from consumer_kit.dedupe.claims import Claim
+from consumer_kit.dedupe.scripts import Call, thread_connection
+from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,7 @@ class ClaimSource(Protocol):
     """What a pending claim needs of its `RedisDedupe`."""
 
     client: redis.Redis
+    writer: RedisWriter
 
     def claim_args(self, message_id: str, token: str) -> list[Any]: ...
 
@@ -39,8 +46,16 @@ class ClaimSource(Protocol):
     def ok(self) -> None: ...
 
 
+#: the calling thread's claim whose answer is not read yet (see `PendingClaim.__init__`)
+_on_wire = threading.local()
+
+
 class PendingClaim:
-    """A claim on the wire; `result()` reads its answer once (and returns the connection)."""
+    """A claim on the wire; `result()` reads its answer once.
+
+    It goes on a connection the calling thread keeps for its claims (no pool checkout per
+    message). Should a claim be left unread, the thread's next claim reads it first, so an
+    answer is never taken for another's."""
 
     def __init__(self, dedupe: ClaimSource, message_id: str, token: str) -> None:
         self.dedupe = dedupe
@@ -48,11 +63,19 @@ class PendingClaim:
         self.token = token
         self._answer: Claim | None = None
         self._conn: Any = None
+        left: PendingClaim | None = getattr(_on_wire, "claim", None)
+        if left is not None and left._conn is not None:
+            left.result()
+        self._riders: list[Call] = dedupe.writer.take()
         try:
-            self._conn = dedupe.client.connection_pool.get_connection()
-            self._conn.send_command("EVALSHA", *dedupe.claim_args(message_id, token))
+            self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
+            _on_wire.claim = self
+            commands = [("EVALSHA", script.sha, len(keys), *keys, *args)
+                        for script, keys, args in self._riders]
+            commands.append(("EVALSHA", *dedupe.claim_args(message_id, token)))
+            conn.send_packed_command(conn.pack_commands(commands))
         except redis.RedisError as exc:
-            self._release()
+            self._done(clean=False)
             dedupe.failed("claim", message_id, exc)
             self._answer = Claim.UNAVAILABLE
 
@@ -62,38 +85,61 @@ class PendingClaim:
         """A claim whose answer is known without asking (Redis is degraded)."""
         pending = cls.__new__(cls)
         pending.dedupe, pending.message_id, pending.token = dedupe, message_id, token
-        pending._answer, pending._conn = answer, None
+        pending._answer, pending._conn, pending._riders = answer, None, []
         return pending
 
     def result(self) -> Claim:
         """The claim's answer (read from the wire the first time)."""
         if self._answer is not None:
             return self._answer
+        clean = False  # every answer read: the connection may carry the thread's next claim
         try:
+            self._read_riders()
             raw = self._conn.read_response()
+            clean = True
         except redis.exceptions.NoScriptError:  # Redis lost the script (a restart, a flush)
-            self._release()
+            self._done(clean=True)
             self._answer = self.dedupe.claim(self.message_id, self.token)
             return self._answer
         except redis.ResponseError as exc:  # this key alone (e.g. WRONGTYPE)
+            clean = True
             log.warning("message %s: redis claim failed (%s); the processed table decides",
                         self.message_id, exc)
             self._answer = Claim.UNAVAILABLE
-        except redis.RedisError as exc:  # Redis is away: degrade, and drop this connection
-            self._conn.disconnect()
+        except redis.RedisError as exc:  # Redis is away: degrade (the connection is dropped)
             self.dedupe.failed("claim", self.message_id, exc)
             self._answer = Claim.UNAVAILABLE
         else:
             self.dedupe.ok()
             self._answer = Claim(int(raw))
         finally:
-            self._release()
+            self._done(clean)
         return self._answer
 
-    def _release(self) -> None:
+    def _read_riders(self) -> None:
+        """Read the carried calls' answers; those Redis refused for a lost script go back to
+        the writer, whose pipeline loads it (any other error of one: the marker is lost,
+        harmlessly)."""
+        lost = []
+        for call in self._riders:
+            try:
+                self._conn.read_response()
+            except redis.exceptions.NoScriptError:
+                lost.append(call)
+            except redis.ResponseError as exc:
+                log.warning("redis done marker failed (%s); the processed table decides", exc)
+        self._riders = []
+        if lost:
+            self.dedupe.writer.resubmit(lost)
+
+    def _done(self, clean: bool) -> None:
+        """Nothing more to read; an unclean connection (answers left unread, a broken
+        socket) is closed and reconnects on its next use."""
         conn, self._conn = self._conn, None
-        if conn is not None:
-            self.dedupe.client.connection_pool.release(conn)
+        if conn is not None and not clean:
+            conn.disconnect()
+        if getattr(_on_wire, "claim", None) is self:
+            _on_wire.claim = None
 
 
 class Predictor:

@@ -84,7 +84,7 @@ def _alone(client: redis.Redis, call: Call) -> Any:
     caller runs the call again through the pipeline, which retries as the client is
     configured (a repeated call is safe)."""
     script, keys, args = call
-    conn = _thread_connection(client.connection_pool)
+    conn = thread_connection(client.connection_pool)
     try:
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
@@ -99,17 +99,18 @@ def _alone(client: redis.Redis, call: Call) -> Any:
 _held = threading.local()
 
 
-def _thread_connection(pool: Any) -> Any:
-    """A connection of `pool` kept by the calling thread (taken once; the pool still counts
-    it in use, so `pool.disconnect()` closes it, and it reconnects by itself). It goes back
-    to the pool when the thread object is collected."""
-    held: dict[int, tuple[Any, Any]] | None = getattr(_held, "by_pool", None)
+def thread_connection(pool: Any, use: str = "alone") -> Any:
+    """A connection of `pool` kept by the calling thread for one `use` (taken once; the pool
+    still counts it in use, so `pool.disconnect()` closes it, and it reconnects by itself).
+    It goes back to the pool when the thread object is collected. Each use has its own, so a
+    claim whose answer is not read yet never shares its connection with another call."""
+    held: dict[tuple[int, str], tuple[Any, Any]] | None = getattr(_held, "by_pool", None)
     if held is None:
         held = _held.by_pool = {}
-    entry = held.get(id(pool))
+    entry = held.get((id(pool), use))
     if entry is not None and entry[0] is pool:
         return entry[1]
     conn = pool.get_connection()
-    held[id(pool)] = (pool, conn)
+    held[(id(pool), use)] = (pool, conn)
     weakref.finalize(threading.current_thread(), pool.release, conn)
     return conn

@@ -1,51 +1,129 @@
 """Redis writes that need not delay a message: the done markers of successful messages.
 
-They are queued and sent in pipelined batches by one daemon thread. Losing some (a crash, Redis
-down, a full queue) is harmless: a missing done marker means the next duplicate is caught by the
-processed table, and the lease left behind expires on its own. Until a marker lands, a duplicate
-finds our lease and is answered busy (redelivered later), never applied twice.
+They wait in a queue and ride along with the next claim a consume thread sends (`take`): the
+claim's round trip carries them, and no other thread wakes. A daemon thread sends, in one
+pipelined batch, what no claim took within `linger` seconds (the last messages of a burst, or
+a consumer whose claims go the synchronous way while duplicates are frequent).
+
+Losing some (a crash, Redis down, a full queue) is harmless: a missing done marker means the
+next duplicate is caught by the processed table, and the lease left behind expires on its own.
+Until a marker lands, a duplicate finds our lease and is answered busy (redelivered later),
+never applied twice.
+
+Why not a thread woken per marker: with one message at a time, the writer woke once per
+message and took the interpreter lock from the consume thread while it waited on the database,
+so the consume thread waited for it on its way back; that cost more than the claim itself
+(`python -m bench.peers --measures dedupe`).
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 import redis
 
-from consumer_kit.core.batching import BatchWorker
 from consumer_kit.dedupe.scripts import Call, LuaScript, run_pipelined
 
 DEFAULT_MAX_BATCH = 256
-
+#: seconds a queued marker waits for a claim to carry it before the thread sends it
+DEFAULT_LINGER = 0.02
+#: markers queued at most; more are dropped (harmlessly, see the module docstring)
+DEFAULT_MAX_QUEUED = 100_000
+#: markers one claim carries at most (its round trip grows with them)
+RIDERS_PER_CLAIM = 64
 
 
 class RedisWriter:
-    """Runs Lua script calls off the hot path, in pipelined batches."""
+    """Queues Lua script calls for claims to carry; sends the rest from its own thread."""
 
     def __init__(self, client: redis.Redis, *, on_error: Callable[[Exception], None],
-                 max_batch: int = DEFAULT_MAX_BATCH) -> None:
+                 max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER,
+                 max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self.client = client
         self.on_error = on_error
-        self.worker: BatchWorker[Call] = BatchWorker(
-            self._send, name="ckit-redis-writer", max_batch=max_batch).start()
+        self.max_batch = max_batch
+        self.linger = linger
+        self.max_queued = max_queued
+        #: calls dropped because the queue was full
+        self.dropped = 0
+        self._calls: collections.deque[Call] = collections.deque()
+        self._queued = threading.Event()
+        self._stop = threading.Event()
+        # Held while the thread (or `flush`) takes a batch and sends it: `flush` acquiring it
+        # knows that no batch taken from the queue is still on its way.
+        self._sending = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="ckit-redis-writer", daemon=True)
+        self._thread.start()
 
     def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[object]) -> None:
         """Queue a script call; dropped (harmlessly) when the queue is full."""
-        self.worker.submit((script, keys, args))
+        if len(self._calls) >= self.max_queued:
+            self.dropped += 1
+            return
+        self._calls.append((script, keys, args))
+        if not self._queued.is_set():
+            self._queued.set()
+
+    def take(self, limit: int = RIDERS_PER_CLAIM) -> list[Call]:
+        """Up to `limit` queued calls, oldest first, for a claim to carry (the caller sends
+        them and reads their answers; `resubmit` those Redis refused with NOSCRIPT)."""
+        calls = self._calls
+        out: list[Call] = []
+        while calls and len(out) < limit:
+            try:
+                out.append(calls.popleft())
+            except IndexError:  # another thread took the last one
+                break
+        return out
+
+    def resubmit(self, calls: Sequence[Call]) -> None:
+        """Queue again calls a claim carried but Redis did not run (it lost the script: the
+        thread's pipeline loads it and runs them)."""
+        for script, keys, args in calls:
+            self.submit(script, keys, args)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued write was sent (or given up)."""
-        return self.worker.flush(timeout)
+        """Send every queued call now, on the calling thread; True when none is left queued
+        or on its way from the thread (calls a claim carries are sent with it already)."""
+        if not self._sending.acquire(timeout=max(0.0, timeout)):
+            return False
+        try:
+            deadline = time.monotonic() + timeout
+            while self._calls and time.monotonic() < deadline:
+                self._send(self.take(self.max_batch))
+            return not self._calls
+        finally:
+            self._sending.release()
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued, then stop the thread."""
-        self.worker.close(timeout)
+        self._stop.set()
+        self._queued.set()
+        self._thread.join(timeout)
+        self.flush(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._queued.wait()
+            # Give the consume threads' next claims the chance to carry what is queued.
+            self._stop.wait(self.linger)
+            self._queued.clear()  # before taking: a call queued after this sets it again
+            while self._calls:
+                with self._sending:
+                    batch = self.take(self.max_batch)
+                    if batch:
+                        self._send(batch)
 
     def _send(self, batch: list[Call]) -> None:
         try:
             errors = [a for a in run_pipelined(self.client, batch, alone=False)
                       if isinstance(a, Exception)]
         except redis.RedisError as exc:
+            errors = [exc]
+        except Exception as exc:  # the thread must survive anything
             errors = [exc]
         if errors:
             self.on_error(errors[0])
