@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import os
 import time
+
+from consumer_kit.core.clock import to_epoch_ms
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 #: RFC 4648 base32 digits -> Crockford's, digit for digit (same 5-bit values)
@@ -36,3 +39,9 @@ _prefix_of: dict[int, str] = {}
 def _time_digits(ms: int) -> str:
     """The 10 Crockford digits of a 48-bit millisecond timestamp (50 bits, zero-padded)."""
     return "".join(_ALPHABET[(ms >> shift) & 31] for shift in range(45, -1, -5))
+
+
+def ulid_floor(moment: dt.datetime) -> str:
+    """The smallest ULID of `moment`'s millisecond (naive UTC, or aware): its ten time
+    characters and sixteen zeros. Message ids made at or after `moment` sort at or after it."""
+    return _time_digits(to_epoch_ms(moment)) + "0" * 16

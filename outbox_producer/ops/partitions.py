@@ -36,24 +36,13 @@ from consumer_kit.core.errors import ConfigError, OutboxError
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
+from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import single_instance
 from outbox_producer.ops.tables import OutboxTables
 
-_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 MAX = "MAXVALUE"
 DEFAULT_DAYS_AHEAD = 3
 DEFAULT_BATCH = 1000
-
-
-def ulid_floor(moment: dt.datetime) -> str:
-    """The smallest ULID of `moment`'s millisecond (naive UTC): its ten time characters and
-    sixteen zeros. Message ids made at or after `moment` sort at or after it."""
-    ms = int(moment.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
-    chars = []
-    for _ in range(10):
-        chars.append(_ALPHABET[ms & 31])
-        ms >>= 5
-    return "".join(reversed(chars)) + "0" * 16
 
 
 def day_name(day: dt.date) -> str:

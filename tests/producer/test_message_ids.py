@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
-from outbox_producer.ids import _ALPHABET, new_message_id
+from consumer_kit.core.clock import to_epoch_ms
+from outbox_producer.ids import _ALPHABET, new_message_id, ulid_floor
 
 
 def decode(ulid: str) -> int:
@@ -28,3 +30,16 @@ def test_ids_made_later_sort_later_and_never_repeat() -> None:
     later = [new_message_id() for _ in range(10_000)]
     assert all(first < ulid for ulid in later)
     assert len(set(later)) == len(later)
+
+
+def test_the_floor_of_a_moment_is_its_exact_millisecond_and_sorts_before_its_ids() -> None:
+    base = dt.datetime(2026, 11, 25, 10, 0, 0)
+    for micros in (0, 1, 999, 1000, 290_999, 578_999, 999_999):
+        moment = base + dt.timedelta(microseconds=micros)
+        floor = ulid_floor(moment)
+        assert floor.endswith("0" * 16)
+        assert decode(floor) >> 80 == to_epoch_ms(moment) == (
+            (moment - dt.datetime(1970, 1, 1)) // dt.timedelta(milliseconds=1))
+    now = dt.datetime.now(dt.timezone.utc)
+    assert ulid_floor(now.replace(tzinfo=None)) == ulid_floor(now)  # naive UTC or aware
+    assert ulid_floor(now) <= new_message_id()
