@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args(argv)
+    if args.rows <= 4 * args.batch:  # 4 batches are counted statement by statement first
+        p.error(f"--rows {args.rows} leaves nothing to profile: the relay's statements are "
+                f"counted on 4 x --batch ({4 * args.batch}) rows first; give more rows")
     engine = make_engine(args.url or URLS[args.db])
     print(machine_facts(engine))
     prefix = f"bench_{uuid.uuid4().hex[:6]}_prof"
