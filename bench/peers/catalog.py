@@ -56,8 +56,9 @@ CKIT = Peer(
         "that transaction, the lease enforced as the server's idle-transaction timeout); the "
         "best is timed. It refreshes backlog gauges at start and end.",
         "dedupe: the processed row is inserted in the handler's own transaction (exactly once in "
-        "effect); with Redis, one claim round trip before and a done marker after, off the hot "
-        "path. Duplicates measured are ids this process did not see (in-process cache off).",
+        "effect); with Redis, one claim round trip per message (sent before that INSERT, read "
+        "after it), carrying the previous message's done marker. Duplicates measured are ids "
+        "this process did not see (in-process cache off).",
     ),
 )
 
