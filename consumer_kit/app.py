@@ -20,6 +20,7 @@ from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, process
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE
+from consumer_kit.dedupe.scripts import release_kept
 from consumer_kit.listeners import (
     DEFAULT_TIMEOUT,
     DedupeKey,
@@ -296,5 +297,7 @@ class ConsumerApp:
                 self._pipeline.redis.close()
         if self._transport is not None:
             self._transport.close()
+        if self._redis_from_url is not None:  # ours, and no callback runs any more
+            release_kept(self._redis_from_url[1].connection_pool)
         if isinstance(self.db, Engine):
             self.db.dispose()

@@ -46,16 +46,19 @@ class ClaimSource(Protocol):
     def ok(self) -> None: ...
 
 
-#: the calling thread's claim whose answer is not read yet (see `PendingClaim.__init__`)
-_on_wire = threading.local()
+#: Each thread's claim whose answer is not read yet (see `PendingClaim.__init__`), by thread
+#: id: not a `threading.local`, which the C++ client's callback threads lose between callbacks
+#: (`consumer_kit.dedupe.scripts.thread_connection`).
+_on_wire: dict[int, PendingClaim] = {}
 
 
 class PendingClaim:
     """A claim on the wire; `result()` reads its answer once.
 
     It goes on a connection the calling thread keeps for its claims (no pool checkout per
-    message). Should a claim be left unread, the thread's next claim reads it first, so an
-    answer is never taken for another's."""
+    message), so `result()` belongs to the thread that made the claim. Should a claim be left
+    unread, the thread's next claim reads it first, so an answer is never taken for
+    another's."""
 
     def __init__(self, dedupe: ClaimSource, message_id: str, token: str) -> None:
         self.dedupe = dedupe
@@ -63,13 +66,14 @@ class PendingClaim:
         self.token = token
         self._answer: Claim | None = None
         self._conn: Any = None
-        left: PendingClaim | None = getattr(_on_wire, "claim", None)
+        self._thread = threading.get_ident()
+        left = _on_wire.get(self._thread)
         if left is not None and left._conn is not None:
             left.result()
         self._riders: list[Call] = dedupe.writer.take()
         try:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
-            _on_wire.claim = self
+            _on_wire[self._thread] = self
             commands = [("EVALSHA", script.sha, len(keys), *keys, *args)
                         for script, keys, args in self._riders]
             commands.append(("EVALSHA", *dedupe.claim_args(message_id, token)))
@@ -78,6 +82,9 @@ class PendingClaim:
             self._done(clean=False)
             dedupe.failed("claim", message_id, exc)
             self._answer = Claim.UNAVAILABLE
+        except BaseException:  # interrupted mid-send: nothing on that socket can be trusted
+            self._done(clean=False)
+            raise
 
     @classmethod
     def answered(cls, dedupe: ClaimSource, message_id: str, token: str, answer: Claim
@@ -86,11 +93,15 @@ class PendingClaim:
         pending = cls.__new__(cls)
         pending.dedupe, pending.message_id, pending.token = dedupe, message_id, token
         pending._answer, pending._conn, pending._riders = answer, None, []
+        pending._thread = threading.get_ident()
         return pending
 
     def result(self) -> Claim:
         """The claim's answer (read from the wire the first time)."""
         if self._answer is not None:
+            return self._answer
+        if self._conn is None:  # a read interrupted before (its connection dropped)
+            self._answer = Claim.UNAVAILABLE
             return self._answer
         clean = False  # every answer read: the connection may carry the thread's next claim
         try:
@@ -129,7 +140,12 @@ class PendingClaim:
             except redis.ResponseError as exc:
                 log.warning("redis done marker failed (%s); the processed table decides", exc)
         self._riders = []
-        if lost:
+        if lost:  # load the script here: claims would otherwise carry them into NOSCRIPT again
+            for script in {call[0] for call in lost}:
+                try:
+                    script.load()
+                except redis.RedisError:
+                    break  # the writer's pipeline loads it when it sends them
             self.dedupe.writer.resubmit(lost)
 
     def _done(self, clean: bool) -> None:
@@ -138,8 +154,8 @@ class PendingClaim:
         conn, self._conn = self._conn, None
         if conn is not None and not clean:
             conn.disconnect()
-        if getattr(_on_wire, "claim", None) is self:
-            _on_wire.claim = None
+        if _on_wire.get(self._thread) is self:
+            del _on_wire[self._thread]
 
 
 class Predictor:

@@ -136,8 +136,9 @@ class RedisDedupe:
         return [a if isinstance(a, Exception) else int(a) for a in answers]
 
     def finish(self, message_id: str, token: str) -> None:
-        """Mark done (TTL) and drop our lease, off the hot path (see `RedisWriter`). Lost, it
-        only costs a database lookup for the next duplicate."""
+        """Mark done (TTL) and drop our lease, off the hot path: queued for the next claim to
+        carry, or the writer thread to send (see `RedisWriter`). Lost, it only costs a
+        database lookup for the next duplicate."""
         if not self.degraded:
             self.writer.submit(self._finish, [done_key(self.group, message_id),
                                               lease_key(self.group, message_id)],
@@ -165,9 +166,11 @@ class RedisDedupe:
             return False
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until queued done markers and releases reached Redis."""
+        """Send the queued done markers now (see `RedisWriter.flush`)."""
         return self.writer.flush(timeout)
 
     def close(self) -> None:
-        """Send queued writes and stop the writer thread."""
+        """Send queued writes and stop the writer thread. The connections threads keep for the
+        client stay theirs (the client may be shared): its owner calls `release_kept` once no
+        thread uses it any more (`ConsumerApp.close` does, for a client it made)."""
         self.writer.close()

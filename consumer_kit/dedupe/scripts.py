@@ -8,6 +8,7 @@ would ask SCRIPT EXISTS before every pipeline; these ask only after a NOSCRIPT a
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -96,21 +97,57 @@ def _alone(client: redis.Redis, call: Call) -> Any:
         return _FAILED
 
 
-_held = threading.local()
+#: Connections kept per (thread id, pool, use). Keyed by the thread's id, not kept in a
+#: `threading.local`: the RocketMQ 4.x client calls back on C++ threads, and CPython gives such
+#: a thread a fresh thread state (so a fresh `threading.local`) for every callback; a local
+#: would take a new connection per message and never give it back.
+_kept: dict[tuple[int, int, str], tuple[Any, Any, int]] = {}
+_kept_lock = threading.Lock()
 
 
 def thread_connection(pool: Any, use: str = "alone") -> Any:
     """A connection of `pool` kept by the calling thread for one `use` (taken once; the pool
     still counts it in use, so `pool.disconnect()` closes it, and it reconnects by itself).
-    It goes back to the pool when the thread object is collected. Each use has its own, so a
-    claim whose answer is not read yet never shares its connection with another call."""
-    held: dict[tuple[int, str], tuple[Any, Any]] | None = getattr(_held, "by_pool", None)
-    if held is None:
-        held = _held.by_pool = {}
-    entry = held.get((id(pool), use))
-    if entry is not None and entry[0] is pool:
+    A Python thread gives it back when its thread object is collected; a thread made outside
+    Python (the C++ client's callback threads, a bounded set) keeps it until
+    `release_kept(pool)`. Each use has its own, so a claim whose answer is not read yet never
+    shares its connection with another call. A forked child takes its own."""
+    key = (threading.get_ident(), id(pool), use)
+    entry = _kept.get(key)
+    pid = os.getpid()
+    if entry is not None and entry[0] is pool and entry[2] == pid:
         return entry[1]
     conn = pool.get_connection()
-    held[(id(pool), use)] = (pool, conn)
-    weakref.finalize(threading.current_thread(), pool.release, conn)
+    with _kept_lock:
+        _kept[key] = (pool, conn, pid)
+    thread = threading.current_thread()
+    if not isinstance(thread, threading._DummyThread):
+        weakref.finalize(thread, _give_back, key, conn)
     return conn
+
+
+def release_kept(pool: Any) -> int:
+    """Give back every connection kept for `pool` (its owner is closing); returns how many."""
+    with _kept_lock:
+        keys = [key for key, entry in _kept.items() if entry[0] is pool]
+        entries = [_kept.pop(key) for key in keys]
+    for held, conn, pid in entries:
+        if pid == os.getpid():
+            held.release(conn)
+    return len(entries)
+
+
+def kept_count(pool: Any) -> int:
+    """How many connections threads keep for `pool` (for tests and diagnostics)."""
+    with _kept_lock:
+        return sum(1 for entry in _kept.values() if entry[0] is pool)
+
+
+def _give_back(key: tuple[int, int, str], conn: Any) -> None:
+    with _kept_lock:
+        entry = _kept.get(key)
+        if entry is None or entry[1] is not conn:
+            return
+        del _kept[key]
+    if entry[2] == os.getpid():
+        entry[0].release(conn)

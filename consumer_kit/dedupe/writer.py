@@ -19,6 +19,7 @@ so the consume thread waited for it on its way back; that cost more than the cla
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ from collections.abc import Callable, Sequence
 import redis
 
 from consumer_kit.dedupe.scripts import Call, LuaScript, run_pipelined
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 256
 #: seconds a queued marker waits for a claim to carry it before the thread sends it
@@ -59,8 +62,9 @@ class RedisWriter:
         self._thread.start()
 
     def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[object]) -> None:
-        """Queue a script call; dropped (harmlessly) when the queue is full."""
-        if len(self._calls) >= self.max_queued:
+        """Queue a script call; dropped (harmlessly, counted) when the queue is full or the
+        writer is closed."""
+        if len(self._calls) >= self.max_queued or self._stop.is_set():
             self.dropped += 1
             return
         self._calls.append((script, keys, args))
@@ -86,8 +90,10 @@ class RedisWriter:
             self.submit(script, keys, args)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Send every queued call now, on the calling thread; True when none is left queued
-        or on its way from the thread (calls a claim carries are sent with it already)."""
+        """Send every queued call now, on the calling thread (tried once each: a call Redis
+        refused or could not take is lost, harmlessly); True when none is left queued and none
+        is still on its way from the writer thread. Calls a claim took are not waited for:
+        they travel with that claim, on its thread."""
         if not self._sending.acquire(timeout=max(0.0, timeout)):
             return False
         try:
@@ -99,7 +105,8 @@ class RedisWriter:
             self._sending.release()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, then stop the thread."""
+        """Stop the thread, then send what is queued (up to `timeout`); later calls are
+        dropped."""
         self._stop.set()
         self._queued.set()
         self._thread.join(timeout)
@@ -111,7 +118,7 @@ class RedisWriter:
             # Give the consume threads' next claims the chance to carry what is queued.
             self._stop.wait(self.linger)
             self._queued.clear()  # before taking: a call queued after this sets it again
-            while self._calls:
+            while self._calls and not self._stop.is_set():  # `close` sends the rest itself
                 with self._sending:
                     batch = self.take(self.max_batch)
                     if batch:
@@ -126,4 +133,7 @@ class RedisWriter:
         except Exception as exc:  # the thread must survive anything
             errors = [exc]
         if errors:
-            self.on_error(errors[0])
+            try:
+                self.on_error(errors[0])
+            except Exception:  # the thread must survive its error callback too
+                log.exception("redis writer: error callback failed")

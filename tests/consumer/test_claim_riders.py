@@ -3,6 +3,7 @@ within its linger; a claim left unread never hands its answer to the thread's ne
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from consumer_kit.dedupe import Claim, RedisDedupe
@@ -34,17 +35,20 @@ def test_a_queued_done_marker_reaches_redis_with_the_next_claim(env: Env) -> Non
     store.close()
 
 
-def test_a_marker_no_claim_carries_is_sent_by_the_writer_thread_within_its_linger(
+def test_a_marker_no_claim_carries_waits_out_the_linger_then_the_thread_sends_it(
         env: Env) -> None:
     store = RedisDedupe(env.redis, env.group("g"))
-    store.writer.linger = 0.05
-    assert store.claim("M1", "me") is Claim.CLAIMED
-    store.finish("M1", "me")
-    deadline = time.monotonic() + 5
-    while not env.redis.exists(done_key(store.group, "M1")) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert env.redis.exists(done_key(store.group, "M1"))
-    store.close()
+    store.writer.linger = 0.5
+    try:
+        assert store.claim("M1", "me") is Claim.CLAIMED
+        store.finish("M1", "me")
+        assert not env.redis.exists(done_key(store.group, "M1"))  # queued for a claim first
+        deadline = time.monotonic() + 10
+        while not env.redis.exists(done_key(store.group, "M1")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert env.redis.exists(done_key(store.group, "M1"))
+    finally:
+        store.close()
 
 
 def test_a_carried_marker_refused_for_a_lost_script_is_sent_again(env: Env) -> None:
@@ -55,8 +59,11 @@ def test_a_carried_marker_refused_for_a_lost_script_is_sent_again(env: Env) -> N
     env.redis.script_flush()
     # When a claim carries it: both the marker and the claim meet NOSCRIPT
     assert store.claim_later("M2", "me").result() is Claim.CLAIMED
-    # Then the marker is queued again, and the writer's pipeline loads the script and sends it
-    assert store.flush()
+    # Then the claim's thread loaded the script again and queued the marker: the next claim
+    # delivers it (no flush, no writer thread)
+    assert not env.redis.exists(done_key(store.group, "M1"))
+    assert store.claim_later("M3", "me").result() is Claim.CLAIMED
+    assert env.redis.exists(done_key(store.group, "M1"))
     assert store.claim("M1", "other") is Claim.DUPLICATE
     assert not store.degraded
     store.close()
@@ -89,6 +96,36 @@ def test_a_claim_whose_connection_breaks_degrades_and_the_next_claim_reconnects(
     time.sleep(0.15)
     assert store.claim_later("M2", "me").result() is Claim.CLAIMED
     assert not store.degraded
+    store.close()
+
+
+def test_markers_after_close_are_dropped_and_counted_and_the_thread_is_gone(
+        env: Env) -> None:
+    store = store_without_thread_sends(env)
+    store.close()
+    assert not store.writer._thread.is_alive()
+    store.finish("M1", "me")
+    assert store.writer.dropped == 1 and not store.writer._calls
+
+
+def test_a_claim_interrupted_mid_read_answers_unavailable_when_asked_again(env: Env) -> None:
+    class Interrupted(BaseException):  # like KeyboardInterrupt, not an Exception
+        pass
+
+    store = store_without_thread_sends(env)
+    pending = store.claim_later("M1", "me")
+    conn = pending._conn
+    real = conn.read_response
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        conn.read_response = real  # once
+        raise Interrupted
+
+    conn.read_response = interrupted
+    with contextlib.suppress(Interrupted):
+        pending.result()
+    assert pending.result() is Claim.UNAVAILABLE  # not an AttributeError on the dropped socket
+    assert store.claim_later("M2", "me").result() is Claim.CLAIMED  # the thread reconnects
     store.close()
 
 

@@ -369,3 +369,26 @@ def test_a_consumer_killed_mid_handler_leaves_the_message_to_be_applied_once(
     assert {m.id for m in calls} == {mid}
     assert env.effects() == {"K": 1}
     assert env.processed() == [(mid, "SUCCEEDED", None)]
+
+
+def test_the_c_client_callback_threads_keep_a_bounded_set_of_redis_connections(
+        world: World, env: Env) -> None:
+    # The 4.x client calls back on C++ threads; CPython gives each callback a fresh thread
+    # state, so anything kept in a threading.local is lost between messages. The consume
+    # threads' kept Redis connections are keyed by thread id: a few per thread, not one per
+    # message (which would never go back to the pool).
+    from consumer_kit.dedupe.scripts import kept_count, release_kept
+
+    pool = env.redis.connection_pool
+    release_kept(pool)  # whatever earlier tests' threads left
+    mids = world.publish(*({"sku": f"S{i}"} for i in range(60)))
+    world.relay()
+    app = world.app()
+    reserving(env, app, world.topic)
+    try:
+        with running(app):
+            assert wait_for(lambda: len(env.processed()) == len(mids), TIMEOUT)
+        kept = kept_count(pool)
+        assert 1 <= kept <= 8, f"{kept} Redis connections kept after 60 messages"
+    finally:
+        release_kept(pool)
