@@ -128,9 +128,8 @@ class PendingClaim:
         return self._answer
 
     def _read_riders(self) -> None:
-        """Read the carried calls' answers; those Redis refused for a lost script go back to
-        the writer, whose pipeline loads it (any other error of one: the marker is lost,
-        harmlessly)."""
+        """Read the carried calls' answers; for those Redis refused for a lost script, load
+        it and queue them again (any other error of one: the marker is lost, harmlessly)."""
         lost = []
         for call in self._riders:
             try:

@@ -101,8 +101,10 @@ def _alone(client: redis.Redis, call: Call) -> Any:
 #: `threading.local`: the RocketMQ 4.x client calls back on C++ threads, and CPython gives such
 #: a thread a fresh thread state (so a fresh `threading.local`) for every callback; a local
 #: would take a new connection per message and never give it back.
-_kept: dict[tuple[int, int, str], tuple[Any, Any, int]] = {}
+_kept: dict[tuple[int, int, str], tuple[Any, Any]] = {}
 _kept_lock = threading.Lock()
+# A forked child starts with none (redis-py's pool makes its own connections there).
+os.register_at_fork(after_in_child=_kept.clear)
 
 
 def thread_connection(pool: Any, use: str = "alone") -> Any:
@@ -114,12 +116,11 @@ def thread_connection(pool: Any, use: str = "alone") -> Any:
     shares its connection with another call. A forked child takes its own."""
     key = (threading.get_ident(), id(pool), use)
     entry = _kept.get(key)
-    pid = os.getpid()
-    if entry is not None and entry[0] is pool and entry[2] == pid:
+    if entry is not None and entry[0] is pool:
         return entry[1]
     conn = pool.get_connection()
     with _kept_lock:
-        _kept[key] = (pool, conn, pid)
+        _kept[key] = (pool, conn)
     thread = threading.current_thread()
     if not isinstance(thread, threading._DummyThread):
         weakref.finalize(thread, _give_back, key, conn)
@@ -131,9 +132,8 @@ def release_kept(pool: Any) -> int:
     with _kept_lock:
         keys = [key for key, entry in _kept.items() if entry[0] is pool]
         entries = [_kept.pop(key) for key in keys]
-    for held, conn, pid in entries:
-        if pid == os.getpid():
-            held.release(conn)
+    for held, conn in entries:
+        held.release(conn)
     return len(entries)
 
 
@@ -149,5 +149,4 @@ def _give_back(key: tuple[int, int, str], conn: Any) -> None:
         if entry is None or entry[1] is not conn:
             return
         del _kept[key]
-    if entry[2] == os.getpid():
-        entry[0].release(conn)
+    entry[0].release(conn)

@@ -66,6 +66,10 @@ class RedisWriter:
         writer is closed."""
         if len(self._calls) >= self.max_queued or self._stop.is_set():
             self.dropped += 1
+            if self.dropped == 1:  # harmless (module docstring), but never unsaid
+                log.warning("redis writer: done marker dropped (%s); the processed table "
+                            "catches its duplicates", "closed" if self._stop.is_set()
+                            else f"{self.max_queued} queued")
             return
         self._calls.append((script, keys, args))
         if not self._queued.is_set():
