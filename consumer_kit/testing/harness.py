@@ -21,7 +21,12 @@ def unique(stem: str) -> str:
 
 class Harness(Protocol):
     """A transport configured for fast tests: retry back-off of about a second or less and
-    `max_reconsume_times = MAX_RECONSUME` (2)."""
+    `max_reconsume_times = MAX_RECONSUME` (2).
+
+    A harness whose transport commits consumed offsets later than each ack (RocketMQ's push
+    consumer) also defines `wait_committed(group, topic) -> bool`: wait until the broker holds
+    the group's offsets past every message of the topic. The restart test calls it when present.
+    """
 
     transport: Transport
     #: how long to wait for a delivery that must come

@@ -13,7 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from consumer_kit.testing.harness import MAX_RECONSUME, unique, wait_for_dead_letters
+from consumer_kit.testing.harness import (
+    MAX_RECONSUME,
+    unique,
+    wait_for,
+    wait_for_dead_letters,
+)
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from tests import services
@@ -48,6 +53,16 @@ class RocketMQHarness:
     def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
         return wait_for_dead_letters(lambda: self.transport.dead_letters(group), expect=expect,
                                      timeout=self.timeout, interval=0.25)
+
+    def wait_committed(self, group: str, topic: str) -> bool:
+        """Wait until the broker holds `group`'s offsets past every message of `topic`.
+
+        The C++ client commits offsets every 5 s, and at shutdown by a oneway request sent just
+        before it closes its connections, which a loaded machine now and then loses (the restart
+        then re-delivers: at least once, what the dedupe is for)."""
+        queues = self.admin.topic_queues(topic)
+        return wait_for(lambda: all(self.admin.queue_lag(addr, topic, q, group=group) == 0
+                                    for _, addr, q, _ in queues), self.timeout, interval=0.25)
 
 
 @contextmanager
