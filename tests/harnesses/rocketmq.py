@@ -21,6 +21,7 @@ from consumer_kit.testing.harness import (
 )
 from consumer_kit.transports import Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from tests import services
 
 #: Must match the broker's messageDelayLevel (scripts/rocketmq.sh).
@@ -55,14 +56,20 @@ class RocketMQHarness:
                                      timeout=self.timeout, interval=0.25)
 
     def wait_committed(self, group: str, topic: str) -> bool:
-        """Wait until the broker holds `group`'s offsets past every message of `topic`.
+        """Wait until the broker holds `group`'s offsets past every message of `topic`."""
+        return wait_committed(self.admin, group, topic, timeout=self.timeout)
 
-        The C++ client commits offsets every 5 s, and at shutdown by a oneway request sent just
-        before it closes its connections, which a loaded machine now and then loses (the restart
-        then re-delivers: at least once, what the dedupe is for)."""
-        queues = self.admin.topic_queues(topic)
-        return wait_for(lambda: all(self.admin.queue_lag(addr, topic, q, group=group) == 0
-                                    for _, addr, q, _ in queues), self.timeout, interval=0.25)
+
+def wait_committed(admin: RocketMQAdmin, group: str, topic: str, *, timeout: float) -> bool:
+    """Wait up to `timeout` until the broker holds `group`'s offsets past every message of
+    `topic` (proof that each of their callbacks returned).
+
+    The C++ client commits offsets every 5 s, and at shutdown by a oneway request sent just
+    before it closes its connections, which a loaded machine now and then loses (the restart
+    then re-delivers: at least once, what the dedupe is for)."""
+    queues = admin.topic_queues(topic)
+    return wait_for(lambda: all(admin.queue_lag(addr, topic, q, group=group) == 0
+                                for _, addr, q, _ in queues), timeout, interval=0.25)
 
 
 @contextmanager

@@ -22,13 +22,15 @@ from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
-from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
+from consumer_kit.transports.rocketmq.liveness import MIN_STALL_AFTER, STALLS, owned_backlog
 from consumer_kit.transports.running import run_consumer
 from tests import services
+from tests.harnesses.rocketmq import wait_committed
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
-STALL_AFTER = 3.0
+#: the least the transport accepts: twice the C++ client's 5 s offset commit interval
+STALL_AFTER = MIN_STALL_AFTER
 
 
 @pytest.fixture
@@ -76,6 +78,9 @@ def test_a_consumer_that_stops_pulling_is_rebuilt_and_receives_the_backlog(
     try:
         transport.send(OutgoingMessage(topic, b"first"))
         assert wait_for(lambda: got == [b"first"], 30)
+        # (committed by the periodic commit, not the oneway one of the shutdown below, which a
+        # loaded machine may lose: the rebuilt consumer would get "first" again)
+        assert wait_committed(transport.admin, group, topic, timeout=30)
         # When its native client silently stops pulling and messages keep coming
         silence(consumer)
         for n in range(5):
@@ -96,8 +101,9 @@ def test_a_quiet_consumer_without_a_backlog_is_not_rebuilt(
     consumer, topic, group = new_consumer(transport, lambda d: ConsumeStatus.CONSUME_SUCCESS)
     consumer.start()
     try:
-        # When it stays idle for three times the stall limit
-        time.sleep(STALL_AFTER * 3)
+        # When it stays idle for one and a half times the stall limit (the watchdog looks
+        # every 2.5 s: at least two looks past the limit)
+        time.sleep(STALL_AFTER * 1.5)
         # Then it is left alone: the broker lists it and its queues hold nothing
         backlog = owned_backlog(transport.admin, group, [topic], consumer.instance_name)
         assert (backlog.registered, backlog.owned) == (True, 0)

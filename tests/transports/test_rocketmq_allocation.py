@@ -161,3 +161,29 @@ def test_a_shutdown_during_a_rebuild_stops_the_new_native_consumer_too(
     # Then: each native consumer was stopped exactly once; none is left running
     assert (old.shutdowns, new.shutdowns) == (1, 1)
     assert consumer._push is None and consumer.rebuilds == 1
+
+
+@pytest.mark.parametrize("stall_after", [0.5, 3.0, 9.9])
+def test_a_stall_limit_shorter_than_two_offset_commits_is_refused_before_anything_starts(
+        stall_after: float) -> None:
+    # Given: a watchdog that would fire before the client commits its last offsets (every 5 s),
+    # taking a healthy idle consumer for a stalled one
+    from consumer_kit.core.errors import ConfigError
+    from consumer_kit.transports.rocketmq import RocketMQTransport
+
+    # When / Then: one line that says why and what to use instead
+    with pytest.raises(ConfigError, match=r"below 10 s: .* every 5 s") as caught:
+        RocketMQTransport("127.0.0.1:9876", stall_after=stall_after)
+    assert "use 0 to turn the watchdog off" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("stall_after", [0.0, 10.0, 60.0])
+def test_the_watchdog_can_be_off_or_at_least_two_offset_commits(stall_after: float) -> None:
+    from consumer_kit.transports.rocketmq import RocketMQTransport
+
+    transport = RocketMQTransport("127.0.0.1:9876", stall_after=stall_after)
+    try:
+        assert transport.stall_after == stall_after
+    finally:
+        transport.close()

@@ -27,6 +27,12 @@ T = TypeVar("T")
 #: Seconds without a message, while owned queues hold a backlog, after which a consumer has
 #: stalled (RocketMQTransport(stall_after=...); 0 turns the watchdog off).
 DEFAULT_STALL_AFTER = 60.0
+#: How often the C++ client commits consumed offsets to the broker (its fixed
+#: persistConsumerOffsetInterval): until then the last messages still count as a backlog.
+OFFSET_COMMIT_SECONDS = 5.0
+#: The least `stall_after` (besides 0, off): below twice the commit interval an idle, healthy
+#: consumer whose last offsets are not committed yet would be taken for a stalled one.
+MIN_STALL_AFTER = 2 * OFFSET_COMMIT_SECONDS
 #: Rebuilds of one consumer before the process gives up (exits non-zero for its supervisor).
 DEFAULT_MAX_REBUILDS = 2
 

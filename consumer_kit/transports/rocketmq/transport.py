@@ -49,7 +49,12 @@ from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin, StoredMessage
 from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
-from consumer_kit.transports.rocketmq.liveness import DEFAULT_MAX_REBUILDS, DEFAULT_STALL_AFTER
+from consumer_kit.transports.rocketmq.liveness import (
+    DEFAULT_MAX_REBUILDS,
+    DEFAULT_STALL_AFTER,
+    MIN_STALL_AFTER,
+    OFFSET_COMMIT_SECONDS,
+)
 from consumer_kit.transports.rocketmq.sendback import DEFAULT_PATIENCE
 from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ADMIN_TIMEOUT,
@@ -101,7 +106,8 @@ class RocketMQTransport(Transport):
         client_log_dir / client_log_level: the C++ client's own log (default `~/logs/rocketmq-cpp`,
             level `warn`).
         stall_after: seconds a consumer may receive nothing while the broker holds messages in
-            the queues it owns before its watchdog rebuilds it (0: no watchdog); see
+            the queues it owns before its watchdog rebuilds it (0: no watchdog; else at least
+            10, twice the client's offset commit interval); see
             `consumer_kit.transports.rocketmq.liveness`.
         max_rebuilds: rebuilds after which a stalled consumer reports a `failure` instead
             (`ckit consume` then exits 3 for its supervisor to restart it).
@@ -141,6 +147,11 @@ class RocketMQTransport(Transport):
             raise ConfigError("max_body_bytes and send_timeout must be positive")
         if stall_after < 0 or max_rebuilds < 0:
             raise ConfigError("stall_after and max_rebuilds must not be negative")
+        if 0 < stall_after < MIN_STALL_AFTER:
+            raise ConfigError(
+                f"stall_after={stall_after:g} is below {MIN_STALL_AFTER:g} s: the client commits "
+                f"offsets every {OFFSET_COMMIT_SECONDS:g} s, so a healthy idle consumer would "
+                "look stalled and be rebuilt; use 0 to turn the watchdog off")
         if thread_count is not None and thread_count < 1:
             raise ConfigError("thread_count must be at least 1")
         if not delay_levels or any(b < a for a, b in itertools.pairwise(delay_levels)):
