@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from consumer_kit.core.errors import TransportUnavailable
 from consumer_kit.testing.harness import (
     MAX_RECONSUME,
     unique,
@@ -67,9 +68,15 @@ def wait_committed(admin: RocketMQAdmin, group: str, topic: str, *, timeout: flo
     The C++ client commits offsets every 5 s, and at shutdown by a oneway request sent just
     before it closes its connections, which a loaded machine now and then loses (the restart
     then re-delivers: at least once, what the dedupe is for)."""
-    queues = admin.topic_queues(topic)
-    return wait_for(lambda: all(admin.queue_lag(addr, topic, q, group=group) == 0
-                                for _, addr, q, _ in queues), timeout, interval=0.25)
+    def committed() -> bool:
+        try:
+            queues = admin.topic_queues(topic)
+            return bool(queues) and all(admin.queue_lag(addr, topic, q, group=group) == 0
+                                        for _, addr, q, _ in queues)
+        except TransportUnavailable:  # a loaded broker late to answer: ask again
+            return False
+
+    return wait_for(committed, timeout, interval=0.25)
 
 
 @contextmanager

@@ -101,12 +101,41 @@ def test_a_quiet_consumer_without_a_backlog_is_not_rebuilt(
     consumer, topic, group = new_consumer(transport, lambda d: ConsumeStatus.CONSUME_SUCCESS)
     consumer.start()
     try:
-        # When it stays idle for one and a half times the stall limit (the watchdog looks
-        # every 2.5 s: at least two looks past the limit)
-        time.sleep(STALL_AFTER * 1.5)
+        # When it stays idle for twice the stall limit (the watchdog looks every 2.5 s)
+        time.sleep(STALL_AFTER * 2)
         # Then it is left alone: the broker lists it and its queues hold nothing
         backlog = owned_backlog(transport.admin, group, [topic], consumer.instance_name)
         assert (backlog.registered, backlog.owned) == (True, 0)
+        assert consumer.rebuilds == 0
+        assert stalls(group, "rebuild") == 0
+    finally:
+        consumer.shutdown()
+
+
+def test_a_healthy_consumer_idle_after_a_slow_message_is_not_rebuilt(
+        transport: RocketMQTransport) -> None:
+    # Given a consumer whose one message took 9 s, longer than the client's 5 s offset commit
+    # interval (the broker counts it as a backlog until the commit after the handler returned,
+    # which a watchdog counting idleness from the callback's start would not wait for)
+    done = threading.Event()
+
+    def slow(d: Delivery) -> ConsumeStatus:
+        time.sleep(9)
+        done.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer, topic, group = new_consumer(transport, slow)
+    consumer.start()
+    try:
+        # (sent 2 s in: the client commits at 5 s steps from its start, so the handler returns
+        # at about 11 s and its offset waits until 15 s, past the watchdog's look at 12.5 s)
+        time.sleep(2)
+        transport.send(OutgoingMessage(topic, b"slow"))
+        assert done.wait(30)
+        # When it stays idle for twice the stall limit after the handler returned
+        time.sleep(STALL_AFTER * 2)
+        # Then it was never taken for a stalled consumer: its offset was committed in between
+        assert wait_committed(transport.admin, group, topic, timeout=1)
         assert consumer.rebuilds == 0
         assert stalls(group, "rebuild") == 0
     finally:

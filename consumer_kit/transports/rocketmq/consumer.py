@@ -268,6 +268,8 @@ class RocketMQConsumer(Consumer):
             _local.in_callback = False
             with self._lock:
                 self._in_flight -= 1
+            # idle counts from the return: the offset is committed up to 5 s after it
+            self._last_message = time.monotonic()
 
     def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, verdict: Verdict
                    ) -> int:

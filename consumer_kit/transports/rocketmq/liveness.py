@@ -31,7 +31,8 @@ DEFAULT_STALL_AFTER = 60.0
 #: persistConsumerOffsetInterval): until then the last messages still count as a backlog.
 OFFSET_COMMIT_SECONDS = 5.0
 #: The least `stall_after` (besides 0, off): below twice the commit interval an idle, healthy
-#: consumer whose last offsets are not committed yet would be taken for a stalled one.
+#: consumer whose last offsets are not committed yet would be taken for a stalled one
+#: (idleness counts from the last callback's return, after which the commit may take 5 s).
 MIN_STALL_AFTER = 2 * OFFSET_COMMIT_SECONDS
 #: Rebuilds of one consumer before the process gives up (exits non-zero for its supervisor).
 DEFAULT_MAX_REBUILDS = 2
