@@ -26,6 +26,8 @@ class Harness(Protocol):
     A harness whose transport commits consumed offsets later than each ack (RocketMQ's push
     consumer) also defines `wait_committed(group, topic) -> bool`: wait until the broker holds
     the group's offsets past every message of the topic. The restart test calls it when present.
+    One whose transport shares queues out among a group's consumers by rebalancing also defines
+    `wait_balanced(group, consumers) -> bool`: wait until that many consumers hold their share.
     """
 
     transport: Transport

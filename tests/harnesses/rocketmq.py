@@ -9,6 +9,7 @@ Dead letters are read straight from `%DLQ%group`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,22 @@ class RocketMQHarness:
     def dead_letters(self, group: str, *, expect: int) -> list[Delivery]:
         return wait_for_dead_letters(lambda: self.transport.dead_letters(group), expect=expect,
                                      timeout=self.timeout, interval=0.25)
+
+    def wait_balanced(self, group: str, consumers: int) -> bool:
+        """Wait until every master broker lists `consumers` clients of `group`, then one second
+        more for the earlier ones to act on the broker's notice and give queues up (a queue
+        pulled by two clients meanwhile hands a message to both: at least once)."""
+        def listed() -> bool:
+            try:
+                return all(len(self.admin.consumer_ids(addr, group)) == consumers
+                           for addr in self.admin.master_brokers().values())
+            except TransportUnavailable:
+                return False
+
+        if not wait_for(listed, self.timeout, interval=0.1):
+            return False
+        time.sleep(1.0)
+        return True
 
     def wait_committed(self, group: str, topic: str) -> bool:
         """Wait until the broker holds `group`'s offsets past every message of `topic`."""
