@@ -174,8 +174,10 @@ class RocketMQConsumer(Consumer):
         topics = [*(s.topic for s in self.subscriptions), retry_topic(self.group)]
         refused_warned = False
         while not self._stopping.wait(min(5.0, max(0.2, stall_after / 4))):
+            if self._in_flight:  # read first: a callback stamps its return before leaving
+                continue
             idle = time.monotonic() - self._last_message
-            if idle < stall_after or self._in_flight:
+            if idle < stall_after:
                 continue
             try:
                 backlog = owned_backlog(self.transport.admin, self.group, topics,
@@ -240,7 +242,6 @@ class RocketMQConsumer(Consumer):
 
     def _consume(self, handle: Any) -> int:
         msg_id = "?"
-        self._last_message = time.monotonic()
         with self._lock:
             self._in_flight += 1
         _local.in_callback = True
@@ -266,10 +267,11 @@ class RocketMQConsumer(Consumer):
             return self._send_back(handle, delivery, msg_id, verdict)
         finally:
             _local.in_callback = False
+            # idle counts from the return (the offset is committed up to 5 s after it), stamped
+            # before the count drops so that the watchdog never sees neither
+            self._last_message = time.monotonic()
             with self._lock:
                 self._in_flight -= 1
-            # idle counts from the return: the offset is committed up to 5 s after it
-            self._last_message = time.monotonic()
 
     def _send_back(self, handle: Any, delivery: Delivery, msg_id: str, verdict: Verdict
                    ) -> int:
