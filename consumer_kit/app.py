@@ -32,7 +32,7 @@ from consumer_kit.listeners import (
     topic_from_name,
     wants_session,
 )
-from consumer_kit.pipeline import Pipeline
+from consumer_kit.pipeline import CLAIM_MODES, Pipeline
 from consumer_kit.processed import ProcessedStore
 from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute, TopicRoute
 from consumer_kit.transports import open_transport
@@ -67,6 +67,13 @@ class ConsumerApp:
             producer's database (applied there directly), a `ReceiptRoute` of your own, or None
             (off). Receipts are durable: the processed row owes them until they are delivered.
         permanent_errors: exception types that reject a message instead of retrying it.
+        redis_claims: `"every"` (default): every message claims its id in Redis before its
+            handler runs (one round trip: done already, held by another consumer, or leased to
+            this one). `"adaptive"`: while duplicates are rare, a handler that takes a session
+            runs without a Redis claim (the processed row's unique key and row lock, in the
+            handler's transaction, decide and serialize; Redis only gets the done markers, in
+            batches), and claims come back when duplicates grow frequent: Redis costs what
+            the database-only path costs. What that gives up is in the README ("Redis claims").
     """
 
     def __init__(
@@ -85,9 +92,14 @@ class ConsumerApp:
         local_cache: int = DEFAULT_LOCAL_CACHE,
         receipt_outbox_table: str | None = None,
         receipt_table: str | None = None,
+        redis_claims: str = "every",
     ) -> None:
         if not group or len(group) > GROUP_LEN:
             raise ConfigError(f"invalid consumer group {group!r}")
+        if redis_claims not in CLAIM_MODES:
+            raise ConfigError(f"redis_claims must be one of {', '.join(CLAIM_MODES)}, "
+                              f"not {redis_claims!r}")
+        self.redis_claims = redis_claims
         self.group = group
         self.db = db
         self.redis_config = redis
@@ -219,6 +231,7 @@ class ConsumerApp:
                     group=self.group, engine=self.engine, router=self.router, store=store,
                     redis=self._redis(), recent=RecentlyDone(self.local_cache),
                     receipts=self._receipts, permanent=self.permanent_errors,
+                    claims=self.redis_claims,
                 )
             return self._pipeline
 

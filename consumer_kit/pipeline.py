@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from consumer_kit import metrics
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import ProcessedStatus
@@ -31,9 +32,20 @@ from consumer_kit.receipts import ReceiptSender
 
 log = logging.getLogger(__name__)
 
+#: `ConsumerApp(redis_claims=...)`: a Redis claim for every message, or only while duplicates
+#: are frequent (handlers with a session; see `Pipeline`)
+CLAIM_MODES = ("every", "adaptive")
+
 
 class Pipeline:
-    """Processes deliveries for one consumer group. Thread-safe; `__call__` never raises."""
+    """Processes deliveries for one consumer group. Thread-safe; `__call__` never raises.
+
+    With `claims="adaptive"`, a handler that takes a session runs without a Redis claim while
+    the smoothed duplicate rate (`Predictor`) is low: its processed row, inserted first in the
+    handler's transaction, is the lease (a concurrent delivery of the same id waits on that
+    row's lock, then finds it done) and the truth; the done marker still goes to Redis, off
+    the hot path. Once duplicates grow frequent, Redis is asked first, so they never reach the
+    database. Handlers without a session always take the lease."""
 
     def __init__(
         self,
@@ -46,8 +58,12 @@ class Pipeline:
         recent: RecentlyDone | None = None,
         receipts: ReceiptSender | None = None,
         permanent: tuple[type[BaseException], ...] = (),
+        claims: str = "every",
     ) -> None:
+        if claims not in CLAIM_MODES:
+            raise ConfigError(f"claims must be one of {', '.join(CLAIM_MODES)}, not {claims!r}")
         self.group = group
+        self.adaptive = claims == "adaptive"
         self.engine = engine
         self.router = router
         self.store = store
@@ -96,8 +112,12 @@ class Pipeline:
             return self._duplicate(msg, receipt, "seen by this process")
         token = new_token()
         pending: PendingClaim | None = None
+        leased = self.redis is not None  # a Redis lease of ours to renew, release or finish
         if self.redis is None:
             claim = Claim.UNAVAILABLE
+        elif self.adaptive and listener.wants_session and self.predictor.expect_new():
+            claim = Claim.UNAVAILABLE  # the processed row's unique key decides alone
+            leased = False
         elif listener.wants_session and self.predictor.expect_new():
             pending = self.redis.claim_later(msg.id, token)  # read after the INSERT
             claim = Claim.CLAIMED
@@ -110,9 +130,10 @@ class Pipeline:
         if claim is Claim.BUSY:
             return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
         try:
-            result = self._run(listener, msg, token, receipt, pending)
+            result = self._run(listener, msg, token if leased else "", receipt, pending)
         except BaseException:  # SystemExit from a handler: free the lease for the redelivery
-            if self.redis is not None and (pending is None or pending.result() is Claim.CLAIMED):
+            if leased and self.redis is not None and (
+                    pending is None or pending.result() is Claim.CLAIMED):
                 self.redis.release(msg.id, token)
             raise
         if pending is not None:
@@ -122,9 +143,11 @@ class Pipeline:
                 token = ""  # not our lease: leave it alone
             if result.outcome is Outcome.BUSY:
                 return self._count(msg, result)
+        elif not leased and self.redis is not None:  # adaptive: learn from the processed row
+            self.predictor.saw(result.outcome is Outcome.DUPLICATE)
         if result.outcome is Outcome.RETRY and msg.last_attempt:
             result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)
-        return self._finish(msg, token, receipt, result)
+        return self._finish(msg, token, receipt, result, leased)
 
     def _run(self, listener: Listener, msg: Message, token: str, receipt: bool,
              pending: PendingClaim | None) -> Result:
@@ -159,14 +182,15 @@ class Pipeline:
                 self.receipts.put(msg.producer, _receipt(self.group, msg.id, status, None))
         return self._count(msg, Result(Outcome.DUPLICATE, why))
 
-    def _finish(self, msg: Message, token: str, receipt: bool, result: Result) -> Result:
+    def _finish(self, msg: Message, token: str, receipt: bool, result: Result,
+                leased: bool = True) -> Result:
         outcome = result.outcome
         done = outcome is Outcome.SUCCEEDED or (outcome is Outcome.DUPLICATE
                                                 and not result.may_run_again)
         if self.redis is not None and token:
-            if done:
+            if done:  # the done marker; our lease, if we hold one, goes with it
                 self.redis.finish(msg.id, token)
-            else:  # a rejection may run again (an operator retry): never "done"
+            elif leased:  # a rejection may run again (an operator retry): never "done"
                 self.redis.release(msg.id, token)
         if done:
             self.recent.add(msg.id)

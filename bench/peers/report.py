@@ -153,16 +153,22 @@ def summary(results: list[JobResult], dbs: Sequence[str]) -> str:
             d = c.data["duplicates"]
             others = [(label, publish_stats(r.data["runs"]), r.data["duplicates"])
                       for label, r in dd.items()]
+            adaptive = "adaptive" in d
             floor = (f"; floor (one INSERT of the processed row) {s['floor_x']:.2f}x: Redis "
                      f"adds {s['redis_added'] / s['floor_added']:.2f}x the floor's"
+                     + (f", adaptive {s['adaptive_added'] / s['floor_added']:.2f}x"
+                        if adaptive else "")
                      if s.get("floor_added") else "")
-            rows.append([f"dedupe, decorated vs bare, Redis / database only ({DB_TITLE[db]})",
-                         f"{s['redis_x']:.2f}x / {s['database_x']:.2f}x{floor}",
+            modes = "Redis / adaptive / database only" if adaptive else "Redis / database only"
+            x = " / ".join(f"{s[m + '_x']:.2f}x" for m in d)
+            rows.append([f"dedupe, decorated vs bare, {modes} ({DB_TITLE[db]})",
+                         f"{x}{floor}",
                          "; ".join(f"{label} {o['decorated_x']:.2f}x" for label, o, _ in others)
                          or "-", "-"])
-            rows.append([f"duplicates rejected/s, Redis / database only ({DB_TITLE[db]})",
-                         f"{d['redis']:,.0f} / {d['database']:,.0f} "
-                         f"({d['redis'] / d['database']:.1f}x)",
+            rates = " / ".join(f"{d[m]:,.0f}" for m in d)
+            over = ", ".join(f"{d[m] / d['database']:.1f}x" for m in d if m != "database")
+            rows.append([f"duplicates rejected/s, {modes} ({DB_TITLE[db]})",
+                         f"{rates} ({over})",
                          "; ".join(f"{label} {dup['decorated']:,.0f}"
                                    for label, _, dup in others) or "-", "-"])
     return table(["measure", "consumer-kit", "best peer (same run)", "others"], rows)

@@ -31,8 +31,9 @@ def delivery(key: str) -> Delivery:
 
 
 def dedupe(job: dict[str, Any]) -> dict[str, Any]:
-    """bare / decorated with Redis / decorated with the database only, interleaved; then
-    duplicates rejected per second by each decorated mode."""
+    """bare / decorated with Redis (a claim per message, and `redis_claims="adaptive"`) /
+    decorated with the database only, interleaved; then duplicates rejected per second by each
+    decorated mode."""
     engine = make_engine(job["url"])
     prefix = job["prefix"]
     metadata = sa.MetaData()
@@ -48,14 +49,15 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         body = msg.json()
         session.execute(insert_effect, {"sku": body["sku"], "qty": body["qty"]})
 
-    def make_app(group: str, redis: str | None) -> ConsumerApp:
+    def make_app(group: str, redis: str | None, claims: str = "every") -> ConsumerApp:
         app = ConsumerApp(group=group, db=engine, redis=redis, receipts=None,
                           transport="memory://bench", processed_table=processed.name,
-                          local_cache=0)
+                          local_cache=0, redis_claims=claims)
         app.listener("ORDER_CREATED")(handler)
         return app
 
     apps = {"redis": make_app(f"{prefix}-redis", job["redis"]),
+            "adaptive": make_app(f"{prefix}-adaptive", job["redis"], "adaptive"),
             "database": make_app(f"{prefix}-db", None)}
     pipes = {mode: app.pipeline() for mode, app in apps.items()}
 
@@ -88,6 +90,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
     try:
         runs = harness.dedupe_runs([("bare", bare), ("floor", floor),
                                     ("redis", decorated("redis")),
+                                    ("adaptive", decorated("adaptive")),
                                     ("database", decorated("database"))],
                                    int(job["n"]), int(job["runs"]))
         keys = [f"r{run}-{i}" for run in range(int(job["runs"])) for i in range(int(job["n"]))]
@@ -104,14 +107,14 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
                 raise SystemExit(f"{mode}: {rejected} of {len(dup_keys)} duplicates counted")
         with engine.connect() as conn:
             made = conn.execute(sa.select(sa.func.count()).select_from(effects)).scalar()
-        expected = 4 * (len(keys) + 50)  # bare, floor, two decorated modes, warm-up included
+        expected = 5 * (len(keys) + 50)  # bare, floor, three decorated modes, warm-up included
         return {"runs": runs, "duplicates": rates, "duplicates_n": len(dup_keys),
                 "effects": made, "effects_expected": expected}
     finally:
         for mode, app in apps.items():
             app.close()
-            if mode == "redis":
-                forget(job["redis"], f"{prefix}-redis", keys)
+            if mode != "database":
+                forget(job["redis"], f"{prefix}-{mode}", keys)
         metadata.drop_all(engine)
         engine.dispose()
 
