@@ -130,3 +130,27 @@ def test_every_command_keeps_passwords_out_of_its_output_and_logs(tmp_path: Path
     assert runs["relay (works)"].returncode == 0
     assert all(runs[n].returncode == 2 for n in ("db init (refused)", "relay (refused)",
                                                   "consume", "demo"))
+
+
+def test_the_cli_log_follows_stderr_after_a_caller_swaps_it_and_closes_the_old_one() -> None:
+    # Given the CLI's logging configured while stderr was a stand-in (a test runner's)
+    import io
+    import sys
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, sys.stderr)
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        sys.stderr = first
+        configure_logging(0)
+        # When the stand-in is closed and stderr is another stream, and a warning is logged
+        sys.stderr = second
+        first.close()
+        logging.getLogger("consumer_kit.test_secrets").warning("after the swap")
+    finally:
+        root.handlers[:], level, sys.stderr = saved[0], saved[1], saved[2]
+        root.setLevel(level)
+    # Then it reaches the current stderr, and no "--- Logging error ---" report
+    out = second.getvalue()
+    assert "WARNING consumer_kit.test_secrets: after the swap" in out
+    assert "Logging error" not in out

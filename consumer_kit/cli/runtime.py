@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -143,11 +143,24 @@ def configure_logging(verbose: int) -> None:
     """Configure logging for the CLI only (library code never does this). Messages pass
     through `mask_text`, so a URL with a password never reaches the log."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record is emitted, not the stream it was at
+    configuration: a caller that swaps stderr and closes its stand-in afterwards (a test
+    runner invoking the CLI in-process) must not leave the log writing to a closed file."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
 
 
 class _MaskingFormatter(logging.Formatter):
