@@ -113,17 +113,19 @@ class Pipeline:
         token = new_token()
         pending: PendingClaim | None = None
         leased = self.redis is not None  # a Redis lease of ours to renew, release or finish
+        expect_new = listener.wants_session and self.predictor.expect_new()
         if self.redis is None:
             claim = Claim.UNAVAILABLE
-        elif self.adaptive and listener.wants_session and self.predictor.expect_new():
+        elif expect_new and self.adaptive:
             claim = Claim.UNAVAILABLE  # the processed row's unique key decides alone
             leased = False
-        elif listener.wants_session and self.predictor.expect_new():
+        elif expect_new:
             pending = self.redis.claim_later(msg.id, token)  # read after the INSERT
             claim = Claim.CLAIMED
         else:
             claim = self.redis.claim(msg.id, token)
-            self.predictor.saw(claim is Claim.DUPLICATE)
+            if claim is Claim.DUPLICATE or claim is Claim.BUSY:  # else: learnt after the run
+                self.predictor.saw(claim is Claim.DUPLICATE)
         if claim is Claim.DUPLICATE:
             self.recent.add(msg.id)
             return self._duplicate(msg, receipt, "done in redis")
@@ -143,7 +145,7 @@ class Pipeline:
                 token = ""  # not our lease: leave it alone
             if result.outcome is Outcome.BUSY:
                 return self._count(msg, result)
-        elif not leased and self.redis is not None:  # adaptive: learn from the processed row
+        elif self.redis is not None:  # no claim, or Redis did not know: the processed row says
             self.predictor.saw(result.outcome is Outcome.DUPLICATE)
         if result.outcome is Outcome.RETRY and msg.last_attempt:
             result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)

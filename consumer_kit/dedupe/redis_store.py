@@ -60,7 +60,8 @@ class RedisDedupe:
         self._renew = LuaScript(client, "renew.lua")
         self._down_until = 0.0
         self._lock = threading.Lock()
-        self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc))
+        self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc),
+                                  on_ok=self._ok)
 
     @property
     def degraded(self) -> bool:

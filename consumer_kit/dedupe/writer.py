@@ -43,10 +43,14 @@ class RedisWriter:
     """Queues Lua script calls for claims to carry; sends the rest from its own thread."""
 
     def __init__(self, client: redis.Redis, *, on_error: Callable[[Exception], None],
+                 on_ok: Callable[[], None] = lambda: None,
                  max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self.client = client
         self.on_error = on_error
+        #: called after a batch Redis took without an error (the store leaves degraded mode:
+        #: with `redis_claims="adaptive"` no claim may come to tell it Redis is back)
+        self.on_ok = on_ok
         self.max_batch = max_batch
         self.linger = linger
         self.max_queued = max_queued
@@ -136,8 +140,10 @@ class RedisWriter:
             errors = [exc]
         except Exception as exc:  # the thread must survive anything
             errors = [exc]
-        if errors:
-            try:
+        try:
+            if errors:
                 self.on_error(errors[0])
-            except Exception:  # the thread must survive its error callback too
-                log.exception("redis writer: error callback failed")
+            else:
+                self.on_ok()
+        except Exception:  # the thread must survive its callbacks too
+            log.exception("redis writer: %s callback failed", "error" if errors else "ok")

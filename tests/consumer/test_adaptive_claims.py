@@ -74,15 +74,21 @@ def test_adaptive_claims_come_back_when_duplicates_grow_frequent(env: Env) -> No
     claims = count_claims(pipeline.redis)
     # When all 30 are delivered again
     results = [pipeline.process(delivery(f"M{i}")) for i in range(30)]
-    # Then every one is a duplicate, applied once: the first few found by the processed row,
-    # the rest answered by Redis before the database was touched
+    # Then every one is a duplicate, applied once: the first five found by the processed row
+    # without a claim, the other 25 answered by Redis before the database was touched
     assert {r.outcome for r in results} == {Outcome.DUPLICATE}
     reasons = [r.reason for r in results]
-    assert reasons[0] == "processed row exists"
-    assert "done in redis" in reasons and len(claims) >= 20
-    first_redis = reasons.index("done in redis")
-    assert set(reasons[first_redis:]) == {"done in redis"}
+    assert reasons == ["processed row exists"] * 5 + ["done in redis"] * 25
+    assert len(claims) == 25
     assert env.effects() == {f"M{i}": 1 for i in range(30)}
+    # And when new messages follow, the claims stop again once the duplicates have faded
+    claims.clear()
+    for i in range(30, 70):
+        before = len(claims)
+        assert pipeline.process(delivery(f"M{i}")).outcome is Outcome.SUCCEEDED
+        if i >= 60:
+            assert len(claims) == before, f"message {i} still claimed"
+    assert 0 < len(claims) < 40
     app.close()
 
 
@@ -148,19 +154,45 @@ def test_redis_down_in_adaptive_mode_stays_exactly_once_and_is_reported(env: Env
     app = adaptive_app(env)
     app.redis_config = dead
     pipeline = app.pipeline()
+    assert pipeline.redis is not None
+    claims = count_claims(pipeline.redis)
     # When a message is delivered three times and the done markers are sent
     outcomes = [pipeline.process(delivery("M1")).outcome for _ in range(3)]
-    assert pipeline.redis is not None
     pipeline.redis.flush(5)
-    # Then it was applied once, and the failed write degraded the store (a warning, a metric)
+    # Then it was applied once, and the failed batch of markers (no claim was sent) degraded
+    # the store: a warning, a metric
     assert outcomes == [Outcome.SUCCEEDED, Outcome.DUPLICATE, Outcome.DUPLICATE]
+    assert claims == []
     assert env.effects() == {"M1": 1}
     assert pipeline.redis.degraded
     assert metrics.DEGRADED.labels(app.group)._value.get() == 1
     app.close()
 
 
+def test_redis_back_in_adaptive_mode_clears_the_degraded_gauge_without_a_claim(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given an adaptive consumer whose store went degraded (Redis failed a moment ago)
+    app = adaptive_app(env)
+    pipeline = app.pipeline()
+    assert pipeline.redis is not None
+    claims = count_claims(pipeline.redis)
+    pipeline.redis.retry_after = 0.2
+    pipeline.redis.degrade("write", redis.ConnectionError("down for a moment"))
+    assert metrics.DEGRADED.labels(app.group)._value.get() == 1
+    time.sleep(0.3)
+    # When new messages are applied (no claim: duplicates are rare) and their markers land
+    for i in range(3):
+        assert pipeline.process(delivery(f"M{i}")).outcome is Outcome.SUCCEEDED
+    assert pipeline.redis.flush(5)
+    # Then the markers' batch told the store Redis is back: the gauge is 0 and it is said
+    assert claims == []
+    assert metrics.DEGRADED.labels(app.group)._value.get() == 0
+    assert "redis is back" in caplog.text
+    assert all(env.redis.exists(done_key(app.group, f"M{i}")) for i in range(3))
+    app.close()
+
+
 @pytest.mark.parametrize("mode", ["sometimes", "", "ADAPTIVE", None])
-def test_an_unknown_redis_claims_mode_is_refused(env: Env, mode: Any) -> None:
+def test_an_unknown_redis_claims_mode_is_refused(mode: Any) -> None:
     with pytest.raises(ConfigError, match="redis_claims must be one of every, adaptive"):
-        env.app(redis_claims=mode)
+        ConsumerApp(group="inventory", db="sqlite://", redis_claims=mode)
