@@ -57,8 +57,10 @@ CKIT = Peer(
         "best is timed. It refreshes backlog gauges at start and end.",
         "dedupe: the processed row is inserted in the handler's own transaction (exactly once in "
         "effect); with Redis, one claim round trip per message (sent before that INSERT, read "
-        "after it), carrying the previous message's done marker. Duplicates measured are ids "
-        "this process did not see (in-process cache off).",
+        "after it), carrying the previous message's done marker; the 'adaptive' mode "
+        "(redis_claims=\"adaptive\") sends no claim while duplicates are rare (the processed "
+        "row decides; done markers go to Redis in batches) and claims again after about five "
+        "in a row. Duplicates measured are ids this process did not see (in-process cache off).",
     ),
 )
 

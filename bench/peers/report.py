@@ -159,7 +159,8 @@ def summary(results: list[JobResult], dbs: Sequence[str]) -> str:
                      + (f", adaptive {s['adaptive_added'] / s['floor_added']:.2f}x"
                         if adaptive else "")
                      if s.get("floor_added") else "")
-            modes = "Redis / adaptive / database only" if adaptive else "Redis / database only"
+            names = {"redis": "Redis", "adaptive": "Redis adaptive", "database": "database only"}
+            modes = " / ".join(names.get(m, m) for m in d)
             x = " / ".join(f"{s[m + '_x']:.2f}x" for m in d)
             rows.append([f"dedupe, decorated vs bare, {modes} ({DB_TITLE[db]})",
                          f"{x}{floor}",

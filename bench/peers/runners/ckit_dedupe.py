@@ -114,17 +114,18 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         for mode, app in apps.items():
             app.close()
             if mode != "database":
-                forget(job["redis"], f"{prefix}-{mode}", keys)
+                forget(job["redis"], f"{prefix}-{mode}", keys, mode)
         metadata.drop_all(engine)
         engine.dispose()
 
 
-def forget(url: str, group: str, keys: list[str]) -> None:
-    """Delete the bench's Redis keys (never a flush: the server is shared)."""
+def forget(url: str, group: str, keys: list[str], mode: str) -> None:
+    """Delete the bench's Redis keys of one mode's group, its warm-up messages' included
+    (never a flush: the server is shared)."""
     import redis
 
     client = redis.Redis.from_url(url)
-    all_keys = [*keys, *(f"w{i}-redis" for i in range(50))]
+    all_keys = [*keys, *(f"w{i}-{mode}" for i in range(50))]
     for start in range(0, len(all_keys), 1000):
         names = []
         for key in all_keys[start:start + 1000]:
