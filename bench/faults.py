@@ -72,6 +72,8 @@ def parse(argv: list[str]) -> Config:
                    "report.json)")
     p.add_argument("--relay-claim", choices=("lease", "lock"), default="lease",
                    help="the two relays' ckit relay --claim mode (default lease)")
+    p.add_argument("--redis-claims", choices=("every", "adaptive"), default="every",
+                   help="the consumers' ConsumerApp(redis_claims=...) (default every)")
     p.add_argument("--keep-services", action="store_true",
                    help="leave the run's MariaDB/Redis/RocketMQ (5) running (to inspect them)")
     a = p.parse_args(argv)
@@ -89,7 +91,7 @@ def parse(argv: list[str]) -> Config:
         quiet=a.quiet, stuck_after=a.stuck_after,
         timeline=a.timeline or (run_dir / "timeline.png" if a.long else None),
         json_path=a.json or run_dir / "report.json", keep_services=a.keep_services,
-        relay_claim=a.relay_claim)
+        relay_claim=a.relay_claim, redis_claims=a.redis_claims)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

@@ -3,8 +3,8 @@
 Its handler writes one effect row per order in the same transaction as the processed row. The
 effect table has no unique key, so a message applied twice leaves two rows: the checks count
 them. Configured by environment (set by the runner): FAULTS_INVENTORY_URL, FAULTS_REDIS_URL,
-FAULTS_TRANSPORT. Receipts go back on the producer's receipt topic (`ckit receipts`
-applies them).
+FAULTS_TRANSPORT, FAULTS_REDIS_CLAIMS (`every`, the default, or `adaptive`). Receipts go back
+on the producer's receipt topic (`ckit receipts` applies them).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ app = kit.ConsumerApp(
     redis=os.environ.get("FAULTS_REDIS_URL") or None,
     transport=os.environ.get("FAULTS_TRANSPORT"),
     receipts="topic",
+    redis_claims=os.environ.get("FAULTS_REDIS_CLAIMS", "every"),
 )
 
 

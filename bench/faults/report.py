@@ -48,7 +48,7 @@ def placed_times(orders: Engine) -> dict[int, float]:
 def title(cfg: Config) -> str:
     return (f"consumer-kit fault run: transport {cfg.transport}, {cfg.messages:,} orders at "
             f"{cfg.rate:.0f}/s, every fault kind x{cfg.repeats}, seed {cfg.seed}, relays "
-            f"--claim {cfg.relay_claim}")
+            f"--claim {cfg.relay_claim}, consumers' redis_claims {cfg.redis_claims}")
 
 
 def pauses(records: list[dict[str, Any]], times: list[float], flow_stop: float) -> None:

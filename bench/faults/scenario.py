@@ -53,6 +53,8 @@ class Config:
     keep_services: bool = False
     #: the relays' `ckit relay --claim` mode
     relay_claim: str = "lease"
+    #: the consumers' `ConsumerApp(redis_claims=...)`
+    redis_claims: str = "every"
 
     @property
     def rate(self) -> float:
@@ -151,7 +153,8 @@ class Run:
             "HOME": str(home), "CKIT_DB_URL": self.urls.orders,
             "CKIT_TRANSPORT": self.urls.transport, "FAULTS_ORDERS_URL": self.urls.orders,
             "FAULTS_INVENTORY_URL": self.urls.inventory, "FAULTS_REDIS_URL": self.urls.redis,
-            "FAULTS_TRANSPORT": self.urls.transport, **(extra or {})})
+            "FAULTS_TRANSPORT": self.urls.transport,
+            "FAULTS_REDIS_CLAIMS": self.cfg.redis_claims, **(extra or {})})
 
     def add_processes(self) -> None:
         logs = self.cfg.run_dir / "logs"

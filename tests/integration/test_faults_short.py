@@ -56,16 +56,17 @@ def programs(transport: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(max(RUN_TIMEOUT.values()) + 90)
-@pytest.mark.parametrize(("transport", "claim"), [
-    pytest.param("sql", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("sql", "lock", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("rocketmq", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                             pytest.mark.rocketmq]),
-    pytest.param("rocketmq5", "lease", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                              pytest.mark.rocketmq5]),
+@pytest.mark.parametrize(("transport", "claim", "redis_claims"), [
+    pytest.param("sql", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lock", "every", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lease", "adaptive", marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("rocketmq", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis,
+                                                      pytest.mark.rocketmq]),
+    pytest.param("rocketmq5", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis,
+                                                       pytest.mark.rocketmq5]),
 ])
 def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
-    transport: str, claim: str, tmp_path: Path
+    transport: str, claim: str, redis_claims: str, tmp_path: Path
 ) -> None:
     # Given: the server programs (the run starts its own servers with them)
     services.require(f"the programs for a {transport} fault run", lambda: programs(transport))
@@ -74,7 +75,8 @@ def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
     # When: the short scenario runs with every fault kind of this transport
     stdout, stderr, code = run_bounded(
         [sys.executable, "bench/faults.py", "--transport", transport, "--seed", "12",
-         "--relay-claim", claim, "--dir", str(tmp_path / "run"), "--json", str(report_path)],
+         "--relay-claim", claim, "--redis-claims", redis_claims, "--dir", str(tmp_path / "run"),
+         "--json", str(report_path)],
         RUN_TIMEOUT[transport])
 
     # Then: every invariant held, after every kind of fault
@@ -82,6 +84,7 @@ def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
     assert report_path.exists(), output
     report = json.loads(report_path.read_text())
     assert set(report["faults_by_kind"]) == set(kinds_for(transport)), output
+    assert report["title"].endswith(f"redis_claims {redis_claims}"), report["title"]
     final = report["final"]
     assert final is not None, output
     assert (final["orders"], final["lost"], final["doubled"]) == (1000, 0, 0), output
