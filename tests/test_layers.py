@@ -36,3 +36,17 @@ def test_importing_the_producer_side_loads_no_consumer_module_and_no_redis(
 def test_the_public_consumer_names_load_on_first_use() -> None:
     modules = loaded_after("from consumer_kit import ConsumerApp")
     assert "consumer_kit.app" in modules
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_of_the_packages_is_over_400_lines() -> None:
+    # Given every module of the three packages
+    modules = [p for package in ("consumer_kit", "outbox_producer", "spark")
+               for p in (ROOT / package).rglob("*.py")]
+    assert len(modules) > 50
+    # Then none is longer than one idea should need
+    long = {str(p.relative_to(ROOT)): n for p in modules
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 
 class ConsumeStatus(enum.IntEnum):
@@ -119,6 +119,21 @@ def tag_matches(expression: str, tags: str | None) -> bool:
         return True
     wanted = {part.strip() for part in expr.split("||") if part.strip()}
     return (tags or "") in wanted
+
+
+def merge_expressions(subscriptions: Sequence[Subscription]) -> dict[str, str]:
+    """One tag expression per topic for subscriptions that may name a topic twice: `*` wins,
+    else the expressions are joined with `||`.
+
+    >>> merge_expressions([Subscription("T", "a"), Subscription("T", "b"), Subscription("U")])
+    {'T': 'a || b', 'U': '*'}
+    """
+    merged: dict[str, str] = {}
+    for sub in subscriptions:
+        old, expr = merged.get(sub.topic), (sub.expression or "*").strip()
+        merged[sub.topic] = "*" if "*" in (old, expr) else (
+            expr if old is None else f"{old} || {expr}")
+    return merged
 
 
 def retry_topic(group: str) -> str:

@@ -28,6 +28,7 @@ from consumer_kit.core.messages import (
     Subscription,
     Verdict,
     as_verdict,
+    merge_expressions,
     retry_topic,
     tag_matches,
 )
@@ -85,12 +86,7 @@ class SqlConsumer(Consumer):
         self.callback = callback
         self.threads = max(1, threads)
         self.settings = transport.settings
-        self.expressions: dict[str, str] = {}
-        for sub in subscriptions:
-            old = self.expressions.get(sub.topic)
-            expr = (sub.expression or "*").strip()
-            self.expressions[sub.topic] = "*" if "*" in (old, expr) else (
-                expr if old is None else f"{old} || {expr}")
+        self.expressions = merge_expressions(subscriptions)
         self.expressions[retry_topic(group)] = "*"
         self.member_id = new_member_id()
         self.store = GroupStore(transport.db, transport.tables, group, self.member_id,
