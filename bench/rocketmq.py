@@ -50,6 +50,7 @@ from consumer_kit.transports.rocketmq.admin import RocketMQAdmin  # noqa: E402
 BODY = b'{"order_id":12345,"sku":"SKU-1","qty":1,"note":"bench"}'
 POISON_BODY = b'{"order_id":0,"sku":"POISON","qty":1,"note":"bench"}'
 DEADLINE = 300.0
+MIN_RATE = 100.0  # msgs/s: a consumer slower than this over a long run is a failure
 POISON_DEADLINE = 120.0
 POISON_RETRIES = 2  # the poison group's retryMaxTimes (the test broker's levels are all 1 s)
 SECTIONS = ("send", "consume", "poison", "latency", "rss")
@@ -134,11 +135,14 @@ def fill_topic(transport: Transport, topic: str, n: int, poison_every: int = 0) 
 
 
 def wait_count(counter: list[int], n: int) -> float:
+    """Seconds until `counter` reaches `n`; gives up after DEADLINE or, for large runs, the
+    time of MIN_RATE messages per second."""
     started = time.perf_counter()
-    while counter[0] < n and time.perf_counter() - started < DEADLINE:
+    limit = max(DEADLINE, n / MIN_RATE)
+    while counter[0] < n and time.perf_counter() - started < limit:
         time.sleep(0.01)
     if counter[0] < n:
-        raise RuntimeError(f"only {counter[0]} of {n} messages consumed in {DEADLINE} s")
+        raise RuntimeError(f"only {counter[0]} of {n} messages consumed in {limit:.0f} s")
     return time.perf_counter() - started
 
 
