@@ -25,7 +25,7 @@ def test_the_demo_applies_each_effect_once_and_repairs_the_lost_ack(tmp_path: Pa
     assert code == 0, output
     assert counts == {
         "published": 12, "sent by the relay": 12, "delivered": 15, "duplicates skipped": 3,
-        "effects applied": 11, "rejected": 1, "consumed (acks)": 10, "repaired": 1,
+        "effects applied": 11, "rejected": 1, "consumed (receipts)": 10, "repaired": 1,
         "consumed (final)": 11,
     }, output
     assert "exactly once in effect" in output

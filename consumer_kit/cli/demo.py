@@ -25,9 +25,9 @@ def demo(
     engine: str = typer.Option("auto", "--engine",
                                help="reconciler: spark, sql, or auto (spark when available)"),
 ) -> None:
-    """Publish through the outbox, relay, consume with dedupe, ack, reconcile: with duplicates
-    and a lost ack injected on purpose. Exits 1 if any effect was not applied exactly once.
-    Every option is checked before the first step (one line, exit 2)."""
+    """Publish through the outbox, relay, consume with dedupe, send receipts, reconcile: with
+    duplicates and a lost receipt injected on purpose. Exits 1 if any effect was not applied
+    exactly once. Every option is checked before the first step (one line, exit 2)."""
     chosen = check_engine(engine)
     if workdir is not None:
         writable_folder(workdir, option="--dir")

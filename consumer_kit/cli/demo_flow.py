@@ -2,8 +2,9 @@
 
 An order service publishes through the outbox; the relay sends over the SQL transport (SQLite
 files, no server); some messages are sent twice (producer retries); the inventory consumer
-dedupes (database only, or Redis when given); one ack is lost on purpose; `ckit acks` applies the
-rest; the reconciler repairs the row the lost ack left in SENT. The summary checks the result.
+dedupes (database only, or Redis when given); one receipt is lost on purpose; `ckit receipts`
+applies the rest; the reconciler repairs the row the lost receipt left in SENT. The summary
+checks the result.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _run(root: Path, *, orders: int, redis_url: str | None, engine: str,
         transport.send(to_message(OutboxRow.from_mapping(row)))
     lose = {rows[DUPLICATES]["message_id"]}
 
-    _step(say, "inventory consumer: dedupe, reserve stock, ack back (one ack lost on purpose)")
+    _step(say, "inventory consumer: dedupe, reserve stock, send receipts (one lost on purpose)")
     route = LossyRoute(TopicRoute(transport), lose)
     app = inventory.make_app(db=inventory_db, transport=transport, redis=redis_url, receipts=route)
     # a burst run also waits for redeliveries still scheduled (with Redis, a duplicate that
@@ -136,7 +137,7 @@ def _run(root: Path, *, orders: int, redis_url: str | None, engine: str,
     app.close()
     counts = app.pipeline().counts
 
-    _step(say, "ckit acks: apply the acks that arrived")
+    _step(say, "ckit receipts: apply the receipts that arrived")
     applier = ReceiptApplier(orders_db)
     acks = ReceiptConsumer(applier, transport, producer=order_service.PRODUCER)
     run_consumer(acks.consumer(), threading.Event(), burst=True, max_seconds=60)
@@ -178,8 +179,8 @@ def _run(root: Path, *, orders: int, redis_url: str | None, engine: str,
         ("duplicates skipped", counts[Outcome.DUPLICATE], "dedupe on ckit_id: no second effect"),
         ("effects applied", effects, f"stock reservations, one per valid order ({valid})"),
         ("rejected", rejected, "unknown SKU: reason stored, outbox row REJECTED"),
-        ("consumed (acks)", consumed_before, f"{len(route.lost)} ack lost on purpose"),
-        ("repaired", repaired, "reconciler: ack lost -> CONSUMED"),
+        ("consumed (receipts)", consumed_before, f"{len(route.lost)} receipt lost on purpose"),
+        ("repaired", repaired, "reconciler: receipt lost -> CONSUMED"),
         ("consumed (final)", consumed, "every valid order"),
     ]
     transport.close()
