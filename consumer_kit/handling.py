@@ -99,6 +99,13 @@ class Handling:
                 past_deadline: object) -> None:
         with Session(bind=conn) as session:
             listener.fn(msg, session)
+            if not conn.in_transaction():
+                # session.rollback() rolled back the processed row with the handler's writes:
+                # a success now would ack the broker with nothing recorded
+                log.warning("message %s: handler %s rolled back its session; nothing was "
+                            "recorded, reconsume later", msg.id, listener.name)
+                raise Retry(f"handler {listener.name} rolled back its session: nothing was "
+                            "recorded (raise Reject to refuse a message, Retry to try later)")
             session.flush()
         if callable(past_deadline) and past_deadline():
             raise PastDeadline  # the transaction (still open) is rolled back by the caller
@@ -147,7 +154,7 @@ class Handling:
         try:
             if not self.store.record(msg, ProcessedStatus.FAILED, reason[:REASON_LEN],
                                      receipt=receipt):
-                return Result(Outcome.DUPLICATE, "processed row exists")
+                return self._recorded_before(msg)
         except DBAPIError as exc:
             return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
         return Result(Outcome.REJECTED, reason)
@@ -159,8 +166,20 @@ class Handling:
         try:
             if not self.store.record(msg, ProcessedStatus.DEAD_LETTERED, why[:REASON_LEN],
                                      receipt=receipt):
-                return Result(Outcome.DUPLICATE, "processed row exists")
+                return self._recorded_before(msg)
         except DBAPIError as exc:
             return Result(Outcome.RETRY, f"{reason} (and the database is unavailable to record "
                           f"the dead letter: {exc.orig})")
         return Result(Outcome.DEAD_LETTER, why)
+
+    def _recorded_before(self, msg: Message) -> Result:
+        """Another run recorded `msg` first (a concurrent delivery whose handler also failed,
+        once this one's row lock was gone): a duplicate, but done only when that run
+        succeeded. A rejection or a dead letter may run again (an operator's re-send), so it
+        must leave no done marker and no memory of a finished id behind."""
+        try:
+            found = self.store.status(msg.id)
+        except DBAPIError:
+            found = None  # not known: never claim done
+        return Result(Outcome.DUPLICATE, "processed row exists",
+                      may_run_again=found is not ProcessedStatus.SUCCEEDED)

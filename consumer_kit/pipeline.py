@@ -171,7 +171,8 @@ class Pipeline:
             self._metric(metrics.HANDLER_SECONDS, msg.topic).observe(
                 time.perf_counter() - started)
 
-    def _duplicate(self, msg: Message, receipt: bool, why: str) -> Result:
+    def _duplicate(self, msg: Message, receipt: bool, why: str, may_run_again: bool = False
+                   ) -> Result:
         """A message processed already. A re-send (`ckit_resend`) means the producer is waiting
         for a receipt: owe it again, durably, before the broker is acked."""
         if receipt and msg.resend and self.receipts is not None and msg.producer:
@@ -182,7 +183,7 @@ class Pipeline:
                     Outcome.RETRY, f"database unavailable to owe the receipt again: {exc.orig}"))
             if status is not None:
                 self.receipts.put(msg.producer, _receipt(self.group, msg.id, status, None))
-        return self._count(msg, Result(Outcome.DUPLICATE, why))
+        return self._count(msg, Result(Outcome.DUPLICATE, why, may_run_again))
 
     def _finish(self, msg: Message, token: str, receipt: bool, result: Result,
                 leased: bool = True) -> Result:
@@ -197,7 +198,8 @@ class Pipeline:
         if done:
             self.recent.add(msg.id)
         if outcome is Outcome.DUPLICATE:
-            return self._duplicate(msg, receipt, result.reason or "duplicate")
+            return self._duplicate(msg, receipt, result.reason or "duplicate",
+                                   result.may_run_again)
         if receipt and self.receipts is not None and msg.producer:
             if outcome is Outcome.SUCCEEDED:
                 self.receipts.put(msg.producer, Receipt(msg.id, self.group))

@@ -3,15 +3,17 @@ and a handler deadline that rolls back and redelivers while no second consumer s
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from consumer_kit import Message
+from consumer_kit import Message, Reject
 from consumer_kit.core.errors import ConfigError, HandlerSignatureError
 from consumer_kit.core.messages import ConsumeStatus, Delivery
+from consumer_kit.dedupe.keys import done_key
 from consumer_kit.metrics import HANDLER_TIMEOUTS
 from consumer_kit.outcome import Outcome
 from tests.consumer.conftest import Env, add_reservation, delivery
@@ -236,3 +238,76 @@ def test_a_message_another_consumer_holds_is_deferred_without_spending_a_retry(
     assert (failed.status, failed.spend) == (ConsumeStatus.RECONSUME_LATER, True)
     assert env.effects() == {}
     app.close()
+
+
+def test_a_handler_that_rolls_back_its_session_is_retried_and_nothing_is_recorded(
+        env: Env) -> None:
+    # Given a handler that rolls its session back the first time it runs
+    app = env.app()
+    calls: list[int] = []
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+        calls.append(1)
+        if len(calls) == 1:
+            session.rollback()
+
+    # When it runs
+    first = app.pipeline().process(delivery("M1"))
+    # Then it is not a success: no processed row, no effect, the broker redelivers
+    assert first.outcome is Outcome.RETRY and "rolled back its session" in str(first.reason)
+    assert env.processed() == [] and env.effects() == {}
+    # and the redelivery runs the handler again and applies it once
+    assert app.process(delivery("M1", reconsume=1)).status is ConsumeStatus.CONSUME_SUCCESS
+    assert len(calls) == 2 and env.effects() == {"A": 1}
+    app.close()
+
+
+@pytest.mark.parametrize("claims", ["adaptive", "database only"])
+def test_a_rejection_recorded_first_by_a_concurrent_delivery_leaves_the_message_able_to_run_again(
+        env: Env, claims: str) -> None:
+    # Given two consumers of one group without a Redis claim per message, whose handler
+    # rejects a message unless an operator re-sent it
+    kwargs: dict[str, Any] = ({"redis_claims": "adaptive"} if claims == "adaptive"
+                              else {"use_redis": False})
+    runs: list[str] = []
+
+    def consumer() -> Any:
+        app = env.app(**kwargs)
+
+        @app.listener("ORDER_CREATED")
+        def reserve(msg: Message, session: Any) -> None:
+            runs.append(msg.id)
+            if not msg.resend:
+                raise Reject("unknown sku")
+            add_reservation(env, session, "A")
+
+        return app
+
+    a, b = consumer(), consumer()
+    first_a = a.pipeline()
+    record_reject = first_a.handling.reject
+
+    def b_rejects_it_first(msg: Message, reason: str, *, receipt: bool) -> Any:
+        # the second delivery, at B, once A's handler rolled back and before A records it
+        assert b.pipeline().process(delivery("M1")).outcome is Outcome.REJECTED
+        return record_reject(msg, reason, receipt=receipt)
+
+    first_a.handling.reject = b_rejects_it_first
+    # When A's rejection finds B's FAILED row
+    result = first_a.process(delivery("M1"))
+    first_a.handling.reject = record_reject
+    # Then A answers a duplicate that may run again: no memory of a finished id, no marker
+    assert result.outcome is Outcome.DUPLICATE and result.may_run_again
+    assert "M1" not in first_a.recent
+    if first_a.redis is not None:
+        assert first_a.redis.flush(5)
+        assert not env.redis.exists(done_key(a.group, "M1"))
+    # and the operator's re-send runs the handler at A and applies it once
+    resend = delivery("M1")
+    resend = dataclasses.replace(resend, properties={**resend.properties, "ckit_resend": "1"})
+    assert first_a.process(resend).outcome is Outcome.SUCCEEDED
+    assert runs == ["M1", "M1", "M1"] and env.effects() == {"A": 1}
+    a.close()
+    b.close()
