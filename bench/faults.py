@@ -95,6 +95,9 @@ def parse(argv: list[str]) -> Config:
 
 
 def _interrupt(signum: int, _frame: object) -> None:
+    # a second SIGTERM (a supervisor that signals the group, then the runner) must not cut the
+    # clean-up short: it would leave servers of the run behind
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
