@@ -44,9 +44,11 @@ class Statements:
 
     def __init__(self, table: str) -> None:
         self.seen: list[tuple[str, str | None]] = []
-        # (a claim may start with a CTE: WITH picked AS (...) UPDATE <table> ...)
-        self.pattern = re.compile(rf"^\s*(WITH\b.*?\)\s*)?(UPDATE|DELETE FROM)\s+{table}\b",
-                                  re.I | re.S)
+        # (a claim may start with a CTE: WITH picked AS (...) UPDATE <table> ...; a batch mark
+        # on MariaDB joins its rows first: UPDATE JSON_TABLE(...) AS v STRAIGHT_JOIN <table>)
+        self.pattern = re.compile(
+            rf"^\s*(WITH\b.*?\)\s*)?(UPDATE|DELETE FROM)\s+"
+            rf"(JSON_TABLE\(.*?\)\s+AS\s+\w+\s+STRAIGHT_JOIN\s+)?{table}\b", re.I | re.S)
         sa.event.listen(sa.engine.Engine, "before_cursor_execute", self._record)
 
     def _record(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any,

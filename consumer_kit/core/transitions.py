@@ -231,9 +231,13 @@ def _joined_statement(dialect: str, table: sa.Table, step: Transition, column: s
                "FROM json_each(:ckit_rows)) AS v "
                f"WHERE {t}.id = v.id AND {t}.lock_version = v.lv AND {t}.state IN ({states})")
     else:
+        # The batch's rows first, the outbox by primary key: left to itself, MariaDB scans a
+        # small outbox instead, and a multi-table UPDATE waits on every row it scans (no
+        # semi-consistent read), so two relays marking their batches deadlocked (and a batch
+        # was sent again)
         sets = [f"o.{s}" for s in sets]
-        sql = (f"UPDATE {t} AS o JOIN JSON_TABLE(:ckit_rows, '$[*]' COLUMNS ("
-               "id BIGINT PATH '$[0]', lv INT PATH '$[1]', val VARCHAR(2000) PATH '$[2]')) AS v "
-               f"ON o.id = v.id AND o.lock_version = v.lv SET {', '.join(sets)} "
-               f"WHERE o.state IN ({states})")
+        sql = ("UPDATE JSON_TABLE(:ckit_rows, '$[*]' COLUMNS (id BIGINT PATH '$[0]', "
+               "lv INT PATH '$[1]', val VARCHAR(2000) PATH '$[2]')) AS v "
+               f"STRAIGHT_JOIN {t} AS o ON o.id = v.id AND o.lock_version = v.lv "
+               f"SET {', '.join(sets)} WHERE o.state IN ({states})")
     return sa.text(sql).execution_options(**{OPTION: step.name})
