@@ -59,6 +59,15 @@ log = logging.getLogger(__name__)
 #: The claim modes of a relay.
 CLAIM_MODES = ("lease", "lock")
 
+#: MariaDB's idle-transaction timeouts: a read-only or a writing transaction takes its own one
+#: when that is set (> 0), else the general one; the held batch is bounded by all three
+_MARIADB_TIMEOUTS = ("idle_transaction_timeout", "idle_readonly_transaction_timeout",
+                     "idle_write_transaction_timeout")
+_MARIADB_SET = "SET " + ", ".join(
+    [f"@ckit_{v} = @@SESSION.{v}" for v in _MARIADB_TIMEOUTS]
+    + [f"SESSION {v} = {{seconds}}" for v in _MARIADB_TIMEOUTS])
+_MARIADB_RESTORE = "SET " + ", ".join(f"SESSION {v} = @ckit_{v}" for v in _MARIADB_TIMEOUTS)
+
 
 def check_lock_mode(engine: sa.engine.Engine) -> None:
     """Raise `ConfigError` (one line) unless this database can hold a batch locked with a
@@ -120,7 +129,7 @@ class LockedSender:
                 conn.invalidate()  # never pool a session whose timeout was changed
                 raise
             if stats is not None and not self._postgres:
-                conn.exec_driver_sql("SET SESSION idle_transaction_timeout = @ckit_idle_timeout")
+                conn.exec_driver_sql(_MARIADB_RESTORE)
                 conn.commit()
         if fatal is not None:
             raise fatal
@@ -136,10 +145,8 @@ class LockedSender:
             if self._postgres:  # the lease bounds this transaction's idle time (the sends)
                 conn.exec_driver_sql(
                     f"SET LOCAL idle_in_transaction_session_timeout = {self._timeout}")
-            else:  # (the session's own value is put back after the commit)
-                conn.exec_driver_sql(
-                    "SET @ckit_idle_timeout = @@SESSION.idle_transaction_timeout, "
-                    f"SESSION idle_transaction_timeout = {self._timeout}")
+            else:  # (the session's own values are put back after the commit)
+                conn.exec_driver_sql(_MARIADB_SET.format(seconds=self._timeout))
             deadline = time.monotonic() + self.lease.total_seconds() / 2
             attempt = self.sender.attempt(rows, pace=pace, deadline=deadline)
             stats = SendStats()

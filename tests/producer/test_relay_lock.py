@@ -114,6 +114,37 @@ def test_rows_a_lock_relay_holds_are_skipped_by_every_other_relay(server_db: Db)
     assert held.counts() == {mid: 1 for mid in ids}
 
 
+def test_a_lock_relay_marks_its_batch_while_another_holds_rows_of_a_small_table(
+        server_db: Db) -> None:
+    # Given 6 due rows (a table so small that MariaDB would rather scan the outbox than join
+    # the batch's ids to it) and a lock relay stuck in the send of the first of its 3
+    ids = publish_many(server_db, 6)
+    held = HeldTransport(ids[0])
+    first = Relay(server_db.engine, held, table=server_db.names.outbox, batch=3, claim="lock")
+    worker = threading.Thread(target=first.step)
+    worker.start()
+    try:
+        assert held.holding.wait(10)
+        # When another lock relay sends the other 3
+        others = RecordingTransport()
+        began = time.monotonic()
+        second = Relay(server_db.engine, others, table=server_db.names.outbox, batch=3,
+                       claim="lock")
+        done = threading.Thread(target=second.step)
+        done.start()
+        done.join(10)
+        # Then its mark touched its own rows only: it did not wait for the held ones
+        assert not done.is_alive(), "the second relay's mark waited on the first one's rows"
+        assert time.monotonic() - began < 10
+        assert sorted(others.counts()) == sorted(ids[3:])
+        assert {row(server_db, m)["state"] for m in ids[3:]} == {int(OutboxState.SENT)}
+    finally:
+        held.release.set()
+        worker.join(30)
+    assert {row(server_db, m)["state"] for m in ids} == {int(OutboxState.SENT)}
+    assert {**held.counts(), **others.counts()} == {mid: 1 for mid in ids}
+
+
 def test_a_batch_held_longer_than_the_lease_rolls_back_and_any_relay_sends_it_again(
         server_db: Db) -> None:
     # Given a lock relay with a 1 s lease whose send of the first row hangs for 3 s
@@ -236,17 +267,44 @@ def test_the_mariadb_session_gets_its_idle_transaction_timeout_back(mariadb: Db)
     engine = make_engine(mariadb.url, pool_size=1, max_overflow=0)
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 123")
+            conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 123, "
+                                 "SESSION idle_readonly_transaction_timeout = 124, "
+                                 "SESSION idle_write_transaction_timeout = 125")
             conn.commit()
         publish_many(mariadb, 2)
         relay = Relay(engine, RecordingTransport(), table=mariadb.names.outbox, claim="lock",
                       lease=dt.timedelta(seconds=7))
         # When a batch ran on it
         assert relay.step() is not None
-        # Then the session has its own timeout again, not the lease
+        # Then the session has its own timeouts again, not the lease
         with engine.connect() as conn:
-            assert conn.exec_driver_sql(
-                "SELECT @@SESSION.idle_transaction_timeout").scalar() == 123
+            assert tuple(conn.exec_driver_sql(
+                "SELECT @@SESSION.idle_transaction_timeout, "
+                "@@SESSION.idle_readonly_transaction_timeout, "
+                "@@SESSION.idle_write_transaction_timeout").one()) == (123, 124, 125)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.mariadb
+def test_a_short_read_only_idle_timeout_of_the_session_does_not_cut_a_held_batch_short(
+        mariadb: Db) -> None:
+    # Given sessions whose DBA set a 1 s idle timeout for read-only transactions (MariaDB
+    # applies it before idle_transaction_timeout) and a lock relay with a 10 s lease whose
+    # first send takes 2.5 s
+    engine = make_engine(mariadb.url, connect_args={
+        "init_command": "SET SESSION idle_readonly_transaction_timeout = 1"})
+    try:
+        ids = publish_many(mariadb, 2)
+        held = HeldTransport(ids[0], seconds=2.5)
+        relay = Relay(engine, held, table=mariadb.names.outbox, claim="lock",
+                      lease=dt.timedelta(seconds=10))
+        # When it runs a batch
+        stats = relay.step()
+        # Then the lease, not the session's own timeout, bounded it: both rows sent once, SENT
+        assert stats is not None and stats.sent == 2
+        assert held.counts() == {mid: 1 for mid in ids}
+        assert {row(mariadb, m)["state"] for m in ids} == {int(OutboxState.SENT)}
     finally:
         engine.dispose()
 
