@@ -138,6 +138,8 @@ class Sender:
             if pace is not None:
                 pace()
             if deadline is not None and time.monotonic() >= deadline:
+                if suspect is not None:  # nothing proved the broker up: an outage, as at the end
+                    out.outage = suspect[1]
                 out.unsent = [*([suspect[0]] if suspect else []), *rows[i:]]
                 suspect = None
                 break

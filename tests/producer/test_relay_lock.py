@@ -185,6 +185,30 @@ def test_a_failed_send_in_lock_mode_is_retried_after_the_back_off(server_db: Db)
     assert relay.step() is None and transport.sent == []  # not due yet
 
 
+def test_a_send_that_fails_unavailable_just_before_half_the_lease_is_reported_as_an_outage(
+        server_db: Db) -> None:
+    # Given a lock relay (1 s lease: sends stop at 0.5 s) whose first send fails as
+    # "unavailable" after 0.7 s, so that no later send can tell an outage from its own fault
+    ids = publish_many(server_db, 3)
+
+    class SlowThenDown(RecordingTransport):
+        def send(self, message: OutgoingMessage) -> SendResult:
+            time.sleep(0.7)
+            raise TransportUnavailable("no route to the broker (simulated)")
+
+    relay = Relay(server_db.engine, SlowThenDown(), table=server_db.names.outbox, batch=3,
+                  claim="lock", lease=dt.timedelta(seconds=1))
+    # When a batch runs
+    stats = relay.step()
+    # Then the failure is reported (an outage: back off), not dropped, and nothing was charged
+    assert stats is not None and stats.outage is not None
+    assert "no route to the broker" in stats.outage
+    for mid in ids:
+        r = row(server_db, mid)
+        assert (r["state"], r["retry_count"], r["lock_version"]) == (
+            int(OutboxState.PENDING), 0, 0)
+
+
 def test_a_lock_relay_fails_a_row_whose_retries_are_exhausted(
         server_db: Db, statements: Statements) -> None:
     [mid] = publish_many(server_db, 1, max_retries=1)
