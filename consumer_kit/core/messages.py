@@ -40,8 +40,10 @@ def as_verdict(answer: ConsumeStatus | Verdict | int) -> Verdict:
     Raises:
         ValueError: an int that is no `ConsumeStatus`.
     """
-    if isinstance(answer, Verdict):
-        return answer
+    if isinstance(answer, Verdict):  # its status may be a bare int: every check uses `is`
+        if type(answer.status) is ConsumeStatus:
+            return answer
+        return dataclasses.replace(answer, status=ConsumeStatus(int(answer.status)))
     return Verdict(ConsumeStatus(int(answer)))
 
 

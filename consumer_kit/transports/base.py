@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
-from consumer_kit.core.errors import MessageTooLarge
+from consumer_kit.core.errors import ConfigError, MessageTooLarge
 from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
@@ -41,6 +41,23 @@ def check_body_size(body: bytes, limit: int) -> None:
     """
     if len(body) > limit:
         raise MessageTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit}")
+
+
+def all_ordered(group: str, subscriptions: Sequence[Subscription],
+                ordered_topics: frozenset[str] | set[str]) -> bool:
+    """Whether one consumer of `group` is ordered: all its topics are ordered, or none is.
+
+    Raises:
+        ConfigError: some topics are ordered and others not (an ordered consumer would hold the
+            others back, a concurrent one would break the order of the ordered ones).
+    """
+    ordered = sorted({s.topic for s in subscriptions if s.topic in ordered_topics})
+    plain = sorted({s.topic for s in subscriptions if s.topic not in ordered_topics})
+    if ordered and plain:
+        raise ConfigError(f"consumer group {group} mixes ordered topics ({', '.join(ordered)}) "
+                          f"with unordered ones ({', '.join(plain)}): one consumer is either "
+                          "ordered or concurrent; consume them in two groups")
+    return bool(ordered)
 
 
 def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:

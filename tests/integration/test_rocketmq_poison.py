@@ -230,7 +230,8 @@ def test_when_the_send_back_fails_the_native_redelivery_is_the_last_resort(
     consumer = transport.consumer(group, [Subscription(topic)], handle)
     attempts: list[int] = []
 
-    def refuse(delivery: Delivery, offset: int, reason: str, *, spend: bool = True) -> SentBack:
+    def refuse(delivery: Delivery, offset: int, reason: str, *, spend: bool = True,
+               until: object = None) -> SentBack:
         attempts.append(offset)
         raise TransportError("refused by the broker")
 

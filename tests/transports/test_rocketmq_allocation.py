@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,87 @@ def test_the_watchdog_can_be_off_or_at_least_two_offset_commits(stall_after: flo
         assert transport.stall_after == stall_after
     finally:
         transport.close()
+
+
+def test_a_watchdog_does_not_rebuild_a_consumer_that_received_a_message_during_its_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import types
+
+    from consumer_kit.core.messages import Subscription
+    from consumer_kit.transports.rocketmq import consumer as rmq_consumer
+
+    # Given an idle consumer whose backlog query sees a lag of 1: a message that arrived (and
+    # was handled) while the broker was being asked, its offset not committed yet
+    host = types.SimpleNamespace(admin=None, stall_after=0.2, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset())
+    consumer = rmq_consumer.RocketMQConsumer(
+        host, "g_recheck", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer._last_message = time.monotonic() - 60
+    asked = threading.Event()
+
+    def backlog(*_args: Any) -> Backlog:
+        consumer._last_message = time.monotonic()  # the message's callback returned meanwhile
+        asked.set()
+        return Backlog(owned=1, total=1, registered=True)
+
+    monkeypatch.setattr(rmq_consumer, "owned_backlog", backlog)
+    rebuilds: list[int] = []
+    monkeypatch.setattr(consumer, "_rebuild", lambda: rebuilds.append(1))
+    watcher = threading.Thread(target=consumer._watch)
+    # When the watchdog looks
+    watcher.start()
+    assert asked.wait(10)
+    time.sleep(0.1)
+    consumer._stopping.set()
+    watcher.join(5)
+    # Then it left the consumer alone
+    assert rebuilds == [] and consumer.failure is None
+
+
+def test_a_rebuild_that_fails_in_any_way_ends_the_consumer_instead_of_leaving_it_dead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from consumer_kit.core.messages import Subscription
+    from consumer_kit.transports.rocketmq import consumer as rmq_consumer
+
+    # Given a consumer whose new native consumer cannot be built (not a TransportError)
+    monkeypatch.setattr(rmq_consumer.native, "destroy_push_consumer", lambda push: None)
+    host = types.SimpleNamespace(admin=None, stall_after=60, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset())
+    consumer = rmq_consumer.RocketMQConsumer(
+        host, "g_rebuild", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer._push = _FakePush("old")
+
+    def broken() -> Any:
+        raise OSError("cannot open the client log folder")
+
+    monkeypatch.setattr(consumer, "_start_push", broken)
+    # When the watchdog rebuilds it
+    consumer._rebuild()
+    # Then the failure is recorded (ckit consume exits 3) and the old consumer is not kept
+    assert consumer.failure is not None and "cannot open the client log folder" in consumer.failure
+    assert consumer._push is None
+
+
+@pytest.mark.parametrize("kind", ["rocketmq", "rocketmq5"])
+def test_a_consumer_mixing_ordered_and_unordered_topics_is_refused(kind: str) -> None:
+    import types
+
+    from consumer_kit.core.errors import ConfigError
+    from consumer_kit.core.messages import Subscription
+
+    host = types.SimpleNamespace(admin=None, stall_after=60, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset({"ORDERED"}),
+                                 invisible_seconds=30.0, retry_delays=(1.0,), await_seconds=1.0,
+                                 thread_count=None)
+    subs = [Subscription("ORDERED"), Subscription("PLAIN")]
+    with pytest.raises(ConfigError, match=r"mixes ordered topics \(ORDERED\) with unordered "
+                                          r"ones \(PLAIN\)"):
+        if kind == "rocketmq":
+            from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+            RocketMQConsumer(host, "g_mixed", subs, lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+        else:
+            from consumer_kit.transports.rocketmq5.consumer import RocketMQ5Consumer
+            RocketMQ5Consumer(host, "g_mixed", subs, lambda d: None, threads=1)  # type: ignore[arg-type,return-value]

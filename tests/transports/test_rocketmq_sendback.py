@@ -5,6 +5,8 @@ the stored message is found on a cluster of several brokers, and the stored-mess
 from __future__ import annotations
 
 import struct
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -232,3 +234,44 @@ def test_the_reason_property_arrives_as_last_error_not_as_a_property() -> None:
     d = make_delivery(body=b"x", properties={"ckit_reason": "why", "ckit_id": "1"}, topic="T",
                       broker_message_id="U")
     assert (d.last_error, dict(d.properties)) == ("why", {"ckit_id": "1"})
+
+
+def test_a_consumer_keeps_sending_back_until_the_broker_answers_instead_of_giving_up() -> None:
+    # Given a broker that is unreachable for 0.6 s, longer than the patience
+    admin = FakeAdmin({"b0:10911": {4096: stored()}}, down={"b0:10911"})
+    threading.Timer(0.6, admin.down.clear).start()
+    # When a consumer that is not stopping sends a failed message back
+    sent = SendBack(admin, GROUP, patience=0.1).send_back(  # type: ignore[arg-type]
+        delivery(), 4096, "boom", until=lambda: False)
+    # Then the copy was stored once the broker answered (falling back to the native send-back
+    # would meet the same unreachable broker, and librocketmq drops what it fails to send back)
+    assert sent.topic == f"%RETRY%{GROUP}" and len(admin.sent) == 1
+
+
+def test_a_stopping_consumer_stops_sending_back_to_an_unreachable_broker() -> None:
+    admin = FakeAdmin({"b0:10911": {4096: stored()}}, down={"b0:10911"})
+    stopping = threading.Event()
+    threading.Timer(0.3, stopping.set).start()
+    began = time.monotonic()
+    with pytest.raises(TransportUnavailable):
+        SendBack(admin, GROUP, patience=30).send_back(  # type: ignore[arg-type]
+            delivery(), 4096, "boom", until=stopping.is_set)
+    assert time.monotonic() - began < 5 and admin.sent == []
+
+
+def test_a_group_limit_the_broker_answers_unreadably_keeps_the_last_known_one() -> None:
+    class Garbled(FakeAdmin):
+        def subscription_groups(self, addr: str) -> dict[str, dict[str, Any]]:
+            raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+    # (a broker reply that is no JSON must not make every delivery fail before its handler)
+    assert SendBack(Garbled({"b0:10911": {}}), GROUP).limit() is None  # type: ignore[arg-type]
+
+
+def test_a_verdict_holding_a_bare_int_is_read_as_its_status() -> None:
+    from consumer_kit.core.messages import ConsumeStatus, Verdict, as_verdict
+
+    # (transports compare with `is`: Verdict(0) was taken for a failure and sent back after
+    # its handler succeeded)
+    assert as_verdict(Verdict(0, "ok")).status is ConsumeStatus.CONSUME_SUCCESS  # type: ignore[arg-type]
+    assert as_verdict(Verdict(1, "later")) == Verdict(ConsumeStatus.RECONSUME_LATER, "later")  # type: ignore[arg-type]

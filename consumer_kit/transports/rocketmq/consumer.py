@@ -28,7 +28,7 @@ from consumer_kit.core.messages import (
     as_verdict,
     retry_topic,
 )
-from consumer_kit.transports.base import Consumer
+from consumer_kit.transports.base import Consumer, all_ordered
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
@@ -80,7 +80,7 @@ class RocketMQConsumer(Consumer):
         self.subscriptions = list(subscriptions)
         self.callback = callback
         self.threads = threads
-        self.orderly = all(s.topic in transport.ordered_topics for s in self.subscriptions)
+        self.orderly = all_ordered(group, self.subscriptions, transport.ordered_topics)
         self.send_back = SendBack(transport.admin, group,
                                   patience=transport.send_back_patience)
         self.instance_name = native.new_instance_name("c")
@@ -195,6 +195,8 @@ class RocketMQConsumer(Consumer):
             refused_warned = False
             if not backlog.stalled_if_idle or self._stopping.is_set():
                 continue
+            if self._in_flight or time.monotonic() - self._last_message < stall_after:
+                continue  # a message came while the broker was asked: not stalled
             where = (f"{backlog.owned} in its queues" if backlog.registered else
                      f"{backlog.total} for the group, and it lists no heartbeat of this consumer")
             if self.rebuilds >= self.transport.max_rebuilds:
@@ -225,7 +227,7 @@ class RocketMQConsumer(Consumer):
             self.instance_name = native.new_instance_name("c")
             try:
                 self._push = self._start_push()
-            except TransportError as exc:
+            except Exception as exc:  # any failure: the process exits 3, never sits dead
                 self._push = None
                 self._failure = f"consumer {self.group}: rebuild after a stall failed: {exc}"
                 log.error("%s", self._failure)
@@ -280,7 +282,8 @@ class RocketMQConsumer(Consumer):
         reason = verdict.reason
         try:
             offset = native.commit_log_offset(handle)
-            sent = self.send_back.send_back(delivery, offset, reason, spend=verdict.spend)
+            sent = self.send_back.send_back(delivery, offset, reason, spend=verdict.spend,
+                                            until=self._stopping.is_set)
         except Exception as exc:
             log.error("consumer %s: message %s: could not send it back (%s); answering "
                       "RECONSUME_LATER: the native client sends back this message and the rest "

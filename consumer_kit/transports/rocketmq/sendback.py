@@ -179,31 +179,44 @@ class SendBack:
             self._next_limit_read = time.monotonic() + self._cache.ttl
             try:
                 self._limit = self._group_limit(next(iter(self._masters().values())))
-            except TransportError as exc:
+            except Exception as exc:  # a broker away or an answer it cannot read: keep the last
                 log.warning("consumer %s: cannot read the group's retryMaxTimes: %s",
                             self.group, exc)
         return self._limit
 
     def send_back(self, delivery: Delivery, commit_log_offset: int, reason: str, *,
-                  spend: bool = True) -> SentBack:
+                  spend: bool = True, until: Callable[[], bool] | None = None) -> SentBack:
         """Store the retry copy (or dead letter) of `delivery`, which failed with `reason`
         (`spend` False: a busy answer, see `plan_copy`).
 
-        Retries an unreachable or busy broker for up to `patience` seconds.
+        Retries an unreachable or busy broker for `patience` seconds or, given `until`, until
+        `until()` is true (a consumer passes "I am stopping": the native send-back it would fall
+        back to meets the same unreachable broker, and this librocketmq build drops a message
+        whose send-back failed), with one warning once `patience` has passed.
 
         Raises:
             TransportUnavailable: the broker stayed unreachable.
             TransportError: the stored message was not found (or on several brokers), or the
                 broker refused the copy.
         """
-        deadline = time.monotonic() + self.patience
+        started = time.monotonic()
         pause = 0.1
+        warned = False
         while True:
             try:
                 return self._send_back(delivery, commit_log_offset, reason, spend)
-            except TransportUnavailable:
-                if time.monotonic() + pause > deadline:
+            except TransportUnavailable as exc:
+                waited = time.monotonic() - started
+                if until is None:
+                    if waited + pause > self.patience:
+                        raise
+                elif until():
                     raise
+                elif waited >= self.patience and not warned:
+                    warned = True
+                    log.warning("consumer %s: message %s: cannot send it back, the broker is "
+                                "unreachable (%s); still trying until it answers or the "
+                                "consumer stops", self.group, delivery.broker_message_id, exc)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 

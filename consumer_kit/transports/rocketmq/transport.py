@@ -101,8 +101,10 @@ class RocketMQTransport(Transport):
             starts or a message is sent; routes are otherwise only learnt every 30 s.
         extra_properties: more property names to read on receive for messages from producers
             that do not send `ckit_props`.
-        send_back_patience: seconds a consumer keeps retrying to send a failed message back
-            (to `%RETRY%group` or `%DLQ%group`) before it falls back to RECONSUME_LATER.
+        send_back_patience: seconds after which a consumer that cannot send a failed message
+            back (to `%RETRY%group` or `%DLQ%group`) because the broker is unreachable says so;
+            it keeps trying until the broker answers or the consumer stops. A broker that
+            refuses the copy makes it fall back to RECONSUME_LATER at once.
         client_log_dir / client_log_level: the C++ client's own log (default `~/logs/rocketmq-cpp`,
             level `warn`).
         stall_after: seconds a consumer may receive nothing while the broker holds messages in

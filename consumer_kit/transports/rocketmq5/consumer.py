@@ -32,7 +32,7 @@ from consumer_kit.core.messages import (
     as_verdict,
     dlq_topic,
 )
-from consumer_kit.transports.base import Consumer, clip_reason, retry_delay
+from consumer_kit.transports.base import Consumer, all_ordered, clip_reason, retry_delay
 from consumer_kit.transports.rocketmq5 import client
 from consumer_kit.transports.rocketmq5.route import Route
 from consumer_kit.transports.rocketmq5.wire import (
@@ -133,7 +133,7 @@ class RocketMQ5Consumer(Consumer):
         self.subscriptions = list(subscriptions)
         self.callback = callback
         self.threads = threads
-        self.fifo = all(s.topic in transport.ordered_topics for s in self.subscriptions)
+        self.fifo = all_ordered(group, self.subscriptions, transport.ordered_topics)
         self._simple: Any = None
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
