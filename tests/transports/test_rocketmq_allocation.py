@@ -13,6 +13,20 @@ import pytest
 from consumer_kit.transports.rocketmq.liveness import Backlog, allocate_averagely
 
 
+def fake_consumer(group: str, *, admin: Any = None, stall_after: float = 60) -> Any:
+    """A RocketMQConsumer on a stand-in transport (no broker, no librocketmq): its watchdog and
+    rebuild logic alone."""
+    import types
+
+    from consumer_kit.core.messages import Subscription
+    from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
+
+    host = types.SimpleNamespace(admin=admin, stall_after=stall_after, max_rebuilds=2,
+                                 send_back_patience=1.0, ordered_topics=frozenset())
+    return RocketMQConsumer(host, group, [Subscription("T")],  # type: ignore[arg-type]
+                            lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+
+
 @pytest.mark.parametrize(("queues", "clients", "expected"), [
     (8, 3, [[0, 1, 2], [3, 4, 5], [6, 7]]),
     (4, 4, [[0], [1], [2], [3]]),
@@ -87,19 +101,13 @@ def test_a_watchdog_the_broker_refuses_warns_once_and_one_it_cannot_reach_stays_
         error: str, warnings: int, caplog: pytest.LogCaptureFixture) -> None:
     import logging
     import threading
-    import types
 
     from consumer_kit.core.errors import TransportError, TransportUnavailable
-    from consumer_kit.core.messages import Subscription
-    from consumer_kit.transports.rocketmq.consumer import RocketMQConsumer
 
     exc = (TransportError("CODE 1: query refused") if error == "refused"
            else TransportUnavailable("connect refused"))
     admin = _RefusingAdmin(exc)
-    host = types.SimpleNamespace(admin=admin, stall_after=0.2, max_rebuilds=2,
-                                 send_back_patience=1.0, ordered_topics=frozenset())
-    consumer = RocketMQConsumer(host, "g_watch", [Subscription("T")],  # type: ignore[arg-type]
-                                lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer = fake_consumer("g_watch", admin=admin, stall_after=0.2)
     consumer._last_message = time.monotonic() - 60  # idle far longer than stall_after
     caplog.set_level(logging.DEBUG, logger="consumer_kit")
     watcher = threading.Thread(target=consumer._watch)
@@ -127,18 +135,13 @@ class _FakePush:
 def test_a_shutdown_during_a_rebuild_stops_the_new_native_consumer_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
-    import types
 
-    from consumer_kit.core.messages import Subscription
     from consumer_kit.transports.rocketmq import consumer as rmq_consumer
 
     # Given: a consumer whose watchdog is rebuilding it: the old native consumer is stopped,
     # the new one is still starting
     monkeypatch.setattr(rmq_consumer.native, "destroy_push_consumer", lambda push: None)
-    host = types.SimpleNamespace(admin=None, stall_after=60, max_rebuilds=2,
-                                 send_back_patience=1.0, ordered_topics=frozenset())
-    consumer = rmq_consumer.RocketMQConsumer(
-        host, "g_swap", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer = fake_consumer("g_swap")
     old, new = _FakePush("old"), _FakePush("new")
     consumer._push = old
     starting, go_on = threading.Event(), threading.Event()
@@ -193,17 +196,12 @@ def test_the_watchdog_can_be_off_or_at_least_two_offset_commits(stall_after: flo
 def test_a_watchdog_does_not_rebuild_a_consumer_that_received_a_message_during_its_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
-    import types
 
-    from consumer_kit.core.messages import Subscription
     from consumer_kit.transports.rocketmq import consumer as rmq_consumer
 
     # Given an idle consumer whose backlog query sees a lag of 1: a message that arrived (and
     # was handled) while the broker was being asked, its offset not committed yet
-    host = types.SimpleNamespace(admin=None, stall_after=0.2, max_rebuilds=2,
-                                 send_back_patience=1.0, ordered_topics=frozenset())
-    consumer = rmq_consumer.RocketMQConsumer(
-        host, "g_recheck", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer = fake_consumer("g_recheck", stall_after=0.2)
     consumer._last_message = time.monotonic() - 60
     asked = threading.Event()
 
@@ -228,17 +226,12 @@ def test_a_watchdog_does_not_rebuild_a_consumer_that_received_a_message_during_i
 
 def test_a_rebuild_that_fails_in_any_way_ends_the_consumer_instead_of_leaving_it_dead(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
 
-    from consumer_kit.core.messages import Subscription
     from consumer_kit.transports.rocketmq import consumer as rmq_consumer
 
     # Given a consumer whose new native consumer cannot be built (not a TransportError)
     monkeypatch.setattr(rmq_consumer.native, "destroy_push_consumer", lambda push: None)
-    host = types.SimpleNamespace(admin=None, stall_after=60, max_rebuilds=2,
-                                 send_back_patience=1.0, ordered_topics=frozenset())
-    consumer = rmq_consumer.RocketMQConsumer(
-        host, "g_rebuild", [Subscription("T")], lambda d: None, threads=1)  # type: ignore[arg-type,return-value]
+    consumer = fake_consumer("g_rebuild")
     consumer._push = _FakePush("old")
 
     def broken() -> Any:
