@@ -5,8 +5,7 @@ topic before consumers start, set a group's retry limit, read a dead-letter queu
 are a request and a response each, so they are done here in milliseconds. Only what 4.9.x brokers
 and name servers answer is used; nothing here is on the message hot path.
 
-Wire format of one frame: ``int32 length | int32 (serialize type << 24 | header length) | header
-JSON | body``; the header carries ``code``, ``opaque``, ``flag`` and string ``extFields``.
+The frame and the request codes are in `remoting`.
 
 >>> admin = RocketMQAdmin("127.0.0.1:9876")        # doctest: +SKIP
 >>> admin.create_topic("ORDER_CREATED", queues=4)  # doctest: +SKIP
@@ -14,13 +13,10 @@ JSON | body``; the header carries ``code``, ``opaque``, ``flag`` and string ``ex
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
-import re
-import socket
 import struct
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,129 +28,44 @@ from consumer_kit.transports.rocketmq.codec import (
     decode_messages,
     encode_properties,
 )
-from consumer_kit.transports.rocketmq.wire import DEFAULT_ADMIN_TIMEOUT, DEFAULT_TOPIC_QUEUES
-
-# Request codes (org.apache.rocketmq.common.protocol.RequestCode).
-SEND_MESSAGE = 10
-PULL_MESSAGE = 11
-QUERY_CONSUMER_OFFSET = 14
-UPDATE_AND_CREATE_TOPIC = 17
-GET_BROKER_CONFIG = 26
-GET_MAX_OFFSET = 30
-GET_MIN_OFFSET = 31
-VIEW_MESSAGE_BY_ID = 33
-GET_CONSUMER_LIST_BY_GROUP = 38
-GET_ROUTEINFO_BY_TOPIC = 105
-GET_BROKER_CLUSTER_INFO = 106
-UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
-GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
-
-# Response codes (ResponseCode).
-SUCCESS = 0
-SYSTEM_ERROR = 1
-SYSTEM_BUSY = 2
-FLUSH_DISK_TIMEOUT = 10
-SLAVE_NOT_AVAILABLE = 11
-FLUSH_SLAVE_TIMEOUT = 12
-TOPIC_NOT_EXIST = 17
-PULL_NOT_FOUND = 19
-PULL_RETRY_IMMEDIATELY = 20
-PULL_OFFSET_MOVED = 21
-QUERY_NOT_FOUND = 22
-
-PERM_READ = 4
-#: PullSysFlag.FLAG_SUBSCRIPTION: the pull carries its own subscription (no consumer online).
-_PULL_SUBSCRIPTION = 0x4
-PERM_WRITE = 2
-MASTER_ID = 0
-
-_opaque = itertools.count(1)
-#: fastjson writes maps with integer keys unquoted (`{0:"host:port"}`): quote them.
-_BARE_INT_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
-
-
-
-def _loads(raw: bytes) -> Any:
-    text = raw.decode("utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(_BARE_INT_KEY.sub(r'\1"\2":', text))
-
-
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.strip().rpartition(":")
-    if not sep or not port.isdigit():
-        raise TransportError(f"not a host:port address: {addr!r}")
-    return host.strip("[]"), int(port)
-
-
-@dataclasses.dataclass
-class _Response:
-    code: int
-    remark: str
-    ext: dict[str, str]
-    body: bytes
-
-
-def call(
-    addr: str,
-    code: int,
-    ext: Mapping[str, object] | None = None,
-    body: bytes = b"",
-    *,
-    timeout: float = DEFAULT_ADMIN_TIMEOUT,
-) -> _Response:
-    """Send one request to `addr` (a name server or a broker) and read its response.
-
-    Raises:
-        TransportUnavailable: cannot connect, or no answer within `timeout` seconds.
-    """
-    header = json.dumps({
-        "code": code,
-        "language": "PYTHON",
-        "version": 399,
-        "opaque": next(_opaque),
-        "flag": 0,
-        "serializeTypeCurrentRPC": "JSON",
-        "extFields": {k: str(v).lower() if isinstance(v, bool) else str(v)
-                      for k, v in (ext or {}).items()},
-    }).encode()
-    frame = struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body
-    try:
-        with socket.create_connection(_split_addr(addr), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(frame)
-            (length,) = struct.unpack(">I", _recv_exactly(sock, 4))
-            payload = _recv_exactly(sock, length)
-    except OSError as exc:
-        raise TransportUnavailable(f"RocketMQ at {addr} did not answer request {code}: {exc}") \
-            from exc
-    (mark,) = struct.unpack(">I", payload[:4])
-    header_len = mark & 0xFFFFFF
-    head = _loads(payload[4:4 + header_len])
-    return _Response(
-        code=int(head.get("code", -1)),
-        remark=str(head.get("remark") or ""),
-        ext={str(k): str(v) for k, v in (head.get("extFields") or {}).items()},
-        body=payload[4 + header_len:],
-    )
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("connection closed mid-response")
-        chunks += chunk
-    return bytes(chunks)
-
-
-def _check(response: _Response, what: str) -> _Response:
-    if response.code != SUCCESS:
-        raise TransportError(f"{what} failed: code {response.code} {response.remark}".strip())
-    return response
+from consumer_kit.transports.rocketmq.remoting import (
+    FLUSH_DISK_TIMEOUT,
+    FLUSH_SLAVE_TIMEOUT,
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+    GET_BROKER_CLUSTER_INFO,
+    GET_BROKER_CONFIG,
+    GET_CONSUMER_LIST_BY_GROUP,
+    GET_MAX_OFFSET,
+    GET_MIN_OFFSET,
+    GET_ROUTEINFO_BY_TOPIC,
+    MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
+    PULL_MESSAGE,
+    PULL_NOT_FOUND,
+    PULL_OFFSET_MOVED,
+    PULL_RETRY_IMMEDIATELY,
+    PULL_SUBSCRIPTION_FLAG,
+    QUERY_CONSUMER_OFFSET,
+    QUERY_NOT_FOUND,
+    SEND_MESSAGE,
+    SLAVE_NOT_AVAILABLE,
+    SUCCESS,
+    SYSTEM_BUSY,
+    TOPIC_NOT_EXIST,
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    UPDATE_AND_CREATE_TOPIC,
+    VIEW_MESSAGE_BY_ID,
+    Response,
+    call,
+    check,
+    loads_json,
+)
+from consumer_kit.transports.rocketmq.wire import (
+    DEFAULT_ADMIN_TIMEOUT,
+    DEFAULT_TOPIC_QUEUES,
+    ROUTE_WAIT,
+)
 
 
 class RocketMQAdmin:
@@ -175,7 +86,7 @@ class RocketMQAdmin:
 
     # -------------------------------------------------------------------------------- name server
 
-    def _namesrv_call(self, code: int, ext: Mapping[str, object] | None = None) -> _Response:
+    def _namesrv_call(self, code: int, ext: Mapping[str, object] | None = None) -> Response:
         error: TransportUnavailable | None = None
         for addr in self.namesrv_addrs:
             try:
@@ -187,7 +98,7 @@ class RocketMQAdmin:
 
     def master_brokers(self) -> dict[str, str]:
         """`{broker name: master address}` of the cluster (all clusters when none was named)."""
-        data = _loads(_check(self._namesrv_call(GET_BROKER_CLUSTER_INFO),
+        data = loads_json(check(self._namesrv_call(GET_BROKER_CLUSTER_INFO),
                              "GET_BROKER_CLUSTER_INFO").body)
         names: set[str] | None = None
         if self.cluster:
@@ -207,7 +118,7 @@ class RocketMQAdmin:
         response = self._namesrv_call(GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         if response.code == TOPIC_NOT_EXIST:
             return None
-        route: dict[str, Any] = _loads(_check(response, f"route of {topic}").body)
+        route: dict[str, Any] = loads_json(check(response, f"route of {topic}").body)
         return route
 
     def topic_queues(self, topic: str) -> list[tuple[str, str, int, int]]:
@@ -228,14 +139,36 @@ class RocketMQAdmin:
     # ------------------------------------------------------------------------------------ brokers
 
     def create_topic(self, topic: str, *, queues: int = DEFAULT_TOPIC_QUEUES,
-                     perm: int = PERM_READ | PERM_WRITE, order: bool = False) -> None:
-        """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`)."""
-        for addr in self.master_brokers().values():
-            _check(call(addr, UPDATE_AND_CREATE_TOPIC, {
+                     perm: int = PERM_READ | PERM_WRITE, order: bool = False,
+                     route_wait: float = ROUTE_WAIT) -> None:
+        """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`), then
+        wait up to `route_wait` s until the name server routes it to each of them with `perm`: a
+        broker registers the change on its own schedule (5.x a moment later than 4.9.x), and a
+        client sending before then fails with "No route info of this topic".
+
+        Raises:
+            TransportUnavailable: a broker is down, or the name server still lacks the route.
+        """
+        masters = self.master_brokers()
+        for addr in masters.values():
+            check(call(addr, UPDATE_AND_CREATE_TOPIC, {
                 "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
                 "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
                 "topicSysFlag": 0, "order": order,
             }, timeout=self.timeout), f"create topic {topic}")
+
+        def routed() -> bool:
+            route = self.topic_route(topic) or {}
+            have = {q["brokerName"] for q in route.get("queueDatas", []) if q["perm"] == perm}
+            return have >= masters.keys()
+
+        deadline = time.monotonic() + route_wait
+        while not routed():
+            if time.monotonic() >= deadline:
+                raise TransportUnavailable(f"topic {topic} was created on {sorted(masters)} but "
+                                           f"the name server has no route to it after "
+                                           f"{route_wait:g} s")
+            time.sleep(0.05)
 
     def update_subscription_group(self, group: str, *, retry_max_times: int,
                                   retry_queues: int = 1) -> None:
@@ -247,7 +180,7 @@ class RocketMQAdmin:
             "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True,
         }).encode()
         for addr in self.master_brokers().values():
-            _check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
+            check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
                         timeout=self.timeout), f"update subscription group {group}")
 
     def prepare_group(self, group: str, *, retry_max_times: int | None = None) -> None:
@@ -267,7 +200,7 @@ class RocketMQAdmin:
         while True:
             response = call(broker_addr, PULL_MESSAGE, {
                 "consumerGroup": group, "topic": topic, "queueId": queue_id,
-                "queueOffset": offset, "maxMsgNums": batch, "sysFlag": _PULL_SUBSCRIPTION,
+                "queueOffset": offset, "maxMsgNums": batch, "sysFlag": PULL_SUBSCRIPTION_FLAG,
                 "commitOffset": 0,
                 "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0,
                 "expressionType": "TAG",
@@ -323,14 +256,14 @@ class RocketMQAdmin:
         """Messages of one queue `group` has not consumed: the queue's max offset minus the
         group's committed offset there (its min offset when the group committed none)."""
         where = {"topic": topic, "queueId": queue_id}
-        top = int(_check(call(broker_addr, GET_MAX_OFFSET, where, timeout=self.timeout),
+        top = int(check(call(broker_addr, GET_MAX_OFFSET, where, timeout=self.timeout),
                          f"max offset of {topic}/{queue_id}").ext.get("offset", 0))
         response = call(broker_addr, QUERY_CONSUMER_OFFSET, {**where, "consumerGroup": group},
                         timeout=self.timeout)
         if response.code == QUERY_NOT_FOUND:
-            response = _check(call(broker_addr, GET_MIN_OFFSET, where, timeout=self.timeout),
+            response = check(call(broker_addr, GET_MIN_OFFSET, where, timeout=self.timeout),
                               f"min offset of {topic}/{queue_id}")
-        done = int(_check(response, f"offset of {group} in {topic}/{queue_id}").ext.get(
+        done = int(check(response, f"offset of {group} in {topic}/{queue_id}").ext.get(
             "offset", 0))
         return max(0, top - done)
 
@@ -340,19 +273,19 @@ class RocketMQAdmin:
                         timeout=self.timeout)
         if response.code != SUCCESS or not response.body:  # no consumer online
             return []
-        return [str(c) for c in _loads(response.body).get("consumerIdList") or []]
+        return [str(c) for c in loads_json(response.body).get("consumerIdList") or []]
 
     def subscription_groups(self, broker_addr: str) -> dict[str, dict[str, Any]]:
         """`{group: config}` of one broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG): `retryMaxTimes`,
         `retryQueueNums`, ..."""
-        body = _check(call(broker_addr, GET_ALL_SUBSCRIPTIONGROUP_CONFIG, timeout=self.timeout),
+        body = check(call(broker_addr, GET_ALL_SUBSCRIPTIONGROUP_CONFIG, timeout=self.timeout),
                       "GET_ALL_SUBSCRIPTIONGROUP_CONFIG").body
-        table: dict[str, dict[str, Any]] = _loads(body).get("subscriptionGroupTable") or {}
+        table: dict[str, dict[str, Any]] = loads_json(body).get("subscriptionGroupTable") or {}
         return table
 
     def broker_config(self, broker_addr: str) -> dict[str, str]:
         """One broker's configuration (GET_BROKER_CONFIG), e.g. `messageDelayLevel`."""
-        body = _check(call(broker_addr, GET_BROKER_CONFIG, timeout=self.timeout),
+        body = check(call(broker_addr, GET_BROKER_CONFIG, timeout=self.timeout),
                       "GET_BROKER_CONFIG").body.decode("utf-8")
         config = {}
         for line in body.splitlines():

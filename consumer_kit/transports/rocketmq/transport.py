@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -77,10 +76,6 @@ from consumer_kit.transports.rocketmq.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Seconds `ensure_topic` waits for the name server to know a topic it created.
-ROUTE_WAIT = 10.0
-
 
 class RocketMQTransport(Transport):
     """Send to and consume from RocketMQ through rocketmq-client-python 2.0.0.
@@ -303,11 +298,6 @@ class RocketMQTransport(Transport):
         if self.admin.topic_route(topic) is None:
             self.admin.create_topic(topic, queues=self.topic_queues,
                                     order=topic in self.ordered_topics)
-            # The broker registers the new topic with the name server on its own schedule; a
-            # client asking for the route before that caches "no route" and fails its sends.
-            deadline = time.monotonic() + ROUTE_WAIT
-            while self.admin.topic_route(topic) is None and time.monotonic() < deadline:
-                time.sleep(0.05)
             log.info("created topic %s with %d queues", topic, self.topic_queues)
         self._known_topics.add(topic)
 

@@ -34,6 +34,8 @@ DEFAULT_PRODUCER_GROUP = "ckit-producer"
 DEFAULT_SEND_TIMEOUT = 3.0
 DEFAULT_ADMIN_TIMEOUT = 5.0
 DEFAULT_TOPIC_QUEUES = 4
+#: Seconds topic creation waits for the name server to route the new topic.
+ROUTE_WAIT = 10.0
 DEFAULT_CLIENT_LOG_LEVEL = "warn"
 #: The broker refuses messages over 4 MiB (`maxMessageSize`, body plus headers and properties);
 #: the C++ client's own default is 128 KiB, so the producer is configured with this limit.

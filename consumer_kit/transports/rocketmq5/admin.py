@@ -11,15 +11,15 @@ import json
 
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import dlq_topic
-from consumer_kit.transports.rocketmq.admin import (
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
+from consumer_kit.transports.rocketmq.remoting import (
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
     UPDATE_AND_CREATE_TOPIC,
-    RocketMQAdmin,
-    _check,
     call,
+    check,
 )
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
@@ -46,7 +46,7 @@ class RocketMQ5Admin(RocketMQAdmin):
             raise ConfigError(f"unknown message type {message_type!r}: use one of "
                               f"{', '.join(MESSAGE_TYPES)}")
         for addr in self.master_brokers().values():
-            _check(call(addr, UPDATE_AND_CREATE_TOPIC, {
+            check(call(addr, UPDATE_AND_CREATE_TOPIC, {
                 "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
                 "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
                 "topicSysFlag": 0, "order": message_type == "FIFO",
@@ -63,7 +63,7 @@ class RocketMQ5Admin(RocketMQAdmin):
             "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True,
         }).encode()
         for addr in self.master_brokers().values():
-            _check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
+            check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
                         timeout=self.timeout), f"update consumer group {group}")
 
     def prepare_dead_letters(self, group: str) -> None:
