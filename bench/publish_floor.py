@@ -1,0 +1,110 @@
+"""Where `publish`'s time over the peer bench's floor goes: the message id's form on the server,
+and publish's own Python, each measured against the floor in the same run.
+
+    python bench/publish_floor.py                        # MariaDB from CKIT_TEST_MYSQL_URL
+    python bench/publish_floor.py --url postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test
+
+Variants, interleaved transaction by transaction in rotating order (`bench.peers.harness`):
+
+- bare          BEGIN, INSERT one order row, COMMIT;
+- floor         bare + the outbox row by one hand-written INSERT, the peer bench's floor (its id
+                a random uuid in hex, as every peer's floor);
+- floor-ulid    the same INSERT with the id `publish` writes (a ULID: 10 time characters and
+                16 random ones, upper-case Crockford base32): what the id's form costs;
+- publish       bare + `Outbox.publish` (the same SQL: `outbox_producer.insert`).
+
+`publish - floor-ulid` is what publish's own work adds (checks, JSON, the row; on PostgreSQL
+also its `ON CONFLICT DO NOTHING`); `floor-ulid -
+floor` what the id's form costs the database. Medians of `--runs` runs of `--tx` each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import load_average, machine_facts, table
+from bench.peers import harness
+from bench.peers.runners.ckit import floor_row, floor_sql, orders_table, payload
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import outbox_table
+from outbox_producer import Outbox
+from outbox_producer.ids import new_message_id
+
+
+def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, sql: str
+             ) -> list[tuple[str, harness.Variant]]:
+    insert_order = orders.insert()
+
+    def bare(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+
+    def floor(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+            conn.exec_driver_sql(sql, floor_row("f" + key))
+
+    def floor_ulid(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+            conn.exec_driver_sql(sql, {**floor_row("u" + key), "message_id": new_message_id()})
+
+    def publish(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+            outbox.publish(conn, "ORDER_CREATED", payload(key), biz_type="order",
+                           biz_key="p" + key)
+
+    return [("bare", bare), ("floor", floor), ("floor-ulid", floor_ulid), ("publish", publish)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python bench/publish_floor.py",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--url", default=os.environ.get(
+        "CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"))
+    p.add_argument("--tx", type=int, default=2000, help="transactions of each variant per run")
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args(argv)
+    if args.tx < 1 or args.runs < 1:
+        p.error("--tx and --runs must be at least 1")
+    engine = make_engine(args.url)
+    print(machine_facts(engine))
+    print(f"load average at start: {load_average()}")
+    prefix = f"bench_{uuid.uuid4().hex[:6]}_pf"
+    metadata = sa.MetaData()
+    orders = orders_table(metadata, prefix)
+    outbox_t = outbox_table(metadata, f"{prefix}_outbox")
+    metadata.create_all(engine)
+    try:
+        outbox = Outbox(engine, producer="bench", table=outbox_t.name)
+        runs = harness.publish_runs(variants(engine, orders, outbox, floor_sql(engine,
+                                                                              outbox_t.name)),
+                                    args.tx, args.runs)
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+    median = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+    floor_added = median["floor"] - median["bare"]
+    rows = [[name, f"{ms:.3f}", "-" if name == "bare" else f"+{ms - median['bare']:.3f}",
+             "-" if name == "bare" else f"{(ms - median['bare']) / floor_added:.2f}x"]
+            for name, ms in median.items()]
+    print(table(["variant", "ms per tx (median)", "added ms", "added / floor's"], rows))
+    print(f"the id's form: floor-ulid - floor = {median['floor-ulid'] - median['floor']:+.3f} ms;"
+          f" publish's own work (checks, JSON, the row; on PostgreSQL also ON CONFLICT DO NOTHING):"
+          f" publish - floor-ulid = "
+          f"{median['publish'] - median['floor-ulid']:+.3f} ms")
+    print(f"load average at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
