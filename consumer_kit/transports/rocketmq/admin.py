@@ -140,22 +140,27 @@ class RocketMQAdmin:
 
     def create_topic(self, topic: str, *, queues: int = DEFAULT_TOPIC_QUEUES,
                      perm: int = PERM_READ | PERM_WRITE, order: bool = False,
-                     route_wait: float = ROUTE_WAIT) -> None:
+                     attributes: str | None = None, route_wait: float = ROUTE_WAIT) -> None:
         """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`), then
         wait up to `route_wait` s until the name server routes it to each of them with `perm`: a
         broker registers the change on its own schedule (5.x a moment later than 4.9.x), and a
-        client sending before then fails with "No route info of this topic".
+        client sending before then fails with "No route info of this topic". `attributes` is
+        5.x's topic attribute string (e.g. `+message.type=FIFO`).
 
         Raises:
             TransportUnavailable: a broker is down, or the name server still lacks the route.
         """
         masters = self.master_brokers()
+        fields: dict[str, object] = {
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
+            "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": 0, "order": order,
+        }
+        if attributes is not None:
+            fields["attributes"] = attributes
         for addr in masters.values():
-            check(call(addr, UPDATE_AND_CREATE_TOPIC, {
-                "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
-                "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
-                "topicSysFlag": 0, "order": order,
-            }, timeout=self.timeout), f"create topic {topic}")
+            check(call(addr, UPDATE_AND_CREATE_TOPIC, fields, timeout=self.timeout),
+                  f"create topic {topic}")
 
         def routed() -> bool:
             route = self.topic_route(topic) or {}

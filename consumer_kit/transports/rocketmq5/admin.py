@@ -17,7 +17,6 @@ from consumer_kit.transports.rocketmq.remoting import (
     PERM_READ,
     PERM_WRITE,
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-    UPDATE_AND_CREATE_TOPIC,
     call,
     check,
 )
@@ -38,20 +37,18 @@ class RocketMQ5Admin(RocketMQAdmin):
         (`mqadmin updateTopic -a +message.type=...`). MIXED needs the broker's
         `enableMixedMessageType=true`.
 
+        Returns once the name server routes it (see `RocketMQAdmin.create_topic`).
+
         Raises:
             ConfigError: an unknown message type.
             TransportError: the broker refused (e.g. MIXED not enabled).
+            TransportUnavailable: a broker is down, or the name server still lacks the route.
         """
         if message_type not in MESSAGE_TYPES:
             raise ConfigError(f"unknown message type {message_type!r}: use one of "
                               f"{', '.join(MESSAGE_TYPES)}")
-        for addr in self.master_brokers().values():
-            check(call(addr, UPDATE_AND_CREATE_TOPIC, {
-                "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
-                "writeQueueNums": queues, "perm": perm, "topicFilterType": "SINGLE_TAG",
-                "topicSysFlag": 0, "order": message_type == "FIFO",
-                "attributes": f"+message.type={message_type}",
-            }, timeout=self.timeout), f"create topic {topic}")
+        self.create_topic(topic, queues=queues, perm=perm, order=message_type == "FIFO",
+                          attributes=f"+message.type={message_type}")
 
     def update_group(self, group: str, *, retry_max_times: int, fifo: bool = False) -> None:
         """Create or update a consumer group: `retryMaxTimes` (deliveries = 1 + that) and
