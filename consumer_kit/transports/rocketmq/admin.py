@@ -142,10 +142,10 @@ class RocketMQAdmin:
                      perm: int = PERM_READ | PERM_WRITE, order: bool = False,
                      attributes: str | None = None, route_wait: float = ROUTE_WAIT) -> None:
         """Create or update `topic` on every master broker (like `mqadmin updateTopic -c`), then
-        wait up to `route_wait` s until the name server routes it to each of them with `perm`: a
-        broker registers the change on its own schedule (5.x a moment later than 4.9.x), and a
-        client sending before then fails with "No route info of this topic". `attributes` is
-        5.x's topic attribute string (e.g. `+message.type=FIFO`).
+        wait up to `route_wait` s (0: not at all) until the name server routes it to each of
+        them: a broker registers a new topic on its own schedule (5.x a moment later than
+        4.9.x), and a client sending before then fails with "No route info of this topic".
+        `attributes` is 5.x's topic attribute string (e.g. `+message.type=FIFO`).
 
         Raises:
             TransportUnavailable: a broker is down, or the name server still lacks the route.
@@ -163,12 +163,13 @@ class RocketMQAdmin:
                   f"create topic {topic}")
 
         def routed() -> bool:
+            # Any permission counts: a broker registers `perm & brokerPermission` (a read-only
+            # broker being drained routes 4 for a topic asked with 6).
             route = self.topic_route(topic) or {}
-            have = {q["brokerName"] for q in route.get("queueDatas", []) if q["perm"] == perm}
-            return have >= masters.keys()
+            return {q["brokerName"] for q in route.get("queueDatas", [])} >= masters.keys()
 
         deadline = time.monotonic() + route_wait
-        while not routed():
+        while route_wait > 0 and not routed():
             if time.monotonic() >= deadline:
                 raise TransportUnavailable(f"topic {topic} was created on {sorted(masters)} but "
                                            f"the name server has no route to it after "
@@ -233,7 +234,8 @@ class RocketMQAdmin:
             queues = self.topic_queues(topic)
             if any(not perm & PERM_READ for _b, _a, _q, perm in queues):
                 count = max(q for _b, _a, q, _p in queues) + 1
-                self.create_topic(topic, queues=count, perm=PERM_READ | PERM_WRITE)
+                self.create_topic(topic, queues=count, perm=PERM_READ | PERM_WRITE,
+                                  route_wait=0)  # pulled from the broker: no route needed
             messages: list[StoredMessage] = []
             for _broker, addr, queue_id, _perm in queues:
                 messages += self.read_queue(addr, topic, queue_id, group=group)
