@@ -33,38 +33,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import load_average, machine_facts, table
 from bench.peers import harness
-from bench.peers.runners.ckit import floor_row, floor_sql, orders_table, payload
+from bench.peers.runners.ckit import connection_variants, floor_row, floor_sql, orders_table
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import outbox_table
 from outbox_producer import Outbox
 from outbox_producer.ids import new_message_id
 
 
-def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, sql: str
-             ) -> list[tuple[str, harness.Variant]]:
+def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, outbox_t: sa.Table,
+             sql: str) -> list[tuple[str, harness.Variant]]:
+    """The peer bench's bare, floor and publish (`connection_variants`), and floor-ulid."""
     insert_order = orders.insert()
-
-    def bare(key: str) -> None:
-        with engine.begin() as conn:
-            conn.execute(insert_order, {"sku": key, "qty": 1})
-
-    def floor(key: str) -> None:
-        with engine.begin() as conn:
-            conn.execute(insert_order, {"sku": key, "qty": 1})
-            conn.exec_driver_sql(sql, floor_row("f" + key))
+    peer = dict(connection_variants(engine, orders, outbox, outbox_t, sql))
 
     def floor_ulid(key: str) -> None:
         with engine.begin() as conn:
             conn.execute(insert_order, {"sku": key, "qty": 1})
             conn.exec_driver_sql(sql, {**floor_row("u" + key), "message_id": new_message_id()})
 
-    def publish(key: str) -> None:
-        with engine.begin() as conn:
-            conn.execute(insert_order, {"sku": key, "qty": 1})
-            outbox.publish(conn, "ORDER_CREATED", payload(key), biz_type="order",
-                           biz_key="p" + key)
-
-    return [("bare", bare), ("floor", floor), ("floor-ulid", floor_ulid), ("publish", publish)]
+    return [("bare", peer["bare"]), ("floor", peer["floor"]), ("floor-ulid", floor_ulid),
+            ("publish", peer["publish"])]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,9 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     metadata.create_all(engine)
     try:
         outbox = Outbox(engine, producer="bench", table=outbox_t.name)
-        runs = harness.publish_runs(variants(engine, orders, outbox, floor_sql(engine,
-                                                                              outbox_t.name)),
-                                    args.tx, args.runs)
+        sql = floor_sql(engine, outbox_t.name)
+        runs = harness.publish_runs(variants(engine, orders, outbox, outbox_t, sql), args.tx,
+                                    args.runs)
     finally:
         metadata.drop_all(engine)
         engine.dispose()
