@@ -3,6 +3,7 @@ and publish's own Python, each measured against the floor in the same run.
 
     python bench/publish_floor.py                        # MariaDB from CKIT_TEST_MYSQL_URL
     python bench/publish_floor.py --url postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test
+    python bench/publish_floor.py --binary-ids          # message_id in a binary collation
 
 Variants, interleaved transaction by transaction in rotating order (`bench.peers.harness`):
 
@@ -36,6 +37,7 @@ from bench.peers import harness
 from bench.peers.runners.ckit import connection_variants, floor_row, floor_sql, orders_table
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import outbox_table
+from consumer_kit.core.schema.types import MESSAGE_ID_LEN
 from outbox_producer import Outbox
 from outbox_producer.ids import new_message_id
 
@@ -55,6 +57,19 @@ def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, outbox_
             ("publish", peer["publish"])]
 
 
+def binary_ids(engine: sa.engine.Engine, table_name: str) -> None:
+    """Give the outbox's `message_id` a binary collation (comparisons become byte compares)."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f'ALTER TABLE {table_name} ALTER COLUMN message_id TYPE '
+                                 f'varchar({MESSAGE_ID_LEN}) COLLATE "C"')
+        else:
+            conn.exec_driver_sql(f"ALTER TABLE {table_name} MODIFY message_id "
+                                 f"varchar({MESSAGE_ID_LEN}) CHARACTER SET ascii "
+                                 "COLLATE ascii_bin NOT NULL")
+    print("message_id: binary collation (--binary-ids)")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python bench/publish_floor.py",
                                 description=__doc__.splitlines()[0])
@@ -62,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         "CKIT_TEST_MYSQL_URL", "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test"))
     p.add_argument("--tx", type=int, default=2000, help="transactions of each variant per run")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--binary-ids", action="store_true",
+                   help="message_id in a binary collation (ascii_bin / \"C\"): is the id's "
+                        "cost the string comparisons?")
     args = p.parse_args(argv)
     if args.tx < 1 or args.runs < 1:
         p.error("--tx and --runs must be at least 1")
@@ -73,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     orders = orders_table(metadata, prefix)
     outbox_t = outbox_table(metadata, f"{prefix}_outbox")
     metadata.create_all(engine)
+    if args.binary_ids:
+        binary_ids(engine, outbox_t.name)
     try:
         outbox = Outbox(engine, producer="bench", table=outbox_t.name)
         sql = floor_sql(engine, outbox_t.name)

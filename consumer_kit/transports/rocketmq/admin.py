@@ -187,7 +187,7 @@ class RocketMQAdmin:
         }).encode()
         for addr in self.master_brokers().values():
             check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
-                        timeout=self.timeout), f"update subscription group {group}")
+                       timeout=self.timeout), f"update subscription group {group}")
 
     def prepare_group(self, group: str, *, retry_max_times: int | None = None) -> None:
         """Make `group` ready before its first consumer starts: its `%RETRY%group` topic (the

@@ -61,7 +61,7 @@ class RocketMQ5Admin(RocketMQAdmin):
         }).encode()
         for addr in self.master_brokers().values():
             check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
-                        timeout=self.timeout), f"update consumer group {group}")
+                       timeout=self.timeout), f"update consumer group {group}")
 
     def prepare_dead_letters(self, group: str) -> None:
         """Create `%DLQ%group` (readable and writable) when it is missing, so the transport can
