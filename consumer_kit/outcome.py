@@ -41,6 +41,10 @@ def broker_ack(result: Result) -> Verdict:
     its reason. A busy answer (another consumer holds the lease and may still finish the message)
     does not spend one of the message's reconsume times."""
     if result.outcome in DURABLE:
-        return Verdict(ConsumeStatus.CONSUME_SUCCESS)
+        return _ACK
     return Verdict(ConsumeStatus.RECONSUME_LATER, result.reason or "",
                    spend=result.outcome is not Outcome.BUSY)
+
+
+#: the one success answer (a frozen value: one instance serves every message)
+_ACK = Verdict(ConsumeStatus.CONSUME_SUCCESS)

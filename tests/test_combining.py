@@ -175,9 +175,53 @@ def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_
     assert combiner.call("after") == "ok"
 
 
+def test_a_lone_sender_whose_send_fails_still_hands_the_lead_to_the_callers_queued_meanwhile(
+) -> None:
+    # Given a lone caller inside a send that will fail, and two callers queued behind it
+    gate = threading.Event()
+    calls = 0
+
+    def send(items: Sequence[str]) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            gate.wait(DEADLINE)
+            raise Interrupt("stop")
+        return ["ok"] * len(items)
+
+    combiner: Combiner[str, str] = Combiner(send)
+    raised: list[BaseException] = []
+
+    def lone() -> None:
+        try:
+            combiner.call("first")
+        except BaseException as exc:
+            raised.append(exc)
+
+    got: list[str] = []
+    first = threading.Thread(target=lone, daemon=True)
+    first.start()
+    wait_for(lambda: combiner._leading, "the lone sender")
+    riders = [threading.Thread(target=lambda: got.append(combiner.call("x")), daemon=True)
+              for _ in range(2)]
+    for t in riders:
+        t.start()
+    wait_for(lambda: len(combiner._queue) == 2, "two queued callers")
+
+    # When its send fails
+    gate.set()
+    for t in [first, *riders]:
+        t.join(DEADLINE)
+
+    # Then it got the original error, and the queued callers were sent and answered after it
+    assert [type(e) for e in raised] == [Interrupt]
+    assert got == ["ok", "ok"]
+    assert not combiner._leading and combiner._queue == []
+
+
 def test_a_send_returning_the_wrong_number_of_results_is_an_error() -> None:
     combiner: Combiner[int, int] = Combiner(lambda items: [])
-    with pytest.raises(CkitError, match="0 results for 1 items"):
+    with pytest.raises(CkitError, match="0 results for 1 item"):
         combiner.call(1)
 
 

@@ -74,18 +74,20 @@ class Combiner(Generic[T, R]):
 
     def call(self, item: T) -> R:
         """Return `send`'s result for `item`, sent alone or with concurrent callers' items."""
-        slot: _Slot[T, R] = _Slot(item)
         with self._lock:
-            self._queue.append(slot)
             lead = not self._leading
             self._leading = True
-        if not lead:
-            try:
-                slot.wake.acquire()
-            except BaseException:
-                self._abandon(slot)
-                raise
-        if not slot.answered:  # we lead (first caller, or handed the lead); our slot is first
+            if not lead:
+                slot: _Slot[T, R] = _Slot(item)
+                self._queue.append(slot)
+        if lead:  # nobody is sending (so nobody waits): send ours alone, no slot to wake
+            return self._alone(item)
+        try:
+            slot.wake.acquire()
+        except BaseException:
+            self._abandon(slot)
+            raise
+        if not slot.answered:  # handed the lead: our slot is first in the queue
             self._lead(slot)
             if slot.error is not None:
                 raise slot.error
@@ -94,6 +96,20 @@ class Combiner(Generic[T, R]):
                 f"the combined send failed: {type(slot.error).__name__}: {slot.error}"
             ) from slot.error
         return slot.result  # type: ignore[return-value]
+
+    def _alone(self, item: T) -> R:
+        """The uncontended call: `send([item])` on the caller's thread; callers that arrive
+        meanwhile queue up and the oldest of them leads the next batch."""
+        try:
+            results = self.send([item])
+            if len(results) != 1:
+                raise CkitError(f"send returned {len(results)} results for 1 item")
+            return results[0]
+        finally:
+            with self._lock:
+                self.batches += 1
+                self.items += 1
+                self._hand_off()
 
     def _lead(self, mine: _Slot[T, R]) -> None:
         with self._lock:

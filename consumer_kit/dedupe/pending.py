@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import redis
 
-from consumer_kit.dedupe.claims import Claim
+from consumer_kit.dedupe.claims import BY_ANSWER, Claim
 from consumer_kit.dedupe.scripts import Call, thread_connection
 from consumer_kit.dedupe.writer import RedisWriter
 
@@ -122,7 +122,7 @@ class PendingClaim:
             self._answer = Claim.UNAVAILABLE
         else:
             self.dedupe.ok()
-            self._answer = Claim(int(raw))
+            self._answer = BY_ANSWER[int(raw)]
         finally:
             self._done(clean)
         return self._answer

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from consumer_kit import metrics
-from consumer_kit.dedupe.claims import Claim
+from consumer_kit.dedupe.claims import BY_ANSWER, Claim
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.pending import PendingClaim
@@ -122,7 +122,7 @@ class RedisDedupe:
             self._failed("claim", message_id, answer)
             return Claim.UNAVAILABLE
         self._ok()
-        return Claim(answer)
+        return BY_ANSWER[answer]
 
     def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int | Exception]:
         """Run the claim script for each (message id, token) in one pipelined round trip.

@@ -167,20 +167,20 @@ def test_a_claim_whose_connection_drops_is_sent_again_through_the_pipeline(
     # Given: the single-call fast path's connection fails once mid-send
     store = RedisDedupe(env.redis, env.group("g"))
     assert store.claim("M1", "me") is Claim.CLAIMED
-    real = redis.connection.Connection.send_command
+    real = redis.connection.Connection.send_packed_command
     failures = []
 
-    def drop_once(self: Any, *args: Any, **kwargs: Any) -> None:
+    def drop_once(self: Any, command: Any, *args: Any, **kwargs: Any) -> None:
         if not failures:
-            failures.append(args[0])
+            failures.append(b"".join(command).split(b"\r\n")[2])  # the command's name
             raise redis.exceptions.ConnectionError("connection reset by peer")
-        real(self, *args, **kwargs)
+        real(self, command, *args, **kwargs)
 
-    monkeypatch.setattr(redis.connection.Connection, "send_command", drop_once)
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", drop_once)
     # When: the next claims run
     answers = [store.claim("M1", "other"), store.claim("M2", "me")]
     # Then: each still gets its answer, and Redis is not counted down
-    assert failures == ["EVALSHA"]
+    assert failures == [b"EVALSHA"]
     assert answers == [Claim.BUSY, Claim.CLAIMED]
     assert not store.degraded
 
