@@ -98,13 +98,15 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
             if pipe.redis is not None:
                 pipe.redis.flush(30)  # the done markers land off the hot path
         dup_keys = keys[: int(job["duplicates"])]
-        rates = {}
+        before = {mode: pipe.counts.copy() for mode, pipe in pipes.items()}
+        rates = harness.duplicate_rates(
+            [(mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()],
+            dup_keys, int(job["runs"]))
         for mode, pipe in pipes.items():
-            before = pipe.counts.copy()
-            rates[mode] = harness.duplicate_rate(lambda k, p=pipe: p(delivery(k)), dup_keys)
-            rejected = (pipe.counts - before)[Outcome.DUPLICATE]
-            if rejected != len(dup_keys):
-                raise SystemExit(f"{mode}: {rejected} of {len(dup_keys)} duplicates counted")
+            rejected = (pipe.counts - before[mode])[Outcome.DUPLICATE]
+            if rejected != len(dup_keys) * int(job["runs"]):
+                raise SystemExit(f"{mode}: {rejected} of {len(dup_keys)} x {job['runs']} "
+                                 "duplicates counted")
         with engine.connect() as conn:
             made = conn.execute(sa.select(sa.func.count()).select_from(effects)).scalar()
         expected = 5 * (len(keys) + 50)  # bare, floor, three decorated modes, warm-up included
