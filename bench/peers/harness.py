@@ -215,4 +215,6 @@ def duplicate_rates(modes: Sequence[tuple[str, Callable[[str], None]]], keys: Se
             for key in keys:
                 deliver(key)
             rates[name].append(len(keys) / (time.perf_counter() - t0))
+        say(f"  duplicates run {run + 1}/{runs}: " + ", ".join(
+            f"{name} {found[-1]:,.0f}/s" for name, found in rates.items()))
     return {name: statistics.median(found) for name, found in rates.items()}
