@@ -113,10 +113,13 @@ def test_batches_never_exceed_max_batch_and_every_caller_gets_its_own_result(
     assert not send.overlapped
 
 
-def held_leader(fail_second: BaseException | None = None
+def held_leader(fail_second: BaseException | None = None, *,
+                fail_first: BaseException | None = None,
+                raised: list[BaseException] | None = None,
                 ) -> tuple[Combiner[str, str], threading.Event, threading.Thread]:
     """A combiner whose leader thread is inside its first send, held until the returned gate
-    is set; the second send raises `fail_second` (when given), later sends answer "ok"."""
+    is set; that send then raises `fail_first` (when given; the leader's error goes to
+    `raised`), the second raises `fail_second` (when given), later sends answer "ok"."""
     gate = threading.Event()
     calls = 0
 
@@ -125,13 +128,23 @@ def held_leader(fail_second: BaseException | None = None
         calls += 1
         if calls == 1:
             gate.wait(DEADLINE)
+            if fail_first is not None:
+                raise fail_first
             return ["first"] * len(items)
         if calls == 2 and fail_second is not None:
             raise fail_second
         return ["ok"] * len(items)
 
+    def lead() -> None:
+        try:
+            combiner.call("leader")
+        except BaseException as exc:
+            if raised is None:
+                raise
+            raised.append(exc)
+
     combiner: Combiner[str, str] = Combiner(send)
-    leader = threading.Thread(target=combiner.call, args=("leader",), daemon=True)
+    leader = threading.Thread(target=lead, daemon=True)
     leader.start()
     wait_for(lambda: combiner._leading, "the leader")
     return combiner, gate, leader
@@ -178,30 +191,9 @@ def test_a_failed_send_raises_the_original_in_its_leader_and_a_chained_error_in_
 def test_a_lone_sender_whose_send_fails_still_hands_the_lead_to_the_callers_queued_meanwhile(
 ) -> None:
     # Given a lone caller inside a send that will fail, and two callers queued behind it
-    gate = threading.Event()
-    calls = 0
-
-    def send(items: Sequence[str]) -> list[str]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            gate.wait(DEADLINE)
-            raise Interrupt("stop")
-        return ["ok"] * len(items)
-
-    combiner: Combiner[str, str] = Combiner(send)
     raised: list[BaseException] = []
-
-    def lone() -> None:
-        try:
-            combiner.call("first")
-        except BaseException as exc:
-            raised.append(exc)
-
+    combiner, gate, first = held_leader(fail_first=Interrupt("stop"), raised=raised)
     got: list[str] = []
-    first = threading.Thread(target=lone, daemon=True)
-    first.start()
-    wait_for(lambda: combiner._leading, "the lone sender")
     riders = [threading.Thread(target=lambda: got.append(combiner.call("x")), daemon=True)
               for _ in range(2)]
     for t in riders:
