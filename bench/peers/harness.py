@@ -206,13 +206,15 @@ DUPLICATE_WARMUP = 50
 
 
 def duplicate_rates(modes: Sequence[tuple[str, Callable[[str], None]]], keys: Sequence[str],
-                    runs: int, warmup: int = DUPLICATE_WARMUP) -> dict[str, float]:
+                    runs: int, warmup: int = DUPLICATE_WARMUP
+                    ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Deliver every already-processed key once more through each mode; duplicates rejected
-    per second, the median of `runs` runs. The modes take turns in rotating order run by run,
-    so that background load meets them alike (one pass per mode in a fixed order read up to
-    20% apart for the same code path on this shared machine). Each mode first rejects the
-    first `warmup` keys untimed (connections opened, a consumer's duplicate-rate estimate
-    settled): the first timed pass used to read 30% slower than the others."""
+    per second, the median of `runs` runs, and every run's rate (by mode). The modes take
+    turns in rotating order run by run, so that background load meets them alike (one pass
+    per mode in a fixed order read up to 1.6x apart for the same code path on this shared
+    machine). Each mode first rejects the first `warmup` keys untimed (connections opened, a
+    consumer's duplicate-rate estimate settled): the first timed pass used to read 30% slower
+    than the others."""
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     for _, deliver in modes:
         for key in keys[:warmup]:
@@ -226,4 +228,4 @@ def duplicate_rates(modes: Sequence[tuple[str, Callable[[str], None]]], keys: Se
             rates[name].append(len(keys) / (time.perf_counter() - t0))
         say(f"  duplicates run {run + 1}/{runs}: " + ", ".join(
             f"{name} {found[-1]:,.0f}/s" for name, found in rates.items()))
-    return {name: statistics.median(found) for name, found in rates.items()}
+    return {name: statistics.median(found) for name, found in rates.items()}, rates

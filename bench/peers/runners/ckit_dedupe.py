@@ -99,7 +99,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
                 pipe.redis.flush(30)  # the done markers land off the hot path
         dup_keys = keys[: int(job["duplicates"])]
         before = {mode: pipe.counts.copy() for mode, pipe in pipes.items()}
-        rates = harness.duplicate_rates(
+        rates, passes = harness.duplicate_rates(
             [(mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()],
             dup_keys, int(job["runs"]))
         for mode, pipe in pipes.items():
@@ -111,7 +111,8 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         with engine.connect() as conn:
             made = conn.execute(sa.select(sa.func.count()).select_from(effects)).scalar()
         expected = 5 * (len(keys) + 50)  # bare, floor, three decorated modes, warm-up included
-        return {"runs": runs, "duplicates": rates, "duplicates_n": len(dup_keys),
+        return {"runs": runs, "duplicates": rates, "duplicates_runs": passes,
+                "duplicates_n": len(dup_keys),
                 "effects": made, "effects_expected": expected}
     finally:
         for mode, app in apps.items():

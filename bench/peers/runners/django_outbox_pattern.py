@@ -172,13 +172,15 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
     dup_keys = keys[: int(job["duplicates"])]
     before = Received.objects.count()
     acks = stomp.acks
-    rates = harness.duplicate_rates([("decorated", decorated)], dup_keys, int(job["runs"]))
+    rates, passes = harness.duplicate_rates([("decorated", decorated)], dup_keys,
+                                            int(job["runs"]))
     if Received.objects.count() != before \
             or stomp.acks - acks != len(dup_keys) * int(job["runs"]) + min(
                 len(dup_keys), harness.DUPLICATE_WARMUP):
         raise SystemExit("duplicates were not all acked without a new received row")
     made = Effect.objects.count()
-    return {"runs": runs, "duplicates": rates, "duplicates_n": len(dup_keys),
+    return {"runs": runs, "duplicates": rates, "duplicates_runs": passes,
+            "duplicates_n": len(dup_keys),
             "effects": made, "effects_expected": 2 * (len(keys) + 50)}
 
 
