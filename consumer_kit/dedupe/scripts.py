@@ -72,15 +72,15 @@ def _pipeline(client: redis.Redis, calls: Sequence[Call], alone: bool) -> list[A
     return list(pipe.execute(raise_on_error=False))
 
 
-#: hiredis's RESP packer (what redis-py's own packer calls, after per-argument checks that our
-#: str and int arguments never need), when installed (`redis[hiredis]`, a dependency)
-_pack: Callable[[tuple[Any, ...]], bytes] | None
-try:
+#: hiredis's RESP packer, called straight exactly when redis-py's own packer calls it (after
+#: per-argument checks that our str and int arguments never need): then both encode a str as
+#: UTF-8 and the lone claim writes the same key bytes as the pipeline and the pending claims.
+#: Without a hiredis redis-py accepts, redis-py packs (with the client's encoding).
+_pack: Callable[[tuple[Any, ...]], bytes] | None = None
+if redis.utils.HIREDIS_AVAILABLE:
     import hiredis
 
     _pack = cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)
-except ImportError:  # pragma: no cover - redis-py packs it then
-    _pack = None
 
 #: `_alone`'s answer when the connection failed: the pipeline (with the client's retries) runs it
 _FAILED = object()
