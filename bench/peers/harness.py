@@ -229,3 +229,9 @@ def duplicate_rates(modes: Sequence[tuple[str, Callable[[str], None]]], keys: Se
         say(f"  duplicates run {run + 1}/{runs}: " + ", ".join(
             f"{name} {found[-1]:,.0f}/s" for name, found in rates.items()))
     return {name: statistics.median(found) for name, found in rates.items()}, rates
+
+
+def duplicates_sent(keys: Sequence[str], runs: int) -> int:
+    """How many duplicates `duplicate_rates` delivers through each mode (warm-up included): what
+    a runner checks its consumer counted or acked."""
+    return len(keys) * runs + min(len(keys), DUPLICATE_WARMUP)

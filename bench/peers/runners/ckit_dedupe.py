@@ -104,8 +104,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
             dup_keys, int(job["runs"]))
         for mode, pipe in pipes.items():
             rejected = (pipe.counts - before[mode])[Outcome.DUPLICATE]
-            expected = len(dup_keys) * int(job["runs"]) + min(len(dup_keys),
-                                                               harness.DUPLICATE_WARMUP)
+            expected = harness.duplicates_sent(dup_keys, int(job["runs"]))
             if rejected != expected:
                 raise SystemExit(f"{mode}: {rejected} duplicates counted, {expected} sent")
         with engine.connect() as conn:

@@ -175,8 +175,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
     rates, passes = harness.duplicate_rates([("decorated", decorated)], dup_keys,
                                             int(job["runs"]))
     if Received.objects.count() != before \
-            or stomp.acks - acks != len(dup_keys) * int(job["runs"]) + min(
-                len(dup_keys), harness.DUPLICATE_WARMUP):
+            or stomp.acks - acks != harness.duplicates_sent(dup_keys, int(job["runs"])):
         raise SystemExit("duplicates were not all acked without a new received row")
     made = Effect.objects.count()
     return {"runs": runs, "duplicates": rates, "duplicates_runs": passes,
