@@ -52,7 +52,11 @@ class Combiner(Generic[T, R]):
     When `send` raises, its caller (the leader) gets that exception and every other caller of
     the batch a `CombinedSendError` chained to it. A caller interrupted while it waits (a
     signal handler raising in the main thread) leaves cleanly: its item is dropped or, if it
-    was already being sent, its answer discarded, and the lead passes on.
+    was already being sent, its answer discarded, and the lead passes on. A handler that raises
+    again during that clean-up, or while a leader on the main thread waits for the short lock
+    of its own hand-off, leaves the combiner leading with nobody sending (Python code cannot
+    be made safe against exceptions raised between any two bytecodes): keep the main thread
+    out of a combiner other threads depend on, as `RedisDedupe.claim` does.
     """
 
     def __init__(self, send: Callable[[Sequence[T]], Sequence[R]], *,

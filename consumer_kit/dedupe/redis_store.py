@@ -113,7 +113,14 @@ class RedisDedupe:
         """Take the in-flight lease unless the message is done or leased by someone else."""
         if self.degraded:
             return Claim.UNAVAILABLE
-        answer = self._claims.call((message_id, token))
+        if threading.get_ident() == threading.main_thread().ident:
+            # The main thread, the one thread a signal handler can interrupt, never joins the
+            # combiner: a handler raising while it held the lead or waited for the combiner's
+            # lock would leave the combiner leading with nobody sending, and every consume
+            # thread's later claims waiting forever. It sends alone on its own connection.
+            answer = self._send_claims([(message_id, token)])[0]
+        else:
+            answer = self._claims.call((message_id, token))
         if isinstance(answer, redis.ResponseError):  # this key alone (e.g. WRONGTYPE)
             log.warning("message %s: redis claim failed (%s); the processed table decides",
                         message_id, answer)

@@ -1,0 +1,49 @@
+"""Redis claims made on the main thread, the one thread a signal handler can interrupt: it never
+joins the consume threads' combined sends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from consumer_kit.dedupe import Claim, RedisDedupe
+from tests.consumer.conftest import Env
+
+DEADLINE = 10.0
+
+
+def test_a_claim_on_the_main_thread_never_waits_behind_another_threads_send(env: Env) -> None:
+    # Given: a consume thread's claim held inside the combiner's send (a slow round trip)
+    store = RedisDedupe(env.redis, env.group("g"))
+    real_send = store._claims.send
+    inside, gate = threading.Event(), threading.Event()
+
+    def held(items: Sequence[tuple[str, str]]) -> Sequence[int | Exception]:
+        inside.set()
+        gate.wait(DEADLINE)
+        return real_send(items)
+
+    store._claims.send = held
+    worker_answer: list[Claim] = []
+    worker = threading.Thread(target=lambda: worker_answer.append(store.claim("M1", "worker")),
+                              daemon=True)
+    worker.start()
+    assert inside.wait(DEADLINE)
+
+    # When: the main thread claims meanwhile (the held send is let go after 2 s, should the
+    # main thread be waiting for it)
+    opener = threading.Timer(2.0, gate.set)
+    opener.start()
+    try:
+        answer = store.claim("M2", "main")
+        waited = gate.is_set()
+    finally:
+        gate.set()
+        opener.cancel()
+        worker.join(DEADLINE)
+
+    # Then: it was answered at once, on its own; the held claim still got its answer
+    assert answer is Claim.CLAIMED
+    assert not waited, "the main thread's claim waited for the consume thread's send"
+    assert worker_answer == [Claim.CLAIMED]
+    assert store._claims.items == 1  # only the consume thread's claim went through it
