@@ -108,6 +108,11 @@ def _alone(client: redis.Redis, call: Call) -> Any:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
         conn.disconnect()
         return _FAILED
+    except BaseException:
+        # Interrupted between the send and the read (a signal handler raising on the main
+        # thread): the answer left on the wire would be read as the thread's next call's.
+        conn.disconnect()
+        raise
 
 
 #: Connections kept per (thread id, pool, use). Keyed by the thread's id, not kept in a

@@ -1,15 +1,24 @@
 """Redis claims made on the main thread, the one thread a signal handler can interrupt: it never
-joins the consume threads' combined sends."""
+joins the consume threads' combined sends, and an interrupted claim leaves no answer behind for
+the thread's next one."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
+
+import pytest
 
 from consumer_kit.dedupe import Claim, RedisDedupe
+from consumer_kit.dedupe.scripts import thread_connection
 from tests.consumer.conftest import Env
 
 DEADLINE = 10.0
+
+
+class Interrupt(BaseException):
+    """What a signal handler raises (KeyboardInterrupt, SystemExit, the app's own)."""
 
 
 def test_a_claim_on_the_main_thread_never_waits_behind_another_threads_send(env: Env) -> None:
@@ -47,3 +56,32 @@ def test_a_claim_on_the_main_thread_never_waits_behind_another_threads_send(env:
     assert not waited, "the main thread's claim waited for the consume thread's send"
     assert worker_answer == [Claim.CLAIMED]
     assert store._claims.items == 1  # only the consume thread's claim went through it
+
+
+def test_a_claim_interrupted_between_its_send_and_its_read_leaves_no_answer_for_the_next(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: the thread's claim connection is open, and a signal handler will raise once
+    # right before the next claim's answer is read (its answer then sits on the wire)
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    conn = thread_connection(env.redis.connection_pool)
+    real_read = conn.read_response
+    interrupted: list[bool] = []
+
+    def read_once_interrupted(*args: Any, **kwargs: Any) -> Any:
+        if not interrupted:
+            interrupted.append(True)
+            raise Interrupt
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "read_response", read_once_interrupted)
+    with pytest.raises(Interrupt):
+        store.claim("M2", "me")
+
+    # When: the thread claims again
+    answer = store.claim("M1", "other")
+
+    # Then: it gets its own answer (M1 is leased by "me"), not the CLAIMED left for M2
+    assert interrupted == [True]
+    assert answer is Claim.BUSY
+    assert store.claim("M2", "me") is Claim.CLAIMED  # and M2 can still be claimed
