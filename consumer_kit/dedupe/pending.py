@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import redis
 
 from consumer_kit.dedupe.claims import BY_ANSWER, Claim
-from consumer_kit.dedupe.scripts import Call, thread_connection
+from consumer_kit.dedupe.scripts import Call, evalsha, thread_connection
 from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class ClaimSource(Protocol):
     client: redis.Redis
     writer: RedisWriter
 
-    def claim_args(self, message_id: str, token: str) -> list[Any]: ...
+    def claim_call(self, message_id: str, token: str) -> Call: ...
 
     def claim(self, message_id: str, token: str) -> Claim: ...
 
@@ -74,9 +74,8 @@ class PendingClaim:
         try:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
             _on_wire[self._thread] = self
-            commands = [("EVALSHA", script.sha, len(keys), *keys, *args)
-                        for script, keys, args in self._riders]
-            commands.append(("EVALSHA", *dedupe.claim_args(message_id, token)))
+            commands = [evalsha(call) for call in self._riders]
+            commands.append(evalsha(dedupe.claim_call(message_id, token)))
             conn.send_packed_command(conn.pack_commands(commands))
         except redis.RedisError as exc:
             self._done(clean=False)

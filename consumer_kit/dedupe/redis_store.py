@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import redis
 
@@ -21,7 +20,7 @@ from consumer_kit.dedupe.claims import BY_ANSWER, Claim
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.pending import PendingClaim
-from consumer_kit.dedupe.scripts import LuaScript, run_pipelined
+from consumer_kit.dedupe.scripts import Call, LuaScript, run_pipelined
 from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger(__name__)
@@ -68,10 +67,10 @@ class RedisDedupe:
         """True while Redis is considered down (the database path alone decides)."""
         return time.monotonic() < self._down_until
 
-    def claim_args(self, message_id: str, token: str) -> list[Any]:
-        """The EVALSHA arguments of a claim (for `PendingClaim`, which sends them itself)."""
-        return [self._claim.sha, 2, done_key(self.group, message_id),
-                lease_key(self.group, message_id), token, self.lease_ms]
+    def claim_call(self, message_id: str, token: str) -> Call:
+        """The claim script's call (for `PendingClaim`, which sends it itself)."""
+        return (self._claim, [done_key(self.group, message_id),
+                              lease_key(self.group, message_id)], [token, self.lease_ms])
 
     def claim_later(self, message_id: str, token: str) -> PendingClaim:
         """Send a claim now and read its answer later (`PendingClaim.result`)."""
@@ -134,9 +133,7 @@ class RedisDedupe:
     def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int | Exception]:
         """Run the claim script for each (message id, token) in one pipelined round trip.
         Errors come back as values, one per claim (a connection error: the same for all)."""
-        calls = [(self._claim, [done_key(self.group, message_id),
-                                lease_key(self.group, message_id)], [token, self.lease_ms])
-                 for message_id, token in claims]
+        calls = [self.claim_call(message_id, token) for message_id, token in claims]
         try:
             answers = run_pipelined(self.client, calls)
         except redis.RedisError as exc:

@@ -67,9 +67,22 @@ def _pipeline(client: redis.Redis, calls: Sequence[Call], alone: bool) -> list[A
         if answer is not _FAILED:
             return [answer]
     pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    for call in calls:
+        pipe.execute_command(*evalsha(call))
     return list(pipe.execute(raise_on_error=False))
+
+
+def evalsha(call: Call) -> tuple[Any, ...]:
+    """The EVALSHA command of `call`, every number in it as text.
+
+    hiredis's packer (which redis-py calls when hiredis is installed) formats a number by a
+    call that can run a Python signal handler, and does not check that call's result: a
+    handler raising there (Ctrl-C on the main thread) crashes the process with a segmentation
+    fault instead of raising (hiredis 3.5.0). Formatted here, the handler's exception is raised
+    like anywhere else. The bytes on the wire are the same."""
+    script, keys, args = call
+    return ("EVALSHA", script.sha, str(len(keys)), *keys,
+            *[a if isinstance(a, str | bytes) else str(a) for a in args])
 
 
 #: hiredis's RESP packer, called straight exactly when redis-py's own packer calls it (after
@@ -94,13 +107,13 @@ def _alone(client: redis.Redis, call: Call) -> Any:
     gives `_FAILED` after dropping the connection (it reconnects on its next use), and the
     caller runs the call again through the pipeline, which retries as the client is
     configured (a repeated call is safe)."""
-    script, keys, args = call
+    command = evalsha(call)
     conn = thread_connection(client.connection_pool)
     try:
         if _pack is not None:  # hiredis straight: redis-py's packer adds about 4 us a call
-            conn.send_packed_command([_pack(("EVALSHA", script.sha, len(keys), *keys, *args))])
+            conn.send_packed_command([_pack(command)])
         else:
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            conn.send_command(*command)
         try:
             return conn.read_response()
         except redis.exceptions.ResponseError as exc:

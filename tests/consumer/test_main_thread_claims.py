@@ -1,6 +1,7 @@
 """Redis claims made on the main thread, the one thread a signal handler can interrupt: it never
-joins the consume threads' combined sends, and an interrupted claim leaves no answer behind for
-the thread's next one."""
+joins the consume threads' combined sends, an interrupted claim leaves no answer behind for
+the thread's next one, and no number of ours reaches hiredis's packer (where a handler raising
+is a crash)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import pytest
+import redis
 
-from consumer_kit.dedupe import Claim, RedisDedupe
+from consumer_kit.dedupe import Claim, RedisDedupe, scripts
 from consumer_kit.dedupe.scripts import thread_connection
 from tests.consumer.conftest import Env
 
@@ -85,3 +88,39 @@ def test_a_claim_interrupted_between_its_send_and_its_read_leaves_no_answer_for_
     assert interrupted == [True]
     assert answer is Claim.BUSY
     assert store.claim("M2", "me") is Claim.CLAIMED  # and M2 can still be claimed
+
+
+@pytest.mark.skipif(not redis.utils.HIREDIS_AVAILABLE, reason="needs hiredis")
+def test_every_script_call_reaches_hiredis_with_its_numbers_as_text(
+        real_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hiredis 3.5.0 formats an int argument by a call that can run a Python signal handler and
+    # does not check its result: a handler raising there (Ctrl-C on the main thread) is a
+    # segmentation fault. So no number of ours may reach its packer.
+    packed: list[tuple[Any, ...]] = []
+    real_pack = hiredis.pack_command
+
+    def recording(command: tuple[Any, ...]) -> bytes:
+        packed.append(command)
+        return real_pack(command)
+
+    monkeypatch.setattr(hiredis, "pack_command", recording)  # redis-py's packer
+    monkeypatch.setattr(scripts, "_pack", recording)  # the lone claim's
+    store = RedisDedupe(real_env.redis, real_env.group("g"))
+
+    # When: every script runs, on each path (the lone claim, a pending claim carrying done
+    # markers, the background writer's pipeline, renew and release)
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    store.finish("M1", "me")
+    assert store.claim_later("M2", "me").result() is Claim.CLAIMED
+    assert store.renew("M2", "me")
+    store.release("M2", "me")
+    store.finish("M3", "me")
+    assert store.flush()
+
+    # Then: every EVALSHA packed had only text arguments, and every path was seen
+    ours = [c for c in packed if c[0] in ("EVALSHA", b"EVALSHA")]
+    numbers = [c for c in ours if any(not isinstance(a, str | bytes) for a in c)]
+    assert numbers == []
+    scripts_run = {c[1] for c in ours}
+    assert scripts_run == {s.sha for s in (store._claim, store._finish, store._renew,
+                                           store._release)}
