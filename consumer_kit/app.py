@@ -45,6 +45,8 @@ F = TypeVar("F", bound=Handler)
 
 DEFAULT_THREADS = 4
 DEFAULT_LOCAL_CACHE = 100_000
+#: the RESP version of a client made from a URL (the stubs do not know the keyword)
+_RESP2: dict[str, Any] = {"protocol": 2}
 
 
 class ConsumerApp:
@@ -198,8 +200,11 @@ class ConsumerApp:
             return config
         with self._lock:
             if self._redis_from_url is None or self._redis_from_url[0] != config:
+                # RESP2 unless the URL says `protocol=3`: redis-py 8 would open every
+                # connection with `HELLO 3`, whose int hiredis formats unsafely (a signal
+                # handler raising there is a crash; docs/signals.md)
                 client = redis_lib.Redis.from_url(config, socket_timeout=0.5,
-                                                  socket_connect_timeout=0.5)
+                                                  socket_connect_timeout=0.5, **_RESP2)
                 self._redis_from_url = (config, client)
             return self._redis_from_url[1]
 

@@ -124,3 +124,16 @@ def test_every_script_call_reaches_hiredis_with_its_numbers_as_text(
     scripts_run = {c[1] for c in ours}
     assert scripts_run == {s.sha for s in (store._claim, store._finish, store._renew,
                                            store._release)}
+
+
+def test_the_apps_own_redis_client_speaks_resp2_unless_the_url_says_protocol_3(env: Env) -> None:
+    # RESP3 opens every connection with `HELLO 3`, whose int redis-py hands to hiredis: a
+    # handler raising there (a second Ctrl-C during a reconnect) would be a crash
+    app = env.app()
+    protocols = []
+    for url in ("redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?protocol=3"):
+        app.redis_config = url
+        client = app._redis_client()
+        assert client is not None
+        protocols.append(client.connection_pool.connection_kwargs.get("protocol"))
+    assert protocols == [2, 3]
