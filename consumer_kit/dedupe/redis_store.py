@@ -46,6 +46,8 @@ class RedisDedupe:
         self.group = group
         self.lease_ms = int(lease.total_seconds() * 1000)
         self.done_ms = int(done_ttl.total_seconds() * 1000)
+        # the scripts' ARGV, as text (`scripts.evalsha`)
+        self._lease_text, self._done_text = str(self.lease_ms), str(self.done_ms)
         self.retry_after = retry_after
         self._claim = LuaScript(client, "claim.lua")
         # Concurrent claims from the consume threads share one pipelined round trip; a send
@@ -70,7 +72,7 @@ class RedisDedupe:
     def claim_call(self, message_id: str, token: str) -> Call:
         """The claim script's call (for `PendingClaim`, which sends it itself)."""
         return (self._claim, [done_key(self.group, message_id),
-                              lease_key(self.group, message_id)], [token, self.lease_ms])
+                              lease_key(self.group, message_id)], [token, self._lease_text])
 
     def claim_later(self, message_id: str, token: str) -> PendingClaim:
         """Send a claim now and read its answer later (`PendingClaim.result`)."""
@@ -147,7 +149,7 @@ class RedisDedupe:
         if not self.degraded:
             self.writer.submit(self._finish, [done_key(self.group, message_id),
                                               lease_key(self.group, message_id)],
-                               [token, self.done_ms])
+                               [token, self._done_text])
 
     def release(self, message_id: str, token: str) -> None:
         """Drop our lease now, so a redelivery can be processed at once. Synchronous: it runs
@@ -165,7 +167,8 @@ class RedisDedupe:
         if self.degraded:
             return False
         try:
-            return bool(self._renew([lease_key(self.group, message_id)], [token, self.lease_ms]))
+            return bool(self._renew([lease_key(self.group, message_id)],
+                                    [token, self._lease_text]))
         except redis.RedisError as exc:
             self._failed("renew", message_id, exc)
             return False

@@ -17,7 +17,8 @@ from typing import Any, cast
 
 import redis
 
-Call = tuple["LuaScript", Sequence[str], Sequence[object]]
+#: (script, KEYS, ARGV). ARGV is text, numbers formatted by the caller: see `evalsha`.
+Call = tuple["LuaScript", Sequence[str], Sequence[str]]
 
 
 class LuaScript:
@@ -29,7 +30,7 @@ class LuaScript:
         self.source = resources.files("consumer_kit.dedupe").joinpath(name).read_text()
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
-    def __call__(self, keys: Sequence[str], args: Sequence[object]) -> Any:
+    def __call__(self, keys: Sequence[str], args: Sequence[str]) -> Any:
         """Run the script alone; errors are raised."""
         answer = run_pipelined(self.client, [(self, keys, args)])[0]
         if isinstance(answer, Exception):
@@ -72,17 +73,22 @@ def _pipeline(client: redis.Redis, calls: Sequence[Call], alone: bool) -> list[A
     return list(pipe.execute(raise_on_error=False))
 
 
-def evalsha(call: Call) -> tuple[Any, ...]:
-    """The EVALSHA command of `call`, every number in it as text.
+def evalsha(call: Call) -> tuple[str, ...]:
+    """The EVALSHA command of `call`, its numbers as text.
 
     hiredis's packer (which redis-py calls when hiredis is installed) formats a number by a
     call that can run a Python signal handler, and does not check that call's result: a
     handler raising there (Ctrl-C on the main thread) crashes the process with a segmentation
-    fault instead of raising (hiredis 3.5.0). Formatted here, the handler's exception is raised
-    like anywhere else. The bytes on the wire are the same."""
+    fault instead of raising (hiredis 3.5.0). So `numkeys` is formatted here and a `Call`'s
+    ARGV is text already (its type says so; the callers format their milliseconds once), and
+    a handler's exception is raised like anywhere else. The bytes on the wire are the same."""
     script, keys, args = call
-    return ("EVALSHA", script.sha, str(len(keys)), *keys,
-            *[a if isinstance(a, str | bytes) else str(a) for a in args])
+    count = len(keys)
+    return ("EVALSHA", script.sha, _NUMKEYS[count] if count < len(_NUMKEYS) else str(count),
+            *keys, *args)
+
+
+_NUMKEYS = tuple(str(n) for n in range(8))
 
 
 #: hiredis's RESP packer, called straight exactly when redis-py's own packer calls it (after

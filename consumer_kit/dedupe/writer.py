@@ -65,7 +65,7 @@ class RedisWriter:
         self._thread = threading.Thread(target=self._run, name="ckit-redis-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[object]) -> None:
+    def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[str]) -> None:
         """Queue a script call; dropped (harmlessly, counted) when the queue is full or the
         writer is closed."""
         if len(self._calls) >= self.max_queued or self._stop.is_set():
