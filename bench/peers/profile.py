@@ -14,6 +14,7 @@ import cProfile
 import os
 import pstats
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -238,10 +239,13 @@ class AnswersDone(redis.Connection):
 
 def python_per_duplicate(n: int) -> float:
     """Seconds per duplicate rejected through the Redis claim (the peer bench's message, the
-    default claim mode, one thread) with `AnswersDone` instead of a server; no profiler."""
+    default claim mode, one consume thread) with `AnswersDone` instead of a server; no
+    profiler."""
     client = redis.Redis(connection_pool=redis.ConnectionPool(
         connection_class=AnswersDone, socket_timeout=0.5))
-    engine = sa.create_engine("sqlite://")
+    # one in-memory database for every thread (the consume thread's included)
+    engine = sa.create_engine("sqlite://", poolclass=sa.pool.StaticPool,
+                              connect_args={"check_same_thread": False})
     metadata = sa.MetaData()
     processed_table(metadata, "processed")
     metadata.create_all(engine)
@@ -249,21 +253,31 @@ def python_per_duplicate(n: int) -> float:
                       transport="memory://profile", processed_table="processed", local_cache=0)
     app.listener("ORDER_CREATED")(lambda msg, session: None)
     pipe = app.pipeline()
-    try:
+    timed: list[float] = []
+
+    def consume() -> None:  # on a thread of its own, as a consume thread (the main thread's
+        # claims skip the combiner: docs/signals.md)
         deliveries = [delivery(f"p{i}") for i in range(n)]
         for d in deliveries[:50]:  # the first few go to the database too, then Redis first
             pipe(d)
         before = pipe.counts[Outcome.DUPLICATE]
-        best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
             for d in deliveries:
                 pipe(d)
-            best = min(best, (time.perf_counter() - t0) / n)
+            timed.append((time.perf_counter() - t0) / n)
         if pipe.counts[Outcome.DUPLICATE] - before != 5 * n:
-            raise SystemExit(f"python_per_duplicate: {pipe.counts} after the warm-up, "
-                             f"{5 * n} timed deliveries, all meant to be duplicates")
-        return best
+            timed.clear()
+            print(f"python_per_duplicate: {pipe.counts} after the warm-up, {5 * n} timed "
+                  "deliveries, all meant to be duplicates", file=sys.stderr)
+
+    try:
+        worker = threading.Thread(target=consume, name="consume")
+        worker.start()
+        worker.join()
+        if len(timed) != 5:
+            raise SystemExit("python_per_duplicate: the consume thread did not finish its runs")
+        return min(timed)
     finally:
         app.close()
         engine.dispose()
