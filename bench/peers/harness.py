@@ -14,11 +14,14 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
+
+T = TypeVar("T")
 
 RESULT_MARK = "PEERS-RESULT "
 
@@ -229,6 +232,27 @@ def duplicate_rates(modes: Sequence[tuple[str, Callable[[str], None]]], keys: Se
         say(f"  duplicates run {run + 1}/{runs}: " + ", ".join(
             f"{name} {found[-1]:,.0f}/s" for name, found in rates.items()))
     return {name: statistics.median(found) for name, found in rates.items()}, rates
+
+
+def on_thread(fn: Callable[[], T]) -> T:
+    """`fn()` run on a thread of its own, as a consume thread runs a delivery (consumer-kit's
+    claims on the main thread take another path: docs/signals.md); its exception is raised
+    here."""
+    out: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="consume")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return out[0]
 
 
 def duplicates_sent(keys: Sequence[str], runs: int) -> int:

@@ -99,9 +99,9 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
                 pipe.redis.flush(30)  # the done markers land off the hot path
         dup_keys = keys[: int(job["duplicates"])]
         before = {mode: pipe.counts.copy() for mode, pipe in pipes.items()}
-        rates, passes = harness.duplicate_rates(
+        rates, passes = harness.on_thread(lambda: harness.duplicate_rates(
             [(mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()],
-            dup_keys, int(job["runs"]))
+            dup_keys, int(job["runs"])))
         for mode, pipe in pipes.items():
             rejected = (pipe.counts - before[mode])[Outcome.DUPLICATE]
             expected = harness.duplicates_sent(dup_keys, int(job["runs"]))
