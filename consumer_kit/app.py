@@ -19,6 +19,7 @@ from consumer_kit.core.messages import Delivery, Verdict
 from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
+from consumer_kit.dedupe.packer import client_options
 from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE
 from consumer_kit.dedupe.scripts import release_kept
 from consumer_kit.listeners import (
@@ -45,8 +46,6 @@ F = TypeVar("F", bound=Handler)
 
 DEFAULT_THREADS = 4
 DEFAULT_LOCAL_CACHE = 100_000
-#: the RESP version of a client made from a URL (the stubs do not know the keyword)
-_RESP2: dict[str, Any] = {"protocol": 2}
 
 
 class ConsumerApp:
@@ -200,11 +199,11 @@ class ConsumerApp:
             return config
         with self._lock:
             if self._redis_from_url is None or self._redis_from_url[0] != config:
-                # RESP2 unless the URL says `protocol=3`: redis-py 8 would open every
-                # connection with `HELLO 3`, whose int hiredis formats unsafely (a signal
-                # handler raising there is a crash; docs/signals.md)
+                # numbers packed as text: redis-py's connect handshake (SELECT <db>, HELLO 3)
+                # would hand hiredis ints it formats unsafely (docs/signals.md)
                 client = redis_lib.Redis.from_url(config, socket_timeout=0.5,
-                                                  socket_connect_timeout=0.5, **_RESP2)
+                                                  socket_connect_timeout=0.5,
+                                                  **client_options())
                 self._redis_from_url = (config, client)
             return self._redis_from_url[1]
 

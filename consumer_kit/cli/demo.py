@@ -91,9 +91,12 @@ def check_redis(url: str) -> None:
     """
     import redis as redis_lib
 
+    from consumer_kit.dedupe.packer import client_options
+
     try:
         client = redis_lib.Redis.from_url(url, socket_connect_timeout=REDIS_CHECK_TIMEOUT,
-                                          socket_timeout=REDIS_CHECK_TIMEOUT)
+                                          socket_timeout=REDIS_CHECK_TIMEOUT,
+                                          **client_options())
         try:
             client.ping()
         finally:

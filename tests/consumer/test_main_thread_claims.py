@@ -1,7 +1,7 @@
 """Redis claims made on the main thread, the one thread a signal handler can interrupt: it never
 joins the consume threads' combined sends, an interrupted claim leaves no answer behind for
-the thread's next one, and no number of ours reaches hiredis's packer (where a handler raising
-is a crash)."""
+the thread's next one, and no number reaches hiredis's packer (where a handler raising is a
+crash): not from our script calls, not from redis-py's connect handshake on the app's clients."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import Any
 import hiredis
 import pytest
 import redis
+from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined]
 
 from consumer_kit.dedupe import Claim, RedisDedupe, scripts
+from consumer_kit.dedupe.packer import TextNumbersPacker
 from consumer_kit.dedupe.scripts import thread_connection
 from tests.consumer.conftest import Env
 
@@ -126,14 +128,41 @@ def test_every_script_call_reaches_hiredis_with_its_numbers_as_text(
                                            store._release)}
 
 
-def test_the_apps_own_redis_client_speaks_resp2_unless_the_url_says_protocol_3(env: Env) -> None:
-    # RESP3 opens every connection with `HELLO 3`, whose int redis-py hands to hiredis: a
-    # handler raising there (a second Ctrl-C during a reconnect) would be a crash
-    app = env.app()
-    protocols = []
-    for url in ("redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?protocol=3"):
-        app.redis_config = url
-        client = app._redis_client()
-        assert client is not None
-        protocols.append(client.connection_pool.connection_kwargs.get("protocol"))
-    assert protocols == [2, 3]
+@pytest.mark.skipif(not redis.utils.HIREDIS_AVAILABLE, reason="needs hiredis")
+def test_the_apps_own_redis_client_connects_without_handing_hiredis_a_number(
+        real_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # redis-py's connect handshake sends `SELECT <db>` (and `HELLO 3` with RESP3) with ints:
+    # a handler raising while hiredis formats one (a second Ctrl-C during a reconnect) would
+    # be a crash. Database 1 and RESP3, so both are sent.
+    packed: list[tuple[Any, ...]] = []
+    real_pack = hiredis.pack_command
+
+    def recording(command: tuple[Any, ...]) -> bytes:
+        packed.append(command)
+        return real_pack(command)
+
+    monkeypatch.setattr(hiredis, "pack_command", recording)
+    app = real_env.app()
+    base = str(real_env.redis.connection_pool.connection_kwargs.get("host", "127.0.0.1"))
+    port = real_env.redis.connection_pool.connection_kwargs.get("port", 6379)
+    app.redis_config = f"redis://{base}:{port}/1?protocol=3"
+    client = app._redis_client()
+    assert client is not None
+    try:
+        assert client.ping()
+    finally:
+        client.close()
+    names = {bytes(c[0]).upper() if isinstance(c[0], bytes) else str(c[0]).upper().encode()
+             for c in packed}
+    assert {b"SELECT", b"HELLO", b"PING"} <= names
+    assert [c for c in packed if any(type(a) in (int, float) for a in c)] == []
+
+
+@pytest.mark.skipif(not redis.utils.HIREDIS_AVAILABLE, reason="needs hiredis")
+def test_the_text_numbers_packer_packs_the_same_bytes_as_redis_pys_hiredis_packer() -> None:
+    ours, theirs = TextNumbersPacker(), HiredisRespSerializer()
+    for command in [("SELECT", 1), ("HELLO", 3), ("SET", "k", "v", "PX", 120000),
+                    ("EVALSHA", "a" * 40, "2", "k1", "k2", "t", "120000"),
+                    ("INCRBYFLOAT", "k", 0.1), ("SET", b"\xff", "ü", "EX", -1),
+                    ("CLIENT SETINFO", "LIB-NAME", "x")]:
+        assert ours.pack(*command) == theirs.pack(*command)
