@@ -105,10 +105,12 @@ class RedisDedupe:
     def _ok(self) -> None:
         if self._down_until:
             with self._lock:
-                if self._down_until:
-                    self._down_until = 0.0
+                back, self._down_until = bool(self._down_until), 0.0
+                if back:
                     metrics.DEGRADED.labels(self.group).set(0)
-                    log.warning("redis is back for group %s; fast path restored", self.group)
+            if back:  # logged outside the lock: a logging handler's lock left held by an
+                # interrupted main thread must not leave this store's lock held too
+                log.warning("redis is back for group %s; fast path restored", self.group)
 
     def claim(self, message_id: str, token: str) -> Claim:
         """Take the in-flight lease unless the message is done or leased by someone else."""
