@@ -1,19 +1,23 @@
 """Redis claims under a storm of signals on the main thread, beside consume threads claiming.
 
-    python bench/signal_storm.py                # 20 s, SIGALRM every 1 ms, 4 threads
-    python bench/signal_storm.py --protocol 3   # RESP3: redis-py's HELLO 3 on every connect
+    python bench/signal_storm.py                                  # 20 s, every 1 ms, 4 threads
+    python bench/signal_storm.py --url redis://127.0.0.1:6379/1   # SELECT 1 on every connect
+    python bench/signal_storm.py --plain-client                   # without TextNumbersPacker
 
 A child process (run with faulthandler, stopped after --seconds + 60 s) claims through one
 `RedisDedupe` from --threads threads, each claiming new ids, and from its main thread, which
-alternately claims a new id (must answer CLAIMED) and an id another token holds (must answer
-BUSY), both alone and as pending claims, while a SIGALRM handler raises on the main thread every
---interval seconds during those claims. Then the threads are stopped and joined (10 s each).
+claims a new id (must answer CLAIMED) and an id another token holds (must answer BUSY), both
+alone and as pending claims, round after round, while a SIGALRM handler raises on the main
+thread every --interval seconds during the claims of odd rounds; even rounds run unarmed, so
+each checks that an interrupted round left no answer behind. Then the threads are stopped and
+joined (10 s each).
 The last line is `ok: ...` when no answer was wrong, no thread hung and the child exited by
 itself, else `FAIL: ...` (exit 1), with the child's first frames when it crashed. UNAVAILABLE
 is not wrong: a connection an interrupt left unusable fails, Redis is counted down for 5 s and
 the processed table decides meanwhile (their count is printed). The client is made as
-`ConsumerApp` makes one from a URL (RESP2, 0.5 s socket timeout). Do not run it beside the
-test suite: its tests flush and disconnect the same Redis.
+`ConsumerApp` makes one from a URL (`TextNumbersPacker`, 0.5 s socket timeout; redis-py's
+default RESP3). Do not run it beside the test suite: its tests flush and disconnect the same
+Redis.
 
 Before the main thread kept out of the combiner (see `docs/signals.md`) this hung every
 consume thread; a claim interrupted between its send and its read left its answer for the
@@ -45,7 +49,7 @@ class Alarm(BaseException):
     """What the storm's handler raises (like KeyboardInterrupt, not an Exception)."""
 
 
-def storm(url: str, seconds: float, interval: float, threads: int, protocol: int
+def storm(url: str, seconds: float, interval: float, threads: int, plain: bool
           ) -> dict[str, Any]:
     """The child's work; returns its counts."""
     import redis
@@ -54,7 +58,11 @@ def storm(url: str, seconds: float, interval: float, threads: int, protocol: int
     from consumer_kit.dedupe.keys import lease_key
 
     # as ConsumerApp makes it from a URL
-    options: dict[str, Any] = {"protocol": protocol}  # the stubs do not know it
+    options: dict[str, Any] = {}
+    if not plain:
+        from consumer_kit.dedupe.packer import client_options
+
+        options = client_options()
     client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5,
                                   **options)
     store = RedisDedupe(client, f"storm-{uuid.uuid4().hex[:8]}")
@@ -96,7 +104,7 @@ def storm(url: str, seconds: float, interval: float, threads: int, protocol: int
     while time.monotonic() < end:
         rounds += 1
         try:
-            armed[0] = True  # the handler raises only inside the claims below
+            armed[0] = rounds % 2 == 1  # the handler raises only inside these claims
             got = (store.claim(f"m-{rounds}", "me"), store.claim("HELD", "me"),
                    store.claim_later(f"p-{rounds}", "me").result(),
                    store.claim_later("HELD", "me").result())
@@ -131,15 +139,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--interval", type=float, default=0.001, help="seconds between signals")
     p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--protocol", type=int, choices=(2, 3), default=2,
-                   help="RESP version of the client (ConsumerApp's: 2)")
+    p.add_argument("--plain-client", action="store_true",
+                   help="redis-py's own packer: hiredis formats the handshake's numbers")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.interval <= 0 or args.threads < 1:
         p.error("--seconds and --interval must be positive, --threads at least 1")
     if args.child:
         print(json.dumps(storm(args.url, args.seconds, args.interval, args.threads,
-                               args.protocol)), flush=True)
+                               args.plain_client)), flush=True)
         os._exit(0)  # the daemon threads of a hung run must not hold the exit
     print(machine_facts())
     import redis
@@ -156,9 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     if run.returncode != 0:
         how = (f"died of {signal.Signals(-run.returncode).name}" if run.returncode < 0
                else f"exited {run.returncode}")
-        frames = [line for line in run.stderr.splitlines() if line.strip().startswith("File")]
-        print("\n".join(frames[:8]))
-        print(f"FAIL: the storm process {how} (its first frames above; docs/signals.md)")
+        lines = run.stderr.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+        print("\n".join(line for line in lines[start:start + 9]))
+        print(f"FAIL: the storm process {how} (the crashing thread's frames above; "
+              "docs/signals.md)")
         raise SystemExit(1)
     result = json.loads(run.stdout.strip().splitlines()[-1])
     print(f"main thread: {result['main_rounds']:,} rounds of 4 claims, "
