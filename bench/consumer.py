@@ -37,6 +37,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.dedupe.keys import done_key
+from consumer_kit.dedupe.packer import client_options
 from consumer_kit.receipts import ReceiptSender, SqlRoute
 from consumer_kit.transports import Delivery
 
@@ -181,7 +182,8 @@ def main() -> None:
                      sa.Column("sku", sa.String(32), nullable=False),
                      sa.Column("qty", sa.Integer, nullable=False))
     metadata.create_all(engine)
-    client = redis.Redis.from_url(REDIS, socket_timeout=0.5)  # as ConsumerApp makes it
+    client = redis.Redis.from_url(REDIS, socket_timeout=0.5,  # as ConsumerApp makes it
+                                  **client_options())
 
     def make_app(local_cache: int, use_redis: bool = True, group: str = "",
                  receipts: bool = False, claims: str = "every") -> ConsumerApp:

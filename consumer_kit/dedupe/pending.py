@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import redis
 
 from consumer_kit.dedupe.claims import BY_ANSWER, Claim
-from consumer_kit.dedupe.scripts import Call, evalsha, thread_connection
+from consumer_kit.dedupe.scripts import Call, begin_call, evalsha, thread_connection
 from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class PendingClaim:
         self._riders: list[Call] = dedupe.writer.take()
         try:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
+            begin_call(conn)
             _on_wire[self._thread] = self
             commands = [evalsha(call) for call in self._riders]
             commands.append(evalsha(dedupe.claim_call(message_id, token)))
@@ -150,8 +151,11 @@ class PendingClaim:
         """Nothing more to read; an unclean connection (answers left unread, a broken
         socket) is closed and reconnects on its next use."""
         conn, self._conn = self._conn, None
-        if conn is not None and not clean:
-            conn.disconnect()
+        if conn is not None:
+            if clean:
+                conn.ckit_unread = False  # every answer read (`scripts.begin_call`)
+            else:
+                conn.disconnect()
         if _on_wire.get(self._thread) is self:
             del _on_wire[self._thread]
 

@@ -115,15 +115,18 @@ def _alone(client: redis.Redis, call: Call) -> Any:
     configured (a repeated call is safe)."""
     command = evalsha(call)
     conn = thread_connection(client.connection_pool)
+    begin_call(conn)
     try:
         if _pack is not None:  # hiredis straight: redis-py's packer adds about 4 us a call
             conn.send_packed_command([_pack(command)])
         else:
             conn.send_command(*command)
         try:
-            return conn.read_response()
+            answer = conn.read_response()
         except redis.exceptions.ResponseError as exc:
-            return exc
+            answer = exc
+        conn.ckit_unread = False
+        return answer
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
         conn.disconnect()
         return _FAILED
@@ -132,6 +135,16 @@ def _alone(client: redis.Redis, call: Call) -> Any:
         # thread): the answer left on the wire would be read as the thread's next call's.
         conn.disconnect()
         raise
+
+
+def begin_call(conn: Any) -> None:
+    """Before a call on a kept connection: drop the connection if the call before never read
+    its answer (a signal handler raised in between, even inside the clean-up that should have
+    dropped it: that answer, or half a command, may still be on the wire), then mark it
+    (`ckit_unread`) until the caller has read this call's answer and clears the mark."""
+    if getattr(conn, "ckit_unread", False):
+        conn.disconnect()
+    conn.ckit_unread = True
 
 
 #: Connections kept per (thread id, pool, use). Keyed by the thread's id, not kept in a

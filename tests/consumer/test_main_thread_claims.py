@@ -92,6 +92,80 @@ def test_a_claim_interrupted_between_its_send_and_its_read_leaves_no_answer_for_
     assert store.claim("M2", "me") is Claim.CLAIMED  # and M2 can still be claimed
 
 
+def test_a_claim_whose_clean_up_is_interrupted_too_leaves_no_answer_for_the_next(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: the next claim is interrupted right before its read, and again at the start of
+    # the clean-up that drops its connection (its answer then stays on the wire)
+    store = RedisDedupe(env.redis, env.group("g"))
+    assert store.claim("M1", "me") is Claim.CLAIMED
+    conn = thread_connection(env.redis.connection_pool)
+    real_read, real_disconnect = conn.read_response, conn.disconnect
+    interrupted: list[str] = []
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        if "read" not in interrupted:
+            interrupted.append("read")
+            raise Interrupt
+        return real_read(*args, **kwargs)
+
+    def disconnect(*args: Any, **kwargs: Any) -> Any:
+        if "disconnect" not in interrupted:
+            interrupted.append("disconnect")
+            raise Interrupt
+        return real_disconnect(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "read_response", read)
+    monkeypatch.setattr(conn, "disconnect", disconnect)
+    with pytest.raises(Interrupt):
+        store.claim("M2", "me")
+
+    # When / Then: the thread's next claims get their own answers
+    assert interrupted == ["read", "disconnect"]
+    assert store.claim("M1", "other") is Claim.BUSY
+    assert store.claim("M2", "other") in (Claim.BUSY, Claim.CLAIMED)  # M2 may not have run
+    assert store.claim("M3", "me") is Claim.CLAIMED
+
+
+@pytest.mark.skipif(not redis.utils.HIREDIS_AVAILABLE, reason="needs hiredis")
+def test_an_interrupted_connect_handshake_leaves_no_connection_on_the_wrong_database(
+        real_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: the app's client on database 1, where another token holds M1's lease
+    app = real_env.app()
+    kwargs = real_env.redis.connection_pool.connection_kwargs
+    app.redis_config = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/1"
+    client = app._redis_client()
+    assert client is not None
+    group = real_env.group("g")
+    assert RedisDedupe(client, group).claim("M1", "other") is Claim.CLAIMED
+    client.connection_pool.disconnect()
+    # and a signal handler that raises once while the next handshake packs its SELECT
+    real_pack = TextNumbersPacker.pack
+    interrupted: list[bool] = []
+
+    def pack(self: Any, *args: Any) -> Any:
+        if not interrupted and args[0] == "SELECT":
+            interrupted.append(True)
+            raise Interrupt
+        return real_pack(self, *args)
+
+    monkeypatch.setattr(TextNumbersPacker, "pack", pack)
+    with pytest.raises(Interrupt):
+        client.ping()
+
+    # When: a consume thread claims afterwards (its connection comes from the pool, where the
+    # interrupted ping's connection went back)
+    answers: list[Claim] = []
+    worker = threading.Thread(
+        target=lambda: answers.append(RedisDedupe(client, group).claim("M1", "me")))
+    worker.start()
+    worker.join(DEADLINE)
+    client.close()
+
+    # Then: it ran on database 1 (the lease is another's), not on a half-made connection
+    assert interrupted == [True]
+    assert answers == [Claim.BUSY]
+
+
 @pytest.mark.skipif(not redis.utils.HIREDIS_AVAILABLE, reason="needs hiredis")
 def test_every_script_call_reaches_hiredis_with_its_numbers_as_text(
         real_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
