@@ -89,10 +89,10 @@ class RedisDedupe:
         self._ok()
 
     def _failed(self, what: str, message_id: str, exc: Exception) -> None:
-        with self._lock:
+        with self._lock:  # the gauge too: an `_ok` in between must not leave it at 1
             first = not self.degraded
             self._down_until = time.monotonic() + self.retry_after
-        metrics.DEGRADED.labels(self.group).set(1)
+            metrics.DEGRADED.labels(self.group).set(1)
         if first:
             log.warning("message %s: redis %s failed (%s); degraded to the database path for "
                         "%.0fs", message_id, what, exc, self.retry_after)
