@@ -2,22 +2,24 @@
 
     python bench/signal_storm.py                                  # 20 s, every 1 ms, 4 threads
     python bench/signal_storm.py --url redis://127.0.0.1:6379/1   # SELECT 1 on every connect
-    python bench/signal_storm.py --plain-client                   # without TextNumbersPacker
+    python bench/signal_storm.py --reconnect                      # every armed round reconnects
+    python bench/signal_storm.py --plain-client                   # without client_options()
 
 A child process (run with faulthandler, stopped after --seconds + 60 s) claims through one
 `RedisDedupe` from --threads threads, each claiming new ids, and from its main thread, which
 claims a new id (must answer CLAIMED) and an id another token holds (must answer BUSY), both
 alone and as pending claims, round after round, while a SIGALRM handler raises on the main
 thread every --interval seconds during the claims of odd rounds; even rounds run unarmed, so
-each checks that an interrupted round left no answer behind. Then the threads are stopped and
-joined (10 s each).
+each checks that an interrupted round left no answer behind. With --reconnect the main thread's
+connections are dropped before each armed round, so its connect handshakes (`SELECT <db>`,
+`HELLO 3`) run under fire too. Then the threads are stopped and joined (10 s each).
 The last line is `ok: ...` when no answer was wrong, no thread hung and the child exited by
 itself, else `FAIL: ...` (exit 1), with the child's first frames when it crashed. UNAVAILABLE
 is not wrong: a connection an interrupt left unusable fails, Redis is counted down for 5 s and
 the processed table decides meanwhile (their count is printed). The client is made as
-`ConsumerApp` makes one from a URL (`TextNumbersPacker`, 0.5 s socket timeout; redis-py's
-default RESP3). Do not run it beside the test suite: its tests flush and disconnect the same
-Redis.
+`ConsumerApp` makes one from a URL (`consumer_kit.dedupe.packer.client_options()`, 0.5 s
+socket timeout; redis-py's default RESP3). Do not run it beside the test suite: its tests
+flush and disconnect the same Redis.
 
 Before the main thread kept out of the combiner (see `docs/signals.md`) this hung every
 consume thread; a claim interrupted between its send and its read left its answer for the
@@ -49,13 +51,14 @@ class Alarm(BaseException):
     """What the storm's handler raises (like KeyboardInterrupt, not an Exception)."""
 
 
-def storm(url: str, seconds: float, interval: float, threads: int, plain: bool
-          ) -> dict[str, Any]:
+def storm(url: str, seconds: float, interval: float, threads: int, plain: bool,
+          reconnect: bool) -> dict[str, Any]:
     """The child's work; returns its counts."""
     import redis
 
     from consumer_kit.dedupe import Claim, RedisDedupe
     from consumer_kit.dedupe.keys import lease_key
+    from consumer_kit.dedupe.scripts import thread_connection
 
     # as ConsumerApp makes it from a URL
     options: dict[str, Any] = {}
@@ -104,6 +107,9 @@ def storm(url: str, seconds: float, interval: float, threads: int, plain: bool
     while time.monotonic() < end:
         rounds += 1
         try:
+            if reconnect and rounds % 2 == 1:  # this round's claims connect under fire
+                for use in ("alone", "claims"):
+                    thread_connection(client.connection_pool, use).disconnect()
             armed[0] = rounds % 2 == 1  # the handler raises only inside these claims
             got = (store.claim(f"m-{rounds}", "me"), store.claim("HELD", "me"),
                    store.claim_later(f"p-{rounds}", "me").result(),
@@ -140,14 +146,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=0.001, help="seconds between signals")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--plain-client", action="store_true",
-                   help="redis-py's own packer: hiredis formats the handshake's numbers")
+                   help="without client_options(): redis-py's packer and handshake")
+    p.add_argument("--reconnect", action="store_true",
+                   help="drop the main thread's connections before each armed round")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.interval <= 0 or args.threads < 1:
         p.error("--seconds and --interval must be positive, --threads at least 1")
     if args.child:
         print(json.dumps(storm(args.url, args.seconds, args.interval, args.threads,
-                               args.plain_client)), flush=True)
+                               args.plain_client, args.reconnect)), flush=True)
         os._exit(0)  # the daemon threads of a hung run must not hold the exit
     print(machine_facts())
     import redis

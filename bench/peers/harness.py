@@ -247,7 +247,7 @@ def on_thread(fn: Callable[[], T]) -> T:
         except BaseException as exc:
             failed.append(exc)
 
-    worker = threading.Thread(target=run, name="consume")
+    worker = threading.Thread(target=run, name="consume", daemon=True)
     worker.start()
     worker.join()
     if failed:
