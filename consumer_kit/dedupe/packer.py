@@ -36,9 +36,16 @@ def connect_or_drop(conn: Any) -> None:
     """redis-py's connect handshake (`AUTH`, `HELLO`, `SELECT <db>`, ...) that drops the
     connection when anything interrupts it. redis-py drops it on a Redis error only: a signal
     handler raising half-way (after the socket opened, before `SELECT`) left a connection that
-    the pool hands out again as if ready, on database 0."""
+    the pool hands out again as if ready, on database 0. (For `Redis` and `ConnectionPool`;
+    `RedisCluster` runs its own handshake before this hook.)"""
     try:
-        conn.on_connect()
+        # redis-py's own lazy reconnect passes check_health=False (no PING inside the
+        # handshake, no recursion through it); on_connect() would check
+        handshake = getattr(conn, "on_connect_check_health", None)
+        if handshake is not None:
+            handshake(check_health=False)
+        else:  # redis-py before 6
+            conn.on_connect()
     except BaseException:
         conn.disconnect()
         raise

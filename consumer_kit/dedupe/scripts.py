@@ -183,7 +183,7 @@ def release_kept(pool: Any) -> int:
         keys = [key for key, entry in _kept.items() if entry[0] is pool]
         entries = [_kept.pop(key) for key in keys]
     for held, conn in entries:
-        held.release(conn)
+        _release(held, conn)
     return len(entries)
 
 
@@ -199,4 +199,12 @@ def _give_back(key: tuple[int, int, str], conn: Any) -> None:
         if entry is None or entry[1] is not conn:
             return
         del _kept[key]
-    entry[0].release(conn)
+    _release(entry[0], conn)
+
+
+def _release(pool: Any, conn: Any) -> None:
+    """Give a kept connection back to its pool, dropped first if a call on it never read its
+    answer (`begin_call`): a RESP3 pool does not check a connection for unread data."""
+    if getattr(conn, "ckit_unread", False):
+        conn.disconnect()
+    pool.release(conn)

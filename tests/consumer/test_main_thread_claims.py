@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import fakeredis
 import hiredis
 import pytest
 import redis
@@ -16,7 +17,7 @@ from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined]
 
 from consumer_kit.dedupe import Claim, RedisDedupe, scripts
 from consumer_kit.dedupe.packer import TextNumbersPacker
-from consumer_kit.dedupe.scripts import thread_connection
+from consumer_kit.dedupe.scripts import release_kept, thread_connection
 from tests.consumer.conftest import Env
 
 DEADLINE = 10.0
@@ -135,34 +136,46 @@ def test_an_interrupted_connect_handshake_leaves_no_connection_on_the_wrong_data
     app.redis_config = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/1"
     client = app._redis_client()
     assert client is not None
-    group = real_env.group("g")
-    assert RedisDedupe(client, group).claim("M1", "other") is Claim.CLAIMED
-    client.connection_pool.disconnect()
-    # and a signal handler that raises once while the next handshake packs its SELECT
-    real_pack = TextNumbersPacker.pack
-    interrupted: list[bool] = []
+    try:
+        group = real_env.group("g")
+        assert RedisDedupe(client, group).claim("M1", "other") is Claim.CLAIMED
+        pool = client.connection_pool
+        pool.disconnect()
+        # and a signal handler that raises once while this client's next handshake packs its
+        # SELECT
+        packer = pool.connection_kwargs["command_packer"]
+        real_pack = TextNumbersPacker.pack
+        interrupted: list[bool] = []
 
-    def pack(self: Any, *args: Any) -> Any:
-        if not interrupted and args[0] == "SELECT":
-            interrupted.append(True)
-            raise Interrupt
-        return real_pack(self, *args)
+        def pack(self: Any, *args: Any) -> Any:
+            if self is packer and not interrupted and args[0] == "SELECT":
+                interrupted.append(True)
+                raise Interrupt
+            return real_pack(self, *args)
 
-    monkeypatch.setattr(TextNumbersPacker, "pack", pack)
-    with pytest.raises(Interrupt):
-        client.ping()
+        monkeypatch.setattr(TextNumbersPacker, "pack", pack)
+        with pytest.raises(Interrupt):
+            client.ping()
+        assert interrupted == [True]
+        handed_back = pool._available_connections[-1]  # the next one the pool hands out
 
-    # When: a consume thread claims afterwards (its connection comes from the pool, where the
-    # interrupted ping's connection went back)
-    answers: list[Claim] = []
-    worker = threading.Thread(
-        target=lambda: answers.append(RedisDedupe(client, group).claim("M1", "me")))
-    worker.start()
-    worker.join(DEADLINE)
-    client.close()
+        # When: a consume thread claims afterwards (its connection comes from the pool)
+        took: list[bool] = []
+        answers: list[Claim] = []
 
-    # Then: it ran on database 1 (the lease is another's), not on a half-made connection
-    assert interrupted == [True]
+        def consume() -> None:
+            took.append(thread_connection(pool) is handed_back)
+            answers.append(RedisDedupe(client, group).claim("M1", "me"))
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        worker.join(DEADLINE)
+    finally:
+        client.close()
+
+    # Then: it got the interrupted handshake's connection, and its claim ran on database 1
+    # (the lease is another's), not on database 0
+    assert took == [True]
     assert answers == [Claim.BUSY]
 
 
@@ -240,3 +253,15 @@ def test_the_text_numbers_packer_packs_the_same_bytes_as_redis_pys_hiredis_packe
                     ("INCRBYFLOAT", "k", 0.1), ("SET", b"\xff", "ü", "EX", -1),
                     ("CLIENT SETINFO", "LIB-NAME", "x")]:
         assert ours.pack(*command) == theirs.pack(*command)
+
+
+def test_a_kept_connection_given_back_with_an_answer_unread_is_dropped_first() -> None:
+    # A RESP3 pool does not look for unread data when it hands a connection out again
+    pool = fakeredis.FakeRedis().connection_pool
+    clean, unread = thread_connection(pool, "clean"), thread_connection(pool, "unread")
+    clean.ckit_unread, unread.ckit_unread = False, True
+    dropped: list[Any] = []
+    for conn in (clean, unread):
+        conn.disconnect = lambda *a, conn=conn, **k: dropped.append(conn)
+    assert release_kept(pool) == 2
+    assert dropped == [unread]
