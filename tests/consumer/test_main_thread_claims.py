@@ -27,6 +27,26 @@ class Interrupt(BaseException):
     """What a signal handler raises (KeyboardInterrupt, SystemExit, the app's own)."""
 
 
+def record_hiredis(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Every command hiredis packs from now on (redis-py's packer and the lone claim's)."""
+    packed: list[tuple[Any, ...]] = []
+    real_pack = hiredis.pack_command
+
+    def recording(command: tuple[Any, ...]) -> bytes:
+        packed.append(command)
+        return real_pack(command)
+
+    monkeypatch.setattr(hiredis, "pack_command", recording)
+    monkeypatch.setattr(scripts, "_pack", recording)
+    return packed
+
+
+def database_1(env: Env) -> str:
+    """The URL of database 1 of the test's Redis."""
+    kwargs = env.redis.connection_pool.connection_kwargs
+    return f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/1"
+
+
 def test_a_claim_on_the_main_thread_never_waits_behind_another_threads_send(env: Env) -> None:
     # Given: a consume thread's claim held inside the combiner's send (a slow round trip)
     store = RedisDedupe(env.redis, env.group("g"))
@@ -132,8 +152,7 @@ def test_an_interrupted_connect_handshake_leaves_no_connection_on_the_wrong_data
         real_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given: the app's client on database 1, where another token holds M1's lease
     app = real_env.app()
-    kwargs = real_env.redis.connection_pool.connection_kwargs
-    app.redis_config = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/1"
+    app.redis_config = database_1(real_env)
     client = app._redis_client()
     assert client is not None
     try:
@@ -185,15 +204,7 @@ def test_every_script_call_reaches_hiredis_with_its_numbers_as_text(
     # hiredis 3.5.0 formats an int argument by a call that can run a Python signal handler and
     # does not check its result: a handler raising there (Ctrl-C on the main thread) is a
     # segmentation fault. So no number of ours may reach its packer.
-    packed: list[tuple[Any, ...]] = []
-    real_pack = hiredis.pack_command
-
-    def recording(command: tuple[Any, ...]) -> bytes:
-        packed.append(command)
-        return real_pack(command)
-
-    monkeypatch.setattr(hiredis, "pack_command", recording)  # redis-py's packer
-    monkeypatch.setattr(scripts, "_pack", recording)  # the lone claim's
+    packed = record_hiredis(monkeypatch)
     store = RedisDedupe(real_env.redis, real_env.group("g"))
 
     # When: every script runs, on each path (the lone claim, a pending claim carrying done
@@ -221,18 +232,9 @@ def test_the_apps_own_redis_client_connects_without_handing_hiredis_a_number(
     # redis-py's connect handshake sends `SELECT <db>` (and `HELLO 3` with RESP3) with ints:
     # a handler raising while hiredis formats one (a second Ctrl-C during a reconnect) would
     # be a crash. Database 1 and RESP3, so both are sent.
-    packed: list[tuple[Any, ...]] = []
-    real_pack = hiredis.pack_command
-
-    def recording(command: tuple[Any, ...]) -> bytes:
-        packed.append(command)
-        return real_pack(command)
-
-    monkeypatch.setattr(hiredis, "pack_command", recording)
+    packed = record_hiredis(monkeypatch)
     app = real_env.app()
-    base = str(real_env.redis.connection_pool.connection_kwargs.get("host", "127.0.0.1"))
-    port = real_env.redis.connection_pool.connection_kwargs.get("port", 6379)
-    app.redis_config = f"redis://{base}:{port}/1?protocol=3"
+    app.redis_config = database_1(real_env) + "?protocol=3"
     client = app._redis_client()
     assert client is not None
     try:
