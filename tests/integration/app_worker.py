@@ -30,7 +30,10 @@ app = ConsumerApp(group=env["W_GROUP"], db=env["W_DB"], redis=env.get("W_REDIS")
 @app.listener(env["W_TOPIC"])
 def handle(msg: Message, session: Any) -> None:
     session.execute(sa.insert(effects).values(n=msg.json()["n"], pid=os.getpid()))
-    busy.write_text(str(msg.json()["n"]))  # inside the handler, business write not committed
+    # inside the handler, business write not committed; written whole, then renamed, so the
+    # test never reads it half written
+    busy.with_suffix(".tmp").write_text(str(msg.json()["n"]))
+    busy.with_suffix(".tmp").replace(busy)
     time.sleep(float(env["W_HANDLER_SECONDS"]))
     busy.unlink()
 

@@ -196,7 +196,9 @@ stock_table = sa.Table(stock, sa.MetaData(), autoload_with=app.engine)
 def reserve(msg, session):
     session.execute(sa.insert(stock_table).values(sku=msg.json()["sku"], reserved=1))
     session.flush()
-    pathlib.Path(marker).write_text(msg.id)
+    # written whole, then renamed: the test waits for the marker to exist and reads it
+    pathlib.Path(marker + '.tmp').write_text(msg.id)
+    pathlib.Path(marker + '.tmp').replace(marker)
     time.sleep(600)  # killed here, mid-handler, with the business write not committed
 
 app.run(max_seconds=300)
