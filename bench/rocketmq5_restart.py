@@ -47,7 +47,7 @@ from consumer_kit.transports import (  # noqa: E402
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport, client  # noqa: E402
 
 #: offset of this bench's ports from the standing 5.x (9886, 10951, 8081)
-OFFSET = 35_000
+OFFSET = 13_000
 MODES = ("capped back-off", "gRPC default")
 #: give up on a round after this long (a client that never comes back is a finding, not a hang)
 ROUND_LIMIT = 180.0

@@ -38,7 +38,7 @@ def test_a_queued_done_marker_reaches_redis_with_the_next_claim(env: Env) -> Non
 def test_a_marker_no_claim_carries_waits_out_the_linger_then_the_thread_sends_it(
         env: Env) -> None:
     store = RedisDedupe(env.redis, env.group("g"))
-    store.writer.linger = 0.5
+    store.writer.linger = 2.0
     try:
         assert store.claim("M1", "me") is Claim.CLAIMED
         store.finish("M1", "me")

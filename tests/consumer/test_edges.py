@@ -101,7 +101,7 @@ def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handle
     # Given two consumers of one group with a short handler lease, the first one slow
     import datetime as dt
 
-    slow_started = threading.Event()
+    slow_started, claimed = threading.Event(), threading.Event()
     apps = [env.app(lease=dt.timedelta(seconds=1)) for _ in range(2)]
     # (env.app gives each its own group name; make them one group)
     apps[1].group = apps[0].group
@@ -110,7 +110,7 @@ def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handle
         def reserve(msg: Message, session: Any) -> None:
             if slow:
                 slow_started.set()
-                time.sleep(2.5)
+                claimed.wait(10)  # runs until the second consumer has tried its claim
             add_reservation(env, session, "A")
         return reserve
 
@@ -128,6 +128,7 @@ def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handle
     second_redis = apps[1].pipeline().redis
     assert second_redis is not None
     claim = second_redis.claim("M1", "second-consumer")
+    claimed.set()
     worker.join(10)
     # Then Redis says another consumer holds it (the broker redelivers later), and the
     # effect is applied once

@@ -35,7 +35,7 @@ from tests.harnesses.rocketmq5 import FAST_OPTIONS
 pytestmark = [pytest.mark.rocketmq5, pytest.mark.slow]
 
 #: ports of this test's own 5.x (the standing one uses 9886, 10951, 8081)
-OFFSET = 31_000
+OFFSET = 12_000
 #: after the proxy answers again, the first message must arrive within this (the client's own
 #: settings schedule would take up to 300 s)
 BACK_WITHIN = 45.0

@@ -40,6 +40,31 @@ def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, 
         yield services.pg_url(), services.pg_url()
 
 
+def stop_inside_handler(victim: subprocess.Popen[bytes], marker: Path, seconds: float) -> int:
+    """Freeze the victim (SIGSTOP) at a moment its handler is running; return the message's n.
+
+    The marker lives only while a handler runs, so seeing it and then killing could land
+    after that handler returned (and its transaction committed): the victim is frozen first,
+    and let go again if the marker went away meanwhile."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not marker.exists():
+            time.sleep(0.01)
+            continue
+        victim.send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: stopped(victim.pid), 10, interval=0.01), "SIGSTOP did not stop"
+        if marker.exists():
+            return int(marker.read_text())
+        victim.send_signal(signal.SIGCONT)
+    raise AssertionError("the victim never started a handler")
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is in the stopped state (T in /proc/<pid>/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
@@ -75,10 +100,8 @@ def test_a_consumer_killed_mid_handler_loses_nothing_and_applies_nothing_twice(
 
         # When: one process is killed while it is inside a handler
         victim = procs[0]
-        marker = tmp_path / f"busy-{victim.pid}"
-        assert wait_for(marker.exists, 60, interval=0.05), "the victim never started a handler"
+        in_flight = stop_inside_handler(victim, tmp_path / f"busy-{victim.pid}", 60)
         victim.send_signal(signal.SIGKILL)
-        in_flight = int(marker.read_text())
         victim.wait(10)
 
         # Then: the survivors take its queues over and every message is applied exactly once

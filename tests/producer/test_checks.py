@@ -104,7 +104,7 @@ def test_a_row_the_dispatcher_could_not_send_is_resent_by_its_check_not_by_a_pol
     # Given a dispatcher with delayed checks whose first send of each message fails
     dispatcher = Dispatcher(sqlite_db.engine, transport, table=sqlite_db.names.outbox,
                             backoff=Backoff(schedule=(0.0,), jitter=0.0),
-                            check_topic=TOPIC, check_after=0.3).start()
+                            check_topic=TOPIC, check_after=2).start()
     with checker_for(sqlite_db, transport) as checker:
         # When three rows are committed (and no relay runs at all)
         ids = publish_with(sqlite_db, dispatcher, range(3))

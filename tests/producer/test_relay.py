@@ -187,25 +187,47 @@ def test_max_rate_caps_the_sends_per_second(sqlite_db: Db) -> None:
     assert time.monotonic() - started >= 0.4
 
 
-def test_the_relay_survives_a_database_outage_and_keeps_trying(tmp_path: object) -> None:
+def test_the_relay_survives_a_database_outage_and_keeps_trying(
+        caplog: pytest.LogCaptureFixture) -> None:
     relay = Relay("mysql+pymysql://app:SECRET@127.0.0.1:1/none", RecordingTransport())
     relay.claimer.skip_locked = False
     worker = threading.Thread(target=lambda: setattr(relay, "result", relay.run()))
-    worker.start()
-    time.sleep(1.2)
+    with caplog.at_level("WARNING", logger="outbox_producer"):
+        worker.start()
+        deadline = time.monotonic() + 30
+        while (sum("retry in" in r.getMessage() for r in caplog.records) < 2
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
     relay.stop()
     worker.join(10)
     assert not worker.is_alive()
     assert relay.result.errors >= 2  # type: ignore[attr-defined]
 
 
+class GatedTransport(RecordingTransport):
+    """Holds every send until `release` is set; `entered` tells that a send has begun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the send"
+        return super().send(message)
+
+
 def test_stop_finishes_the_current_batch_and_returns(db: Db) -> None:
     publish_many(db, 5)
-    relay = Relay(db.engine, RecordingTransport(), table=db.names.outbox, idle_sleep=0.05)
+    transport = GatedTransport()
+    relay = Relay(db.engine, transport, table=db.names.outbox, idle_sleep=0.05)
     worker = threading.Thread(target=relay.run)
     worker.start()
-    time.sleep(0.5)
+    # stopped while the batch's first send is under way
+    assert transport.entered.wait(30), "the relay never sent"
     relay.stop()
+    transport.release.set()
     worker.join(10)
     assert not worker.is_alive()
     with db.engine.connect() as conn:

@@ -63,7 +63,10 @@ class Fleet:
         rows = []
         for out in self.outs:
             if out.exists():
-                rows += [line.split() for line in out.read_text().splitlines() if line]
+                text = out.read_text()
+                # only whole lines: a worker may be appending one right now
+                rows += [line.split() for line in text[:text.rfind("\n") + 1].splitlines()
+                         if line]
         return rows
 
     def events(self, kind: str) -> list[list[str]]:

@@ -338,10 +338,10 @@ def test_a_busy_consumer_fetches_whole_batches_and_wakes_no_other_poller(
         try:
             # When
             assert wait_for(lambda: len(got) == count, TIMEOUT)
-            elapsed = time.monotonic() - started
         finally:
             busy.shutdown()
             idle.shutdown()
+        elapsed = time.monotonic() - started  # the idle one polls until its own shutdown
     # Then the busy one fetched at least 8 messages a time on average (it was 1 when every
     # finished message woke the pollers), and the idle one only read on its poll interval
     assert calls["busy fetch"] <= count // 8, calls
