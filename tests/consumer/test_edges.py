@@ -120,15 +120,17 @@ def test_the_handler_lease_is_renewed_so_no_second_consumer_starts_a_slow_handle
     worker = threading.Thread(target=lambda: results.append(
         apps[0].pipeline().process(delivery("M1"))))
     worker.start()
-    assert slow_started.wait(5)
-    time.sleep(1.6)  # longer than the lease: only a renewal keeps it
-    # When the second consumer tries to claim the same message meanwhile
-    from consumer_kit.dedupe import Claim
+    try:
+        assert slow_started.wait(5)
+        time.sleep(1.6)  # longer than the lease: only a renewal keeps it
+        # When the second consumer tries to claim the same message meanwhile
+        from consumer_kit.dedupe import Claim
 
-    second_redis = apps[1].pipeline().redis
-    assert second_redis is not None
-    claim = second_redis.claim("M1", "second-consumer")
-    claimed.set()
+        second_redis = apps[1].pipeline().redis
+        assert second_redis is not None
+        claim = second_redis.claim("M1", "second-consumer")
+    finally:
+        claimed.set()
     worker.join(10)
     # Then Redis says another consumer holds it (the broker redelivers later), and the
     # effect is applied once

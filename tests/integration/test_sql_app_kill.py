@@ -52,9 +52,13 @@ def stop_inside_handler(victim: subprocess.Popen[bytes], marker: Path, seconds: 
             time.sleep(0.01)
             continue
         victim.send_signal(signal.SIGSTOP)
-        assert wait_for(lambda: stopped(victim.pid), 10, interval=0.01), "SIGSTOP did not stop"
-        if marker.exists():
-            return int(marker.read_text())
+        try:
+            assert wait_for(lambda: stopped(victim.pid), 10, interval=0.01), "not stopped"
+            if marker.exists():
+                return int(marker.read_text())
+        except BaseException:
+            victim.send_signal(signal.SIGCONT)  # the clean-up's SIGTERM must reach it
+            raise
         victim.send_signal(signal.SIGCONT)
     raise AssertionError("the victim never started a handler")
 

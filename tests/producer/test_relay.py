@@ -191,17 +191,26 @@ def test_the_relay_survives_a_database_outage_and_keeps_trying(
         caplog: pytest.LogCaptureFixture) -> None:
     relay = Relay("mysql+pymysql://app:SECRET@127.0.0.1:1/none", RecordingTransport())
     relay.claimer.skip_locked = False
-    worker = threading.Thread(target=lambda: setattr(relay, "result", relay.run()))
-    with caplog.at_level("WARNING", logger="outbox_producer"):
-        worker.start()
-        deadline = time.monotonic() + 30
-        while (sum("retry in" in r.getMessage() for r in caplog.records) < 2
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-    relay.stop()
+    worker = threading.Thread(target=lambda: setattr(relay, "result", relay.run()),
+                              daemon=True)
+
+    def retries() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if relay.owner in r.getMessage() and "retry in" in r.getMessage()]
+
+    try:
+        with caplog.at_level("WARNING", logger="outbox_producer"):
+            worker.start()
+            deadline = time.monotonic() + 30
+            while len(retries()) < 2 and worker.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        relay.stop()
     worker.join(10)
     assert not worker.is_alive()
     assert relay.result.errors >= 2  # type: ignore[attr-defined]
+    # its waits between attempts start at half a second and double
+    assert [m.rsplit("retry in ", 1)[1] for m in retries()[:2]] == ["0.5s", "1.0s"]
 
 
 class GatedTransport(RecordingTransport):
@@ -222,12 +231,14 @@ def test_stop_finishes_the_current_batch_and_returns(db: Db) -> None:
     publish_many(db, 5)
     transport = GatedTransport()
     relay = Relay(db.engine, transport, table=db.names.outbox, idle_sleep=0.05)
-    worker = threading.Thread(target=relay.run)
+    worker = threading.Thread(target=relay.run, daemon=True)
     worker.start()
-    # stopped while the batch's first send is under way
-    assert transport.entered.wait(30), "the relay never sent"
-    relay.stop()
-    transport.release.set()
+    try:
+        # stopped while the batch's first send is under way
+        assert transport.entered.wait(30), "the relay never sent"
+    finally:
+        relay.stop()
+        transport.release.set()
     worker.join(10)
     assert not worker.is_alive()
     with db.engine.connect() as conn:
