@@ -50,3 +50,19 @@ class RecordingTransport(Transport):
     def counts(self) -> Counter[str]:
         with self.lock:
             return Counter(m.properties["ckit_id"] for m in self.sent)
+
+
+class HeldTransport(RecordingTransport):
+    """Blocks the send of `hold` (a message id) until `release` is set."""
+
+    def __init__(self, hold: str, seconds: float = 30.0) -> None:
+        super().__init__()
+        self.hold, self.seconds = hold, seconds
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        if message.properties["ckit_id"] == self.hold and not self.release.is_set():
+            self.holding.set()
+            self.release.wait(self.seconds)
+        return super().send(message)

@@ -23,7 +23,7 @@ from consumer_kit.core.states import OutboxState
 from outbox_producer import Backoff, Outbox, Relay, Shard
 from outbox_producer.claim import Claimer
 from tests.conftest import Db
-from tests.recording import RecordingTransport
+from tests.recording import HeldTransport, RecordingTransport
 
 FAST = Backoff(schedule=(0.0,), jitter=0.0)
 
@@ -213,29 +213,15 @@ def test_the_relay_survives_a_database_outage_and_keeps_trying(
     assert [m.rsplit("retry in ", 1)[1] for m in retries()[:2]] == ["0.5s", "1.0s"]
 
 
-class GatedTransport(RecordingTransport):
-    """Holds every send until `release` is set; `entered` tells that a send has begun."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def send(self, message: OutgoingMessage) -> SendResult:
-        self.entered.set()
-        assert self.release.wait(30), "the test never released the send"
-        return super().send(message)
-
-
 def test_stop_finishes_the_current_batch_and_returns(db: Db) -> None:
-    publish_many(db, 5)
-    transport = GatedTransport()
+    ids = publish_many(db, 5)
+    transport = HeldTransport(ids[0])
     relay = Relay(db.engine, transport, table=db.names.outbox, idle_sleep=0.05)
     worker = threading.Thread(target=relay.run, daemon=True)
     worker.start()
     try:
-        # stopped while the batch's first send is under way
-        assert transport.entered.wait(30), "the relay never sent"
+        # stopped while a send of the batch is under way
+        assert transport.holding.wait(30), "the relay never sent"
     finally:
         relay.stop()
         transport.release.set()

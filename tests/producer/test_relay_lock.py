@@ -26,24 +26,8 @@ from tests.cli import ckit, error_line
 from tests.conftest import Db
 from tests.producer.test_relay import FlakyTransport, publish_many, row
 from tests.producer.test_relay_concurrency import bulk_insert, drain_side_by_side
-from tests.recording import RecordingTransport
+from tests.recording import HeldTransport, RecordingTransport
 from tests.test_state_machine import LOCKED_MOVES, Statements
-
-
-class HeldTransport(RecordingTransport):
-    """Blocks the send of `hold` (a message id) until `release` is set."""
-
-    def __init__(self, hold: str, seconds: float = 30.0) -> None:
-        super().__init__()
-        self.hold, self.seconds = hold, seconds
-        self.holding = threading.Event()
-        self.release = threading.Event()
-
-    def send(self, message: OutgoingMessage) -> SendResult:
-        if message.properties["ckit_id"] == self.hold and not self.release.is_set():
-            self.holding.set()
-            self.release.wait(self.seconds)
-        return super().send(message)
 
 
 @pytest.fixture
