@@ -142,9 +142,14 @@ def begin_call(conn: Any) -> None:
     its answer (a signal handler raised in between, even inside the clean-up that should have
     dropped it: that answer, or half a command, may still be on the wire), then mark it
     (`ckit_unread`) until the caller has read this call's answer and clears the mark."""
+    _drop_if_unread(conn)
+    conn.ckit_unread = True
+
+
+def _drop_if_unread(conn: Any) -> None:
+    """Disconnect a connection still marked by `begin_call` (an answer of it was never read)."""
     if getattr(conn, "ckit_unread", False):
         conn.disconnect()
-    conn.ckit_unread = True
 
 
 #: Connections kept per (thread id, pool, use). Keyed by the thread's id, not kept in a
@@ -205,6 +210,5 @@ def _give_back(key: tuple[int, int, str], conn: Any) -> None:
 def _release(pool: Any, conn: Any) -> None:
     """Give a kept connection back to its pool, dropped first if a call on it never read its
     answer (`begin_call`): a RESP3 pool does not check a connection for unread data."""
-    if getattr(conn, "ckit_unread", False):
-        conn.disconnect()
+    _drop_if_unread(conn)
     pool.release(conn)
