@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import os
 import time
@@ -10,8 +9,8 @@ import time
 from consumer_kit.core.clock import to_epoch_ms
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-#: RFC 4648 base32 digits -> Crockford's, digit for digit (same 5-bit values)
-_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ALPHABET.encode())
+#: the two Crockford digits of every 10-bit value, in order: 80 random bits are 8 look-ups
+_PAIRS = tuple(high + low for high in _ALPHABET for low in _ALPHABET)
 
 
 def new_message_id() -> str:
@@ -21,19 +20,28 @@ def new_message_id() -> str:
     (handy in logs and for index locality); the other 16 are random.
     """
     # 2 zero bits + 48 bits of milliseconds are the first 10 digits, the 80 random bits the
-    # other 16 (10 bytes are exactly 16 base32 digits): the time part is encoded once per
-    # millisecond, the random part by one b32encode of 10 bytes
+    # other 16: the time part is encoded once per millisecond, the random part by
+    # `_random_digits` (half the time of `base64.b32encode` and a translate: publish pays it)
     ms = time.time_ns() // 1_000_000
     prefix = _prefix_of.get(ms)
     if prefix is None:
         prefix = _time_digits(ms)
         _prefix_of.clear()
         _prefix_of[ms] = prefix
-    return prefix + base64.b32encode(os.urandom(10)).translate(_CROCKFORD).decode("ascii")
+    return prefix + _random_digits(os.urandom(10))
 
 
 #: the last millisecond's 10 time digits (one entry; a dict read is thread-safe)
 _prefix_of: dict[int, str] = {}
+
+
+def _random_digits(raw: bytes) -> str:
+    """The 16 Crockford digits of 10 bytes, most significant bit first: the same text as
+    RFC 4648 base32 of those bytes with its alphabet swapped for Crockford's."""
+    r = int.from_bytes(raw, "big")
+    p = _PAIRS
+    return "".join((p[r >> 70], p[(r >> 60) & 1023], p[(r >> 50) & 1023], p[(r >> 40) & 1023],
+                    p[(r >> 30) & 1023], p[(r >> 20) & 1023], p[(r >> 10) & 1023], p[r & 1023]))
 
 
 def _time_digits(ms: int) -> str:

@@ -11,10 +11,15 @@ from consumer_kit.core.errors import ConfigError
 #: must stay a valid date.
 MAX_DURATION = dt.timedelta(days=36525)
 
+_EPOCH = dt.datetime(1970, 1, 1)
+
 
 def utcnow() -> dt.datetime:
     """Return the current UTC time as a naive datetime (what every table stores)."""
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    # the epoch plus the system clock's microseconds: the value of
+    # `datetime.now(timezone.utc).replace(tzinfo=None)` in two thirds of its time (publish
+    # pays it on every message)
+    return _EPOCH + dt.timedelta(microseconds=time.time_ns() // 1000)
 
 
 def epoch_ms() -> int:
@@ -22,7 +27,6 @@ def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-_EPOCH = dt.datetime(1970, 1, 1)
 _MILLISECOND = dt.timedelta(milliseconds=1)
 
 

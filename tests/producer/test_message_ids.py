@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import os
 import time
 
-from consumer_kit.core.clock import to_epoch_ms
-from outbox_producer.ids import _ALPHABET, new_message_id, ulid_floor
+from consumer_kit.core.clock import to_epoch_ms, utcnow
+from outbox_producer.ids import _ALPHABET, _random_digits, new_message_id, ulid_floor
 
 
 def decode(ulid: str) -> int:
@@ -43,3 +45,20 @@ def test_the_floor_of_a_moment_is_its_exact_millisecond_and_sorts_before_its_ids
     now = dt.datetime.now(dt.timezone.utc)
     assert ulid_floor(now.replace(tzinfo=None)) == ulid_floor(now)  # naive UTC or aware
     assert ulid_floor(now) <= new_message_id()
+
+
+def test_the_random_digits_are_base32_of_the_bytes_in_crockfords_alphabet() -> None:
+    crockford = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ALPHABET.encode())
+    samples = [bytes(10), b"\xff" * 10, bytes(range(10)), b"\x80" + bytes(9), bytes(9) + b"\x01"]
+    samples += [os.urandom(10) for _ in range(5_000)]
+    for raw in samples:
+        assert _random_digits(raw) == base64.b32encode(raw).translate(crockford).decode()
+    assert _random_digits(b"\xff" * 10) == "Z" * 16 and _random_digits(bytes(10)) == "0" * 16
+
+
+def test_utcnow_is_the_naive_utc_time_to_the_microsecond() -> None:
+    for _ in range(1_000):
+        before = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        now = utcnow()
+        after = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        assert now.tzinfo is None and before <= now <= after
