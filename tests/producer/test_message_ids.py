@@ -8,7 +8,7 @@ import os
 import time
 
 from consumer_kit.core.clock import to_epoch_ms, utcnow
-from outbox_producer.ids import _ALPHABET, _random_digits, new_message_id, ulid_floor
+from outbox_producer.ids import _ALPHABET, _ulid, new_message_id, ulid_floor
 
 
 def decode(ulid: str) -> int:
@@ -47,13 +47,22 @@ def test_the_floor_of_a_moment_is_its_exact_millisecond_and_sorts_before_its_ids
     assert ulid_floor(now) <= new_message_id()
 
 
-def test_the_random_digits_are_base32_of_the_bytes_in_crockfords_alphabet() -> None:
+def test_an_id_is_the_milliseconds_then_the_bytes_in_crockfords_base32() -> None:
     crockford = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ALPHABET.encode())
-    samples = [bytes(10), b"\xff" * 10, bytes(range(10)), b"\x80" + bytes(9), bytes(9) + b"\x01"]
-    samples += [os.urandom(10) for _ in range(5_000)]
-    for raw in samples:
-        assert _random_digits(raw) == base64.b32encode(raw).translate(crockford).decode()
-    assert _random_digits(b"\xff" * 10) == "Z" * 16 and _random_digits(bytes(10)) == "0" * 16
+
+    def expected(ms: int, raw: bytes) -> str:
+        time_digits = "".join(_ALPHABET[(ms >> shift) & 31] for shift in range(45, -1, -5))
+        return time_digits + base64.b32encode(raw).translate(crockford).decode()
+
+    edges = [bytes(10), b"\xff" * 10, bytes(range(10)), b"\x80" + bytes(9), bytes(9) + b"\x01"]
+    now = time.time_ns() // 1_000_000
+    for ms in (0, 1, 1023, 1024, now, 2**48 - 1):
+        for raw in edges:
+            assert _ulid(ms, raw) == expected(ms, raw)
+    for _ in range(5_000):
+        ms, raw = int.from_bytes(os.urandom(6), "big"), os.urandom(10)
+        assert _ulid(ms, raw) == expected(ms, raw)
+    assert _ulid(2**48 - 1, b"\xff" * 10) == "7" + "Z" * 25 and _ulid(0, bytes(10)) == "0" * 26
 
 
 def test_utcnow_is_the_naive_utc_time_to_the_microsecond() -> None:
