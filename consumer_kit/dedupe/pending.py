@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import redis
 
 from consumer_kit.dedupe.claims import BY_ANSWER, Claim
-from consumer_kit.dedupe.scripts import Call, begin_call, evalsha, thread_connection
+from consumer_kit.dedupe.scripts import Call, begin_call, pack_calls, thread_connection
 from consumer_kit.dedupe.writer import RedisWriter
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,8 @@ class PendingClaim:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
             begin_call(conn)
             _on_wire[self._thread] = self
-            commands = [evalsha(call) for call in self._riders]
-            commands.append(evalsha(dedupe.claim_call(message_id, token)))
-            conn.send_packed_command(conn.pack_commands(commands))
+            calls = [*self._riders, dedupe.claim_call(message_id, token)]
+            conn.send_packed_command(pack_calls(conn, calls))
         except redis.RedisError as exc:
             self._done(clean=False)
             dedupe.failed("claim", message_id, exc)

@@ -101,6 +101,17 @@ if redis.utils.HIREDIS_AVAILABLE:
 
     _pack = cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)
 
+def pack_calls(conn: Any, calls: Sequence[Call]) -> list[bytes]:
+    """The EVALSHA commands of `calls` packed for `conn.send_packed_command`: by hiredis
+    straight into one buffer (one send) when redis-py would call it too, else by redis-py.
+    The bytes are those of `conn.pack_commands`: a pending claim sends them right after a
+    database round trip, when little of redis-py's per-argument loop is in the CPU's caches
+    (timed there: about 50 us a claim and its rider through `pack_commands`)."""
+    if _pack is not None:
+        return [b"".join([_pack(evalsha(call)) for call in calls])]
+    return cast(list[bytes], conn.pack_commands([evalsha(call) for call in calls]))
+
+
 #: `_alone`'s answer when the connection failed: the pipeline (with the client's retries) runs it
 _FAILED = object()
 

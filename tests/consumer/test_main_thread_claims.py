@@ -256,6 +256,29 @@ def test_the_text_numbers_packer_packs_the_same_bytes_as_redis_pys_hiredis_packe
         assert ours.pack(*command) == theirs.pack(*command)
 
 
+@pytest.mark.parametrize("packer", ["hiredis", "redis-py"])
+def test_a_pending_claim_and_its_riders_pack_the_bytes_redis_py_packs(
+        monkeypatch: pytest.MonkeyPatch, packer: str) -> None:
+    if packer == "redis-py":
+        monkeypatch.setattr(scripts, "_pack", None)
+    elif scripts._pack is None:
+        pytest.skip("needs hiredis")
+    client = redis.Redis.from_url("redis://127.0.0.1:1/0")  # packs only, never connects
+    conn = client.connection_pool.make_connection()
+    claim, finish = scripts.LuaScript(client, "claim.lua"), scripts.LuaScript(client, "finish.lua")
+    calls: list[scripts.Call] = [
+        (finish, ["ckit:done:g:01A", "ckit:lease:g:01A"], ["tok-1", "604800000"]),
+        (finish, ["ckit:done:g:ünïcode", "ckit:lease:g:ünïcode"], ["tök", "1"]),
+        (claim, ["ckit:done:g:01B", "ckit:lease:g:01B"], ["tok-2", "30000"]),
+    ]
+    for some in (calls[-1:], calls):
+        packed = scripts.pack_calls(conn, some)
+        assert b"".join(packed) == b"".join(
+            conn.pack_commands([scripts.evalsha(call) for call in some]))
+        assert len(packed) == 1 or packer == "redis-py"  # hiredis: one buffer, one send
+    client.close()
+
+
 def test_a_kept_connection_given_back_with_an_answer_unread_is_dropped_first() -> None:
     # A RESP3 pool does not look for unread data when it hands a connection out again
     pool = fakeredis.FakeRedis().connection_pool
