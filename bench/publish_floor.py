@@ -1,5 +1,5 @@
-"""Where `publish`'s time over the peer bench's floor goes: the message id's form on the server,
-and publish's own Python, each measured against the floor in the same run.
+"""Where `publish`'s time over the peer bench's floor goes: making the message id, the id's form
+on the server, and publish's own Python, each measured against the floor in the same run.
 
     python bench/publish_floor.py                        # MariaDB from CKIT_TEST_MYSQL_URL
     python bench/publish_floor.py --url postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test
@@ -10,13 +10,16 @@ Variants, interleaved transaction by transaction in rotating order (`bench.peers
 - bare          BEGIN, INSERT one order row, COMMIT;
 - floor         bare + the outbox row by one hand-written INSERT, the peer bench's floor (its id
                 a random uuid in hex, as every peer's floor);
-- floor-ulid    the same INSERT with the id `publish` writes (a ULID: 10 time characters and
-                16 random ones, upper-case Crockford base32): what the id's form costs;
+- floor+ulid()  the floor, plus a call of `new_message_id()` whose id is thrown away: what
+                making a ULID costs in Python where publish makes it (right after a round trip,
+                when little of the code is in the CPU's caches: several times a loop's figure);
+- floor-ulid    the floor's INSERT with the id `publish` writes (a ULID: 10 time characters and
+                16 random ones, upper-case Crockford base32);
 - publish       bare + `Outbox.publish` (the same SQL: `outbox_producer.insert`).
 
-`publish - floor-ulid` is what publish's own work adds (checks, JSON, the row; on PostgreSQL
-also its `ON CONFLICT DO NOTHING`); `floor-ulid -
-floor` what the id's form costs the database. Medians of `--runs` runs of `--tx` each.
+`floor-ulid - floor+ulid()` is what the id's form costs the database, `floor+ulid() - floor` what
+making it costs; `publish - floor-ulid` what publish's own work adds (checks, JSON, the row; on
+PostgreSQL also its `ON CONFLICT DO NOTHING`). Medians of `--runs` runs of `--tx` each.
 """
 
 from __future__ import annotations
@@ -53,8 +56,15 @@ def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, outbox_
             conn.execute(insert_order, {"sku": key, "qty": 1})
             conn.exec_driver_sql(sql, {**floor_row("u" + key), "message_id": new_message_id()})
 
-    return [("bare", peer["bare"]), ("floor", peer["floor"]), ("floor-ulid", floor_ulid),
-            ("publish", peer["publish"])]
+    def floor_making_ulid(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+            row = floor_row("m" + key)
+            new_message_id()  # made, not written
+            conn.exec_driver_sql(sql, row)
+
+    return [("bare", peer["bare"]), ("floor", peer["floor"]), ("floor+ulid()", floor_making_ulid),
+            ("floor-ulid", floor_ulid), ("publish", peer["publish"])]
 
 
 def binary_ids(engine: sa.engine.Engine, table_name: str) -> None:
@@ -107,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
              "-" if name == "bare" else f"{(ms - median['bare']) / floor_added:.2f}x"]
             for name, ms in median.items()]
     print(table(["variant", "ms per tx (median)", "added ms", "added / floor's"], rows))
-    print(f"the id's form: floor-ulid - floor = {median['floor-ulid'] - median['floor']:+.3f} ms;"
+    print(f"making the id: floor+ulid() - floor = "
+          f"{median['floor+ulid()'] - median['floor']:+.3f} ms; its form on the server: "
+          f"floor-ulid - floor+ulid() = {median['floor-ulid'] - median['floor+ulid()']:+.3f} ms;"
           f" publish's own work (checks, JSON, the row; on PostgreSQL also ON CONFLICT DO NOTHING):"
           f" publish - floor-ulid = "
           f"{median['publish'] - median['floor-ulid']:+.3f} ms")
