@@ -71,3 +71,13 @@ def test_utcnow_is_the_naive_utc_time_to_the_microsecond() -> None:
         now = utcnow()
         after = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         assert now.tzinfo is None and before <= now <= after
+
+
+def test_the_floor_of_a_moment_before_1970_sorts_before_every_id() -> None:
+    # `ckit outbox partitions rotate --older-than 100y` asks for now - 100 years: its horizon
+    # must keep every partition, not sort after all of them
+    for moment in (dt.datetime(1969, 12, 31, 23, 59, 59, 999_000), dt.datetime(1900, 1, 1),
+                   dt.datetime.min, dt.datetime.now() - dt.timedelta(days=36525)):
+        assert ulid_floor(moment) == "0" * 26 < new_message_id()
+    assert ulid_floor(dt.datetime(1970, 1, 1)) == "0" * 26
+    assert ulid_floor(dt.datetime(1970, 1, 1, 0, 0, 0, 1000)) == "0" * 9 + "1" + "0" * 16

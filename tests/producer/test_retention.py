@@ -180,6 +180,10 @@ def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_day
     # Given every message sent and all but one consumed
     Relay(db.engine, RecordingTransport(), table=names.outbox).run_once()
     consume(db, [Receipt(m, "inventory") for m in [*old, middle[0], new]], names=names)
+    # When they rotate keeping 100 years (the horizon before 1970), nothing is dropped
+    kept_all = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
+                            older_than=dt.timedelta(days=36525))
+    assert kept_all.dropped == [] and kept_all.archived == 0
     # When the partitions rotate
     result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2)
     # Then the day whose rows are all CONSUMED was archived and dropped, the day with a SENT
