@@ -101,14 +101,29 @@ if redis.utils.HIREDIS_AVAILABLE:
 
     _pack = cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)
 
+#: redis-py's hiredis packer: a connection with it (or a subclass) packs by hiredis (no class
+#: to match when this redis-py has none)
+_HIREDIS_PACKER: type | tuple[type, ...] = getattr(redis.connection, "HiredisRespSerializer", ())
+
+
 def pack_calls(conn: Any, calls: Sequence[Call]) -> list[bytes]:
-    """The EVALSHA commands of `calls` packed for `conn.send_packed_command`: by hiredis
-    straight into one buffer (one send) when redis-py would call it too, else by redis-py.
-    The bytes are those of `conn.pack_commands`: a pending claim sends them right after a
-    database round trip, when little of redis-py's per-argument loop is in the CPU's caches
-    (timed there: about 50 us a claim and its rider through `pack_commands`)."""
-    if _pack is not None:
-        return [b"".join([_pack(evalsha(call)) for call in calls])]
+    """The EVALSHA commands of `calls` packed for `conn.send_packed_command`.
+
+    When the connection packs with hiredis (redis-py's `HiredisRespSerializer`, which
+    `packer.TextNumbersPacker` extends), hiredis is called straight and the commands joined
+    into one buffer (one send); any other packer packs them itself. The bytes are those of
+    `conn.pack_commands`: a pending claim sends them right after a database round trip, when
+    little of redis-py's per-argument loop is in the CPU's caches (timed there: about 50 us a
+    claim and its rider through `pack_commands`).
+
+    Raises:
+        redis.DataError: an argument hiredis cannot pack (as redis-py's packer raises it).
+    """
+    if _pack is not None and isinstance(getattr(conn, "_command_packer", None), _HIREDIS_PACKER):
+        try:
+            return [b"".join([_pack(evalsha(call)) for call in calls])]
+        except TypeError as exc:
+            raise redis.DataError(str(exc)) from exc
     return cast(list[bytes], conn.pack_commands([evalsha(call) for call in calls]))
 
 

@@ -13,10 +13,13 @@ import fakeredis
 import hiredis
 import pytest
 import redis
-from redis.connection import HiredisRespSerializer  # type: ignore[attr-defined]
+from redis.connection import (  # type: ignore[attr-defined]
+    HiredisRespSerializer,
+    PythonRespSerializer,
+)
 
 from consumer_kit.dedupe import Claim, RedisDedupe, scripts
-from consumer_kit.dedupe.packer import TextNumbersPacker
+from consumer_kit.dedupe.packer import TextNumbersPacker, client_options
 from consumer_kit.dedupe.scripts import release_kept, thread_connection
 from tests.consumer.conftest import Env
 
@@ -256,26 +259,29 @@ def test_the_text_numbers_packer_packs_the_same_bytes_as_redis_pys_hiredis_packe
         assert ours.pack(*command) == theirs.pack(*command)
 
 
-@pytest.mark.parametrize("packer", ["hiredis", "redis-py"])
-def test_a_pending_claim_and_its_riders_pack_the_bytes_redis_py_packs(
-        monkeypatch: pytest.MonkeyPatch, packer: str) -> None:
-    if packer == "redis-py":
-        monkeypatch.setattr(scripts, "_pack", None)
-    elif scripts._pack is None:
-        pytest.skip("needs hiredis")
-    client = redis.Redis.from_url("redis://127.0.0.1:1/0")  # packs only, never connects
+@pytest.mark.parametrize("setup", ["default", "client_options", "latin-1", "python-packer"])
+def test_a_pending_claim_and_its_riders_pack_the_bytes_redis_py_packs(setup: str) -> None:
+    options: dict[str, Any] = {
+        "default": {}, "client_options": client_options(), "latin-1": {"encoding": "latin-1"},
+        "python-packer": {"command_packer": PythonRespSerializer(6000, lambda v: (
+            v.encode() if isinstance(v, str) else v))}}[setup]
+    client = redis.Redis.from_url("redis://127.0.0.1:1/0", **options)  # packs, never connects
     conn = client.connection_pool.make_connection()
     claim, finish = scripts.LuaScript(client, "claim.lua"), scripts.LuaScript(client, "finish.lua")
     calls: list[scripts.Call] = [
         (finish, ["ckit:done:g:01A", "ckit:lease:g:01A"], ["tok-1", "604800000"]),
         (finish, ["ckit:done:g:ünïcode", "ckit:lease:g:ünïcode"], ["tök", "1"]),
+        (finish, ["ckit:done:g:" + "x" * 7000, "ckit:lease:g:big"], ["t", "2"]),  # > the cutoff
         (claim, ["ckit:done:g:01B", "ckit:lease:g:01B"], ["tok-2", "30000"]),
     ]
+    # what redis-py's pure-Python packer sends for UTF-8 text: RESP, argument by argument
+    reference = PythonRespSerializer(6000, lambda v: v.encode() if isinstance(v, str) else v)
     for some in (calls[-1:], calls):
-        packed = scripts.pack_calls(conn, some)
-        assert b"".join(packed) == b"".join(
+        packed = b"".join(scripts.pack_calls(conn, some))
+        assert packed == b"".join(
             conn.pack_commands([scripts.evalsha(call) for call in some]))
-        assert len(packed) == 1 or packer == "redis-py"  # hiredis: one buffer, one send
+        assert packed == b"".join(
+            b"".join(reference.pack(*scripts.evalsha(call))) for call in some)
     client.close()
 
 
