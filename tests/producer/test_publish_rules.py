@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from consumer_kit.core.errors import ConfigError, PayloadError, PublishConflict
+from consumer_kit.core.schema import BIZ_KEY_LEN
 from consumer_kit.transports.memory import MemoryTransport
 from consumer_kit.transports.rocketmq.wire import DEFAULT_ROCKETMQ_MAX_BODY_BYTES
 from outbox_producer import Dispatcher, Outbox
@@ -225,7 +226,8 @@ def test_checking_a_message_adds_no_database_round_trip(sqlite_db: Db) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("biz_key", "a\x00b"), ("biz_key", ""), ("biz_key", "k" * 1000), ("biz_key", 42),
+    ("biz_key", "a\x00b"), ("biz_key", "a\x01b"), ("biz_key", "a\x02b"), ("biz_key", ""),
+    ("biz_key", "k" * 1000), ("biz_key", "k" * (BIZ_KEY_LEN + 1)), ("biz_key", 42),
     ("biz_key", b"bytes"), ("keys", "two words"), ("tags", "a||b"),
 ])
 def test_a_topic_published_before_still_has_every_other_field_checked(
@@ -241,3 +243,32 @@ def test_a_topic_published_before_still_has_every_other_field_checked(
         box.publish(conn, "ORDER_CREATED", {"v": 2}, **fields)  # type: ignore[arg-type]
     # Then: refused, nothing written
     assert row_count(db) == 1
+
+
+class Key(str):
+    """A str subclass, as some frameworks hand out (e.g. a lazily translated or marked string)."""
+
+
+def test_a_known_topic_still_takes_any_biz_key_the_column_holds(sqlite_db: Db) -> None:
+    box = outbox(sqlite_db)
+    with sqlite_db.engine.begin() as conn:
+        box.publish(conn, "ORDER_CREATED", {"v": 1}, biz_type="order", biz_key="first")
+        box.publish(conn, "ORDER_CREATED", {"v": 2}, biz_type="order", biz_key="k" * BIZ_KEY_LEN)
+        box.publish(conn, "ORDER_CREATED", {"v": 3}, biz_type="order", biz_key=Key("sub"))
+    with sqlite_db.engine.connect() as conn:
+        keys = conn.execute(sa.text(
+            f"SELECT biz_key FROM {sqlite_db.names.outbox} ORDER BY id")).scalars().all()
+    assert keys == ["first", "k" * BIZ_KEY_LEN, "sub"]
+
+
+@pytest.mark.parametrize("extra", [{}, {"headers": {}}, {"delay": 0}, {"delay": 0.0},
+                                   {"delay": dt.timedelta(0)}, {"delay": None, "headers": None}])
+def test_no_delay_and_no_headers_in_any_form_store_the_same_row(sqlite_db: Db,
+                                                                extra: dict[str, object]) -> None:
+    with sqlite_db.engine.begin() as conn:
+        outbox(sqlite_db).publish(conn, "T", {}, biz_type="t", biz_key="1",
+                                  **extra)  # type: ignore[arg-type]
+    with sqlite_db.engine.connect() as conn:
+        row = conn.execute(sa.text(
+            f"SELECT headers, next_retry_at, gmt_create FROM {sqlite_db.names.outbox}")).one()
+    assert row.headers is None and row.next_retry_at == row.gmt_create
