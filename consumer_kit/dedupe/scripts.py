@@ -139,14 +139,12 @@ def _alone(client: redis.Redis, call: Call) -> Any:
     gives `_FAILED` after dropping the connection (it reconnects on its next use), and the
     caller runs the call again through the pipeline, which retries as the client is
     configured (a repeated call is safe)."""
-    command = evalsha(call)
     conn = thread_connection(client.connection_pool)
     begin_call(conn)
     try:
-        if _pack is not None:  # hiredis straight: redis-py's packer adds about 4 us a call
-            conn.send_packed_command([_pack(command)])
-        else:
-            conn.send_command(*command)
+        # hiredis straight when the connection packs with it: redis-py's packer adds about
+        # 4 us a call
+        conn.send_packed_command(pack_calls(conn, [call]))
         try:
             answer = conn.read_response()
         except redis.exceptions.ResponseError as exc:
