@@ -27,8 +27,8 @@ def _ulid(ms: int, raw: bytes) -> str:
     the 80 bits of `raw`, most significant bit first: 13 look-ups of two digits each.
 
     publish pays this once per message right after a database round trip, when little of it
-    is in the CPU's caches: in a publish loop it measured about 42 us done by a generator and
-    `base64.b32encode`, 19 us this way (11 us for `uuid4().hex`; `bench/peers/README.md`).
+    is in the CPU's caches: fewer Python steps than a generator and `base64.b32encode`
+    (`python bench/publish_floor.py` prints what making it costs there).
     """
     v = (ms << 80) | int.from_bytes(raw, "big")
     p = _PAIRS

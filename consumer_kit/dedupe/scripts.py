@@ -113,8 +113,7 @@ def pack_calls(conn: Any, calls: Sequence[Call]) -> list[bytes]:
     `packer.TextNumbersPacker` extends), hiredis is called straight and the commands joined
     into one buffer (one send); any other packer packs them itself. The bytes are those of
     `conn.pack_commands`: a pending claim sends them right after a database round trip, when
-    little of redis-py's per-argument loop is in the CPU's caches (timed there: about 50 us a
-    claim and its rider through `pack_commands`).
+    little of redis-py's per-argument loop is in the CPU's caches.
 
     Raises:
         redis.DataError: an argument hiredis cannot pack (as redis-py's packer raises it).
