@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.driver_sql import compile_for_driver, execute
 from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
@@ -71,6 +72,12 @@ class OwedReceipt:
     due_at: dt.datetime
 
 
+#: the columns `ProcessedStore._row` gives
+_ROW_COLUMNS = ("consumer_group", "message_id", "topic", "tags", "broker_message_id", "src",
+                "status", "attempts", "error", "first_seen_at", "processed_at",
+                "receipt_due_at", "receipt_attempts")
+
+
 class ProcessedStore:
     """Reads and writes one consumer group's rows of the processed table."""
 
@@ -83,6 +90,8 @@ class ProcessedStore:
         mine = (t.c.consumer_group == group) & (t.c.message_id == sa.bindparam("b_id"))
         # built once: executing them with parameter dicts skips per-message statement building
         self._insert = sa.insert(t)
+        #: the claim's INSERT as driver SQL, by dialect (None: the driver needs the Core one)
+        self._insert_sql: dict[tuple[str, str], str | None] = {}
         self._status = sa.select(t.c.status).where(mine)
         self._rerun = (sa.update(t).where(mine, t.c.status.in_(
             [ProcessedStatus.FAILED.value, ProcessedStatus.DEAD_LETTERED.value]))
@@ -114,7 +123,12 @@ class ProcessedStore:
         own.
         """
         try:
-            conn.execute(self._insert, self._row(msg, status, error, receipt))
+            row = self._row(msg, status, error, receipt)
+            sql = self._insert_driver_sql(conn)
+            if sql is None:
+                conn.execute(self._insert, row)
+            else:  # every message's one statement: the driver's cursor, as publish's
+                execute(conn, sql, row)
             return RowClaim.NEW
         except IntegrityError:
             found = self.status(msg.id)
@@ -123,6 +137,13 @@ class ProcessedStore:
             if may_run_again(found, msg):
                 return RowClaim.RERUN
             return RowClaim.DONE if found is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
+
+    def _insert_driver_sql(self, conn: Connection) -> str | None:
+        dialect = conn.dialect
+        key = (dialect.name, dialect.driver)
+        if key not in self._insert_sql:
+            self._insert_sql[key] = compile_for_driver(self._insert, dialect, _ROW_COLUMNS)
+        return self._insert_sql[key]
 
     def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> bool:

@@ -3,10 +3,11 @@
 `publish` is the one cost every upstream business transaction pays, so it should cost what a
 hand-written INSERT of the same row costs. Building `sa.insert(table).values(**row)` per call
 and compiling it took longer than the round trip itself; here the statement is compiled once
-(per dialect) and executed with `exec_driver_sql`, the JSON column serialized the way
-SQLAlchemy's `JSON` type does. Only for drivers with named `pyformat` parameters (PyMySQL,
-psycopg, psycopg2) whose types need no processing; SQLite (its DATETIME is text SQLAlchemy
-formats) keeps the Core statement.
+(per dialect) and run on the driver's cursor (`consumer_kit.core.driver_sql`: straight when
+no event listener or echo could tell, else by `exec_driver_sql`), the JSON column serialized
+the way SQLAlchemy's `JSON` type does. Only for drivers with named `pyformat` parameters
+(PyMySQL, psycopg, psycopg2) whose types need no processing; SQLite (its DATETIME is text
+SQLAlchemy formats) keeps the Core statement.
 
 On PostgreSQL a duplicate `(biz_type, biz_key)` is `ON CONFLICT (biz_type, biz_key) DO
 NOTHING`: no row written, no error, the caller's transaction intact (a failed INSERT would
@@ -24,6 +25,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
+
+from consumer_kit.core.driver_sql import compile_for_driver, execute
 
 #: The columns `publish` writes, in order.
 COLUMNS = ("message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers", "body",
@@ -53,13 +56,15 @@ class OutboxInsert:
         params = row
         if row["headers"] is not None:  # the row keeps its dict (the dispatcher reads it)
             params = {**row, "headers": json.dumps(row["headers"])}
-        result = conn.exec_driver_sql(sql, params)
         if returning:
-            found = result.scalar()
+            found = execute(conn, sql, params, "scalar")
             return None if found is None else int(found)
         if pg:
-            return NO_ID if result.rowcount else None
-        return int(result.lastrowid) if want_id else NO_ID
+            return NO_ID if execute(conn, sql, params) else None
+        if want_id:
+            return int(execute(conn, sql, params, "lastrowid"))
+        execute(conn, sql, params)
+        return NO_ID
 
     def _core(self, conn: Connection, row: dict[str, Any], returning: bool) -> int | None:
         if conn.dialect.name == "postgresql":  # a driver without pyformat parameters
@@ -84,12 +89,6 @@ class OutboxInsert:
         return self._sql[key]
 
     def _compile(self, dialect: Dialect, returning: bool) -> str | None:
-        if dialect.name not in ("mysql", "mariadb", "postgresql") \
-                or dialect.paramstyle != "pyformat":
-            return None
         stmt = (self._pg_statement(returning) if dialect.name == "postgresql"
                 else sa.insert(self.table).inline())
-        compiled = stmt.compile(dialect=dialect, column_keys=list(COLUMNS))
-        if compiled.positional or set(compiled.binds) != set(COLUMNS):
-            return None
-        return str(compiled)
+        return compile_for_driver(stmt, dialect, COLUMNS)

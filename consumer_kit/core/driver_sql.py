@@ -1,0 +1,105 @@
+"""One statement per message, compiled once and run on the driver's own cursor.
+
+`Outbox.publish` (the outbox row) and the consumer's dedupe (the processed row) run one INSERT
+in the caller's transaction for every message. Each costs what the statement costs the database
+plus what Python does around it, and that Python runs right after a round trip, when little of
+it is in the CPU's caches: there a call costs several times what it costs in a loop. Both
+statements are compiled once per dialect (`compile_for_driver`) and run by `execute`, which
+skips `Connection.exec_driver_sql`'s execution context and result objects when nothing could
+observe the difference:
+
+- the connection is inside a transaction SQLAlchemy began (explicit or autobegun): the
+  statement joins it, and the caller's commit or rollback ends it as before;
+- neither the connection, its engine nor its dialect has event listeners (tracing or logging
+  hooks see every statement as before: with one, the statement goes through SQLAlchemy);
+- the engine does not echo statements.
+
+Otherwise the statement goes through `exec_driver_sql`. Errors are the same either way: a
+driver error is raised as SQLAlchemy's (`IntegrityError` for a duplicate key), and a lost
+connection or an interrupt invalidates the connection, by SQLAlchemy's own handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
+
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ClauseElement
+
+#: What `execute` answers: the row count, the driver's last row id, or the first column of
+#: the first row returned (None when no row came back).
+Answer = Literal["rowcount", "lastrowid", "scalar"]
+
+
+def compile_for_driver(stmt: ClauseElement, dialect: Dialect, columns: Sequence[str]
+                       ) -> str | None:
+    """`stmt`'s SQL for `dialect` with one named parameter per column, or None when this
+    driver cannot take the values as they are (`execute` then is not for it: run the Core
+    statement, which processes them).
+
+    Only MySQL, MariaDB and PostgreSQL with named `pyformat` parameters (PyMySQL, psycopg,
+    psycopg2) qualify: their drivers adapt str, int, None and datetime themselves. SQLite's
+    DATETIME is text SQLAlchemy formats, so it keeps the Core statement."""
+    if dialect.name not in ("mysql", "mariadb", "postgresql") \
+            or dialect.paramstyle != "pyformat":
+        return None
+    compiled = cast(SQLCompiler, stmt.compile(dialect=dialect, column_keys=list(columns)))
+    if compiled.positional or set(compiled.binds) != set(columns):
+        return None
+    return str(compiled)
+
+
+def execute(conn: Connection, sql: str, params: Mapping[str, Any],
+            answer: Answer = "rowcount") -> Any:
+    """Run driver SQL (`compile_for_driver`) with `params` in `conn`'s transaction; return
+    `answer` of it. On the driver's cursor straight when nothing could tell (the module
+    docstring), else through `exec_driver_sql`.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the driver's error, wrapped as SQLAlchemy wraps it.
+    """
+    if not _direct(conn):
+        return _through_sqlalchemy(conn, sql, params, answer)
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(sql, params)
+        if answer == "scalar":
+            row = cursor.fetchone()
+            value = None if row is None else row[0]
+        elif answer == "lastrowid":
+            value = cursor.lastrowid
+        else:
+            value = cursor.rowcount
+    except BaseException as exc:
+        if isinstance(exc, Exception) and not isinstance(exc, conn.dialect.loaded_dbapi.Error):
+            with contextlib.suppress(Exception):  # not the driver's: raised as it is, as
+                cursor.close()                    # exec_driver_sql raises it
+            raise
+        # wraps a driver error, closes the cursor, invalidates a lost connection (also after
+        # an interrupt), then raises
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    cursor.close()
+    return value
+
+
+def _direct(conn: Connection) -> bool:
+    """True when running on the cursor straight is what `exec_driver_sql` would do."""
+    return (conn.in_transaction()
+            and not getattr(conn, "_echo", True)
+            and not getattr(conn, "_has_events", True)
+            and not getattr(conn.engine, "_has_events", True)
+            and not getattr(conn.dialect, "_has_events", True)
+            and hasattr(conn, "_handle_dbapi_exception"))
+
+
+def _through_sqlalchemy(conn: Connection, sql: str, params: Mapping[str, Any],
+                        answer: Answer) -> Any:
+    result = conn.exec_driver_sql(sql, params)
+    if answer == "scalar":
+        return result.scalar()
+    if answer == "lastrowid":
+        return result.lastrowid
+    return result.rowcount

@@ -1,0 +1,138 @@
+"""consumer_kit.core.driver_sql: publish's and the processed claim's one INSERT runs on the
+driver's cursor only where SQLAlchemy would add nothing anyone can see, with the same errors."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.schema import ProcessedStatus
+from consumer_kit.message import Message
+from consumer_kit.processed import ProcessedStore, RowClaim
+from outbox_producer import Outbox
+from tests.conftest import Db
+
+
+def _no_sqlalchemy_execution(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("exec_driver_sql was called: the driver's cursor was not used")
+
+    monkeypatch.setattr(Connection, "exec_driver_sql", refuse)
+
+
+def _message(message_id: str) -> Message:
+    return Message(id=message_id, topic="ORDER_CREATED", tags="created", keys=(), body=b"{}",
+                   properties={}, reconsume_times=0, broker_message_id="b-" + message_id,
+                   producer="orders")
+
+
+def test_publish_in_a_transaction_runs_on_the_drivers_cursor(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: SQLAlchemy's driver-SQL execution refuses to run
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    _no_sqlalchemy_execution(monkeypatch)
+    # When
+    with server_db.engine.begin() as conn:
+        mid = outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="1")
+        again = outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="1")
+    # Then: written once, and the duplicate answered with the first id
+    assert again == mid
+    assert server_db.count(server_db.names.outbox) == 1
+
+
+def test_the_processed_claim_runs_on_the_drivers_cursor_and_a_duplicate_is_done(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ProcessedStore(server_db.engine, "g1", table=server_db.names.processed)
+    _no_sqlalchemy_execution(monkeypatch)
+    with server_db.engine.begin() as conn:
+        assert store.claim(conn, _message("m-1"), ProcessedStatus.SUCCEEDED) is RowClaim.NEW
+    with server_db.engine.connect() as conn, conn.begin() as tx:
+        assert store.claim(conn, _message("m-1"), ProcessedStatus.SUCCEEDED) is RowClaim.DONE
+        tx.rollback()
+    assert server_db.count(server_db.names.processed) == 1
+
+
+def test_publish_as_the_first_statement_of_a_connection_joins_the_transaction_it_begins(
+        server_db: Db) -> None:
+    # Given: a connection no statement has begun a transaction on yet
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as conn:
+        assert not conn.in_transaction()
+        # When: publish is its first statement, then the caller commits
+        outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="c")
+        assert conn.in_transaction()
+        conn.commit()
+    # Then: the commit wrote it (SQLAlchemy knew of the transaction)
+    assert server_db.count(server_db.names.outbox) == 1
+    with server_db.engine.connect() as conn:
+        outbox.publish(conn, "ORDER_CREATED", {"n": 2}, biz_type="order", biz_key="r")
+    # and closing without a commit rolled that one back
+    assert server_db.count(server_db.names.outbox) == 1
+
+
+def test_a_cursor_event_listener_sees_publishs_insert(server_db: Db) -> None:
+    # Given: a listener, as a tracing or logging hook adds one
+    seen: list[str] = []
+
+    def listener(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(server_db.engine, "before_cursor_execute", listener)
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    try:
+        with server_db.engine.begin() as conn:
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="e")
+    finally:
+        sa.event.remove(server_db.engine, "before_cursor_execute", listener)
+    # Then: the statement went through SQLAlchemy, so the hook saw it
+    assert any(server_db.names.outbox in s and s.lstrip().upper().startswith("INSERT")
+               for s in seen)
+
+
+def test_an_echoing_engine_logs_publishs_insert(server_db: Db,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(server_db.url, echo=True)
+    outbox = Outbox(engine, producer="orders", table=server_db.names.outbox)
+    try:
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
+            with engine.begin() as conn:
+                outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="l")
+    finally:
+        engine.dispose()
+    assert any(server_db.names.outbox in r.getMessage() and "INSERT" in r.getMessage()
+               for r in caplog.records)
+
+
+def _kill(db: Db, victim: Connection) -> None:
+    """End `victim`'s session from the server's side."""
+    with db.engine.connect() as admin:
+        if db.kind == "mariadb":
+            session_id = victim.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+            admin.exec_driver_sql(f"KILL CONNECTION {int(session_id or 0)}")
+        else:
+            session_id = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            admin.exec_driver_sql(f"SELECT pg_terminate_backend({int(session_id or 0)})")
+        admin.commit()
+
+
+def test_a_lost_connection_during_publish_raises_sqlalchemys_error_and_invalidates_it(
+        server_db: Db) -> None:
+    # Given: a transaction whose server session is killed before publish runs
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as conn:
+        conn.begin()
+        _kill(server_db, conn)
+        # When
+        with pytest.raises(sa.exc.DBAPIError) as raised:
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="k")
+        # Then: SQLAlchemy's error, the connection invalidated (not handed out again)
+        assert raised.value.connection_invalidated
+        assert conn.invalidated
+    with server_db.engine.begin() as conn:  # the pool still works
+        outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="k")
+    assert server_db.count(server_db.names.outbox) == 1
