@@ -7,15 +7,16 @@ once from the processed row's unique key, and Redis' answer rolls the transactio
 the message is done or another consumer holds it. While duplicates are frequent the pipeline
 claims first instead (`Predictor`), so they never reach the database.
 
-The claim carries the done markers queued since the last one (`RedisWriter.take`): they go in
-the same write and their answers are read before the claim's, so they cost no round trip and
-wake no thread.
+The claim carries the done markers queued since the last one (`RedisWriter.take`): the claim
+script runs them first (`RedisDedupe.claim_call`), so they cost no round trip, wake no thread,
+and add no answer to read: one answer says how the claim went and how many markers failed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import redis
@@ -37,7 +38,8 @@ class ClaimSource(Protocol):
     client: redis.Redis
     writer: RedisWriter
 
-    def claim_call(self, message_id: str, token: str) -> Call: ...
+    def claim_call(self, message_id: str, token: str, finished: Sequence[Call] = ()
+                   ) -> Call: ...
 
     def claim(self, message_id: str, token: str) -> Claim: ...
 
@@ -75,8 +77,8 @@ class PendingClaim:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
             begin_call(conn)
             _on_wire[self._thread] = self
-            calls = [*self._riders, dedupe.claim_call(message_id, token)]
-            conn.send_packed_command(pack_calls(conn, calls))
+            call = dedupe.claim_call(message_id, token, self._riders)
+            conn.send_packed_command(pack_calls(conn, [call]))
         except redis.RedisError as exc:
             self._done(clean=False)
             dedupe.failed("claim", message_id, exc)
@@ -104,11 +106,14 @@ class PendingClaim:
             return self._answer
         clean = False  # every answer read: the connection may carry the thread's next claim
         try:
-            self._read_riders()
             raw = self._conn.read_response()
             clean = True
         except redis.exceptions.NoScriptError:  # Redis lost the script (a restart, a flush)
             self._done(clean=True)
+            # nothing of the script ran: the markers wait for the next claim, and this claim
+            # goes alone, which loads the script again
+            self.dedupe.writer.resubmit(self._riders)
+            self._riders = []
             self._answer = self.dedupe.claim(self.message_id, self.token)
             return self._answer
         except redis.ResponseError as exc:  # this key alone (e.g. WRONGTYPE)
@@ -121,30 +126,18 @@ class PendingClaim:
             self._answer = Claim.UNAVAILABLE
         else:
             self.dedupe.ok()
+            if self._riders:  # [answer, markers that failed, the first one's error]
+                answer, failed, first = raw
+                if failed:  # those markers are lost, harmlessly: the processed table decides
+                    log.warning("redis done marker failed for %d of %d (%s); the processed "
+                                "table decides", int(failed), len(self._riders),
+                                first.decode() if isinstance(first, bytes) else first)
+                raw = answer
             self._answer = BY_ANSWER[int(raw)]
         finally:
+            self._riders = []
             self._done(clean)
         return self._answer
-
-    def _read_riders(self) -> None:
-        """Read the carried calls' answers; for those Redis refused for a lost script, load
-        it and queue them again (any other error of one: the marker is lost, harmlessly)."""
-        lost = []
-        for call in self._riders:
-            try:
-                self._conn.read_response()
-            except redis.exceptions.NoScriptError:
-                lost.append(call)
-            except redis.ResponseError as exc:
-                log.warning("redis done marker failed (%s); the processed table decides", exc)
-        self._riders = []
-        if lost:  # load the script here: claims would otherwise carry them into NOSCRIPT again
-            for script in {call[0] for call in lost}:
-                try:
-                    script.load()
-                except redis.RedisError:
-                    break  # the writer's pipeline loads it when it sends them
-            self.dedupe.writer.resubmit(lost)
 
     def _done(self, clean: bool) -> None:
         """Nothing more to read; an unclean connection (answers left unread, a broken

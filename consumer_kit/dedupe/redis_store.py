@@ -69,10 +69,23 @@ class RedisDedupe:
         """True while Redis is considered down (the database path alone decides)."""
         return time.monotonic() < self._down_until
 
-    def claim_call(self, message_id: str, token: str) -> Call:
-        """The claim script's call (for `PendingClaim`, which sends it itself)."""
-        return (self._claim, [done_key(self.group, message_id),
-                              lease_key(self.group, message_id)], [token, self._lease_text])
+    def claim_call(self, message_id: str, token: str, finished: Sequence[Call] = ()) -> Call:
+        """The claim script's call (for `PendingClaim`, which sends it itself). It runs the
+        done markers of `finished` first, in the same script (one answer for all): calls
+        `finish` queued (`RedisWriter.take`). A marker's keys share the claim's hash slot (the
+        group's), so the script runs on a cluster too.
+
+        Raises:
+            ValueError: a call in `finished` is not `finish`'s.
+        """
+        keys = [done_key(self.group, message_id), lease_key(self.group, message_id)]
+        args = [token, self._lease_text]
+        for script, marker_keys, marker_args in finished:
+            if script is not self._finish:
+                raise ValueError(f"a claim carries done markers only, not {script.name}")
+            keys.extend(marker_keys)
+            args.extend(marker_args)
+        return (self._claim, keys, args)
 
     def claim_later(self, message_id: str, token: str) -> PendingClaim:
         """Send a claim now and read its answer later (`PendingClaim.result`)."""

@@ -4,10 +4,17 @@ within its linger; a claim left unread never hands its answer to the thread's ne
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
-from consumer_kit.dedupe import Claim, RedisDedupe
-from consumer_kit.dedupe.keys import done_key
+import pytest
+
+from consumer_kit.dedupe import Claim, RedisDedupe, scripts
+from consumer_kit.dedupe import pending as pending_module
+from consumer_kit.dedupe.keys import done_key, lease_key
+from consumer_kit.dedupe.scripts import Call
 from tests.consumer.conftest import Env
 
 
@@ -138,4 +145,62 @@ def test_a_full_queue_drops_markers_and_counts_them(env: Env) -> None:
     assert store.flush()
     assert [bool(env.redis.exists(done_key(store.group, f"M{i}"))) for i in range(1, 4)] == [
         True, True, False]
+    store.close()
+
+
+def test_the_markers_a_claim_carries_run_in_its_script_with_one_answer(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given three finished messages whose markers are queued
+    store = store_without_thread_sends(env)
+    for i in range(1, 4):
+        assert store.claim(f"M{i}", "me") is Claim.CLAIMED
+        store.finish(f"M{i}", "me")
+    sent: list[int] = []
+
+    def pack_calls(conn: Any, calls: Sequence[Call]) -> list[bytes]:
+        sent.append(len(calls))
+        return scripts.pack_calls(conn, calls)
+
+    monkeypatch.setattr(pending_module, "pack_calls", pack_calls)
+    # When the claim that carries them is sent and read
+    pending = store.claim_later("M4", "me")
+    assert pending.result() is Claim.CLAIMED
+    assert sent == [1]  # one script call, so one answer
+    # Then every marker is set and its lease dropped, and the claim holds M4's lease
+    for i in range(1, 4):
+        assert env.redis.exists(done_key(store.group, f"M{i}"))
+        assert not env.redis.exists(lease_key(store.group, f"M{i}"))
+    assert env.redis.get(lease_key(store.group, "M4")) == b"me"
+    assert store.claim_later("M5", "me").result() is Claim.CLAIMED  # the connection is in step
+    store.close()
+
+
+def test_a_carried_marker_that_fails_is_its_own_and_the_claim_still_answers(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given two queued markers, the first one's lease key holding a list (WRONGTYPE for GET)
+    store = store_without_thread_sends(env)
+    for i in (1, 2):
+        assert store.claim(f"M{i}", "me") is Claim.CLAIMED
+        store.finish(f"M{i}", "me")
+    env.redis.delete(lease_key(store.group, "M1"))
+    env.redis.rpush(lease_key(store.group, "M1"), "x")
+    # When a claim carries them
+    with caplog.at_level(logging.WARNING, logger="consumer_kit.dedupe.pending"):
+        answer = store.claim_later("M3", "me").result()
+    # Then the claim is answered, the other marker applied, and the failure said once
+    assert answer is Claim.CLAIMED
+    assert env.redis.exists(done_key(store.group, "M2"))
+    assert not env.redis.exists(lease_key(store.group, "M2"))
+    warned = [r.getMessage() for r in caplog.records if "done marker failed" in r.getMessage()]
+    assert len(warned) == 1 and "1 of 2" in warned[0] and "WRONGTYPE" in warned[0]
+    assert not store.degraded
+    env.redis.delete(lease_key(store.group, "M1"))
+    store.close()
+
+
+def test_a_claim_carries_nothing_but_done_markers(env: Env) -> None:
+    store = store_without_thread_sends(env)
+    release = (store._release, [lease_key(store.group, "M1")], ["me"])
+    with pytest.raises(ValueError, match="done markers only"):
+        store.claim_call("M2", "me", [release])
     store.close()
