@@ -15,11 +15,17 @@ Variants, interleaved transaction by transaction in rotating order (`bench.peers
                 when little of the code is in the CPU's caches: several times a loop's figure);
 - floor-ulid    the floor's INSERT with the id `publish` writes (a ULID: 10 time characters and
                 16 random ones, upper-case Crockford base32);
-- publish       bare + `Outbox.publish` (the same SQL: `outbox_producer.insert`).
+- publish       bare + `Outbox.publish` (the same SQL: `outbox_producer.insert`);
+- driver bare, driver floor
+                bare and floor with no SQLAlchemy at all: the same two INSERTs on one DBAPI
+                connection held from the pool (PyMySQL, psycopg), committed by the driver.
 
 `floor-ulid - floor+ulid()` is what the id's form costs the database, `floor+ulid() - floor` what
 making it costs; `publish - floor-ulid` what publish's own work adds (checks, JSON, the row; on
-PostgreSQL also its `ON CONFLICT DO NOTHING`). Medians of `--runs` runs of `--tx` each.
+PostgreSQL also its `ON CONFLICT DO NOTHING`). `driver floor - driver bare` is what the INSERT
+costs the driver alone: the least any SQLAlchemy-free code on this driver could add (publish runs
+in the caller's SQLAlchemy transaction, so it is compared with the floor, not with this).
+Medians of `--runs` runs of `--tx` each.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import statistics
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -65,6 +72,26 @@ def variants(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox, outbox_
 
     return [("bare", peer["bare"]), ("floor", peer["floor"]), ("floor+ulid()", floor_making_ulid),
             ("floor-ulid", floor_ulid), ("publish", peer["publish"])]
+
+
+def driver_variants(dbapi: Any, orders_sql: str, sql: str) -> list[tuple[str, harness.Variant]]:
+    """bare and floor on a DBAPI connection, no SQLAlchemy (`orders_sql`: the order INSERT as
+    driver SQL)."""
+
+    def bare(key: str) -> None:
+        cursor = dbapi.cursor()
+        cursor.execute(orders_sql, {"sku": key, "qty": 1})
+        cursor.close()
+        dbapi.commit()
+
+    def floor(key: str) -> None:
+        cursor = dbapi.cursor()
+        cursor.execute(orders_sql, {"sku": key, "qty": 1})
+        cursor.execute(sql, floor_row("d" + key))
+        cursor.close()
+        dbapi.commit()
+
+    return [("driver bare", bare), ("driver floor", floor)]
 
 
 def binary_ids(engine: sa.engine.Engine, table_name: str) -> None:
@@ -106,12 +133,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         outbox = Outbox(engine, producer="bench", table=outbox_t.name)
         sql = floor_sql(engine, outbox_t.name)
-        runs = harness.publish_runs(variants(engine, orders, outbox, outbox_t, sql), args.tx,
-                                    args.runs)
+        orders_sql = str(orders.insert().compile(dialect=engine.dialect,
+                                                 column_keys=["sku", "qty"]))
+        held = engine.raw_connection()  # a pool connection, given back below
+        try:
+            runs = harness.publish_runs(
+                variants(engine, orders, outbox, outbox_t, sql)
+                + driver_variants(held.dbapi_connection, orders_sql, sql), args.tx, args.runs)
+        finally:
+            held.close()
     finally:
         metadata.drop_all(engine)
         engine.dispose()
     median = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+    driver = {name: median.pop(name) for name in ("driver bare", "driver floor")}
     floor_added = median["floor"] - median["bare"]
     rows = [[name, f"{ms:.3f}", "-" if name == "bare" else f"+{ms - median['bare']:.3f}",
              "-" if name == "bare" else f"{(ms - median['bare']) / floor_added:.2f}x"]
@@ -123,6 +158,11 @@ def main(argv: list[str] | None = None) -> None:
           f" publish's own work (checks, JSON, the row; on PostgreSQL also ON CONFLICT DO NOTHING):"
           f" publish - floor-ulid = "
           f"{median['publish'] - median['floor-ulid']:+.3f} ms")
+    driver_added = driver["driver floor"] - driver["driver bare"]
+    print(f"the driver alone ({engine.dialect.driver}, no SQLAlchemy): bare "
+          f"{driver['driver bare']:.3f} ms, floor {driver['driver floor']:.3f} ms, the INSERT "
+          f"adds {driver_added:+.3f} ms; publish adds "
+          f"{(median['publish'] - median['bare']) / driver_added:.2f}x that")
     print(f"load average at the end: {load_average()}")
 
 
