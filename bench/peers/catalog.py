@@ -44,7 +44,9 @@ CKIT = Peer(
         "publish checks every field's length and the payload type, writes 17 columns, makes a "
         "ULID and is idempotent on (biz_type, biz_key) (on PostgreSQL by ON CONFLICT DO "
         "NOTHING, so a duplicate key leaves the caller's transaction usable); its INSERT is "
-        "compiled once and run as driver SQL, like the floor's.",
+        "compiled once and run on the driver's cursor (SQLAlchemy's execution context skipped, "
+        "as no event listener or echo is set here); the floor's goes through exec_driver_sql: "
+        "bench/publish_floor.py also prints the driver alone, without SQLAlchemy.",
         "the Session row pays the after-commit hook and a dispatcher thread that claims, sends "
         "and marks the row SENT while the next transactions run (same process, same GIL); the "
         "figure is the commit latency the caller sees, not the send. That thread also slows the "
@@ -56,8 +58,9 @@ CKIT = Peer(
         "that transaction, the lease enforced as the server's idle-transaction timeout); the "
         "best is timed. It refreshes backlog gauges at start and end.",
         "dedupe: the processed row is inserted in the handler's own transaction (exactly once in "
-        "effect); with Redis, one claim round trip per message (sent before that INSERT, read "
-        "after it), carrying the previous message's done marker; the 'adaptive' mode "
+        "effect), on the driver's cursor as publish's row (the floor's goes through the "
+        "Session); with Redis, one claim round trip per message (sent before that INSERT, read "
+        "after it), whose script also sets the previous message's done marker; the 'adaptive' mode "
         "(redis_claims=\"adaptive\") sends no claim while duplicates are rare (the processed "
         "row decides; done markers go to Redis in batches) and claims again after about five "
         "in a row. Duplicates measured are ids this process did not see (in-process cache off).",
