@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.driver_sql import compile_for_driver, execute
+from consumer_kit.core.driver_sql import compile_for_driver, execute, translates_schema
 from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
@@ -70,12 +70,6 @@ class OwedReceipt:
     status: ProcessedStatus
     error: str | None
     due_at: dt.datetime
-
-
-#: the columns `ProcessedStore._row` gives
-_ROW_COLUMNS = ("consumer_group", "message_id", "topic", "tags", "broker_message_id", "src",
-                "status", "attempts", "error", "first_seen_at", "processed_at",
-                "receipt_due_at", "receipt_attempts")
 
 
 class ProcessedStore:
@@ -124,7 +118,7 @@ class ProcessedStore:
         """
         try:
             row = self._row(msg, status, error, receipt)
-            sql = self._insert_driver_sql(conn)
+            sql = self._insert_driver_sql(conn, row)
             if sql is None:
                 conn.execute(self._insert, row)
             else:  # every message's one statement: the driver's cursor, as publish's
@@ -138,12 +132,14 @@ class ProcessedStore:
                 return RowClaim.RERUN
             return RowClaim.DONE if found is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
 
-    def _insert_driver_sql(self, conn: Connection) -> str | None:
+    def _insert_driver_sql(self, conn: Connection, row: dict[str, Any]) -> str | None:
+        """The claim's INSERT as driver SQL for the columns of `row` (`_row` gives the same
+        every time), or None: the Core statement is needed."""
         dialect = conn.dialect
         key = (dialect.name, dialect.driver)
         if key not in self._insert_sql:
-            self._insert_sql[key] = compile_for_driver(self._insert, dialect, _ROW_COLUMNS)
-        return self._insert_sql[key]
+            self._insert_sql[key] = compile_for_driver(self._insert, dialect, tuple(row))
+        return None if translates_schema(conn) else self._insert_sql[key]
 
     def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> bool:

@@ -7,7 +7,7 @@ and compiling it took longer than the round trip itself; here the statement is c
 no event listener or echo could tell, else by `exec_driver_sql`), the JSON column serialized
 the way SQLAlchemy's `JSON` type does. Only for drivers with named `pyformat` parameters
 (PyMySQL, psycopg, psycopg2) whose types need no processing; SQLite (its DATETIME is text
-SQLAlchemy formats) keeps the Core statement.
+SQLAlchemy formats) and a connection with a `schema_translate_map` keep the Core statement.
 
 On PostgreSQL a duplicate `(biz_type, biz_key)` is `ON CONFLICT (biz_type, biz_key) DO
 NOTHING`: no row written, no error, the caller's transaction intact (a failed INSERT would
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
 
-from consumer_kit.core.driver_sql import compile_for_driver, execute
+from consumer_kit.core.driver_sql import compile_for_driver, execute, translates_schema
 
 #: The columns `publish` writes, in order.
 COLUMNS = ("message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers", "body",
@@ -50,7 +50,7 @@ class OutboxInsert:
     def __call__(self, conn: Connection, row: dict[str, Any], *, want_id: bool) -> int | None:
         pg = conn.dialect.name == "postgresql"
         returning = want_id and pg
-        sql = self._driver_sql(conn.dialect, returning)
+        sql = None if translates_schema(conn) else self._driver_sql(conn.dialect, returning)
         if sql is None:
             return self._core(conn, row, returning)
         params = row

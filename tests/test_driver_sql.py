@@ -4,6 +4,7 @@ driver's cursor only where SQLAlchemy would add nothing anyone can see, with the
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,18 +12,27 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.schema import ProcessedStatus
+from consumer_kit.core.schema import ProcessedStatus, build_metadata
 from consumer_kit.message import Message
 from consumer_kit.processed import ProcessedStore, RowClaim
 from outbox_producer import Outbox
+from tests import services
 from tests.conftest import Db
 
 
-def _no_sqlalchemy_execution(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("exec_driver_sql was called: the driver's cursor was not used")
+def _no_sqlalchemy_inserts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLAlchemy refuses to execute any INSERT (Core or driver SQL: both go through
+    `Connection._execute_context`); other statements run."""
+    real = Connection._execute_context
 
-    monkeypatch.setattr(Connection, "exec_driver_sql", refuse)
+    def refuse_inserts(self: Connection, dialect: Any, constructor: Any, statement: Any,
+                       *args: Any, **kwargs: Any) -> Any:
+        if str(statement).lstrip().upper().startswith("INSERT"):
+            raise AssertionError("SQLAlchemy executed an INSERT: the driver's cursor was not "
+                                 "used")
+        return real(self, dialect, constructor, statement, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "_execute_context", refuse_inserts)
 
 
 def _message(message_id: str) -> Message:
@@ -33,9 +43,9 @@ def _message(message_id: str) -> Message:
 
 def test_publish_in_a_transaction_runs_on_the_drivers_cursor(
         server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given: SQLAlchemy's driver-SQL execution refuses to run
+    # Given: SQLAlchemy refuses to execute INSERTs
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
-    _no_sqlalchemy_execution(monkeypatch)
+    _no_sqlalchemy_inserts(monkeypatch)
     # When
     with server_db.engine.begin() as conn:
         mid = outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="1")
@@ -48,7 +58,7 @@ def test_publish_in_a_transaction_runs_on_the_drivers_cursor(
 def test_the_processed_claim_runs_on_the_drivers_cursor_and_a_duplicate_is_done(
         server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     store = ProcessedStore(server_db.engine, "g1", table=server_db.names.processed)
-    _no_sqlalchemy_execution(monkeypatch)
+    _no_sqlalchemy_inserts(monkeypatch)  # the duplicate's status look-up (a SELECT) still runs
     with server_db.engine.begin() as conn:
         assert store.claim(conn, _message("m-1"), ProcessedStatus.SUCCEEDED) is RowClaim.NEW
     with server_db.engine.connect() as conn, conn.begin() as tx:
@@ -99,9 +109,8 @@ def test_an_echoing_engine_logs_publishs_insert(server_db: Db,
     engine = make_engine(server_db.url, echo=True)
     outbox = Outbox(engine, producer="orders", table=server_db.names.outbox)
     try:
-        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
-            with engine.begin() as conn:
-                outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="l")
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"), engine.begin() as conn:
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="l")
     finally:
         engine.dispose()
     assert any(server_db.names.outbox in r.getMessage() and "INSERT" in r.getMessage()
@@ -121,14 +130,15 @@ def _kill(db: Db, victim: Connection) -> None:
 
 
 def test_a_lost_connection_during_publish_raises_sqlalchemys_error_and_invalidates_it(
-        server_db: Db) -> None:
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given: a transaction whose server session is killed before publish runs
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
     with server_db.engine.connect() as conn:
         conn.begin()
         _kill(server_db, conn)
-        # When
-        with pytest.raises(sa.exc.DBAPIError) as raised:
+        # When: publish runs on the driver's cursor (SQLAlchemy would refuse the INSERT)
+        with monkeypatch.context() as patched, pytest.raises(sa.exc.DBAPIError) as raised:
+            _no_sqlalchemy_inserts(patched)
             outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="k")
         # Then: SQLAlchemy's error, the connection invalidated (not handed out again)
         assert raised.value.connection_invalidated
@@ -136,3 +146,53 @@ def test_a_lost_connection_during_publish_raises_sqlalchemys_error_and_invalidat
     with server_db.engine.begin() as conn:  # the pool still works
         outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="k")
     assert server_db.count(server_db.names.outbox) == 1
+
+
+def test_publish_after_a_savepoint_rolled_back_inside_its_block_is_refused_as_sqlalchemy_does(
+        server_db: Db) -> None:
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as conn, conn.begin(), conn.begin_nested() as savepoint:
+        savepoint.rollback()
+        with pytest.raises(sa.exc.InvalidRequestError, match="closed transaction"):
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="s")
+    assert server_db.count(server_db.names.outbox) == 0
+
+
+@pytest.fixture
+def translated(server_db: Db) -> Iterator[tuple[sa.engine.Engine, str]]:
+    """An engine whose tables live in another schema (MariaDB: the second test database;
+    PostgreSQL: a schema of the test database), named by `schema_translate_map` only."""
+    if server_db.kind == "mariadb":
+        schema = sa.engine.make_url(services.mysql_url2()).database or ""
+    else:
+        schema = "tr_" + server_db.names.outbox[:9]
+        with server_db.engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engine = server_db.engine.execution_options(schema_translate_map={None: schema})
+    metadata = build_metadata(server_db.names, include_transport=False)
+    try:
+        with server_db.engine.begin() as conn:  # the untranslated tables are not there
+            for table in (server_db.names.outbox, server_db.names.processed):
+                conn.exec_driver_sql(f"DROP TABLE {table}")
+        metadata.create_all(engine)
+        yield engine, schema
+        metadata.drop_all(engine)
+    finally:
+        if server_db.kind == "postgresql":
+            with server_db.engine.begin() as conn:
+                conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        with server_db.engine.begin() as conn:  # for the fixture's own drop_all
+            build_metadata(server_db.names, include_transport=False).create_all(conn)
+
+
+def test_a_schema_translate_map_names_the_table_publish_and_the_claim_write(
+        server_db: Db, translated: tuple[sa.engine.Engine, str]) -> None:
+    engine, schema = translated
+    outbox = Outbox(engine, producer="orders", table=server_db.names.outbox)
+    store = ProcessedStore(engine, "g1", table=server_db.names.processed)
+    with engine.begin() as conn:
+        outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="t")
+        assert store.claim(conn, _message("m-t"), ProcessedStatus.SUCCEEDED) is RowClaim.NEW
+    with engine.connect() as conn:
+        for table in (server_db.names.outbox, server_db.names.processed):
+            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {schema}.{table}").scalar() == 1

@@ -8,13 +8,17 @@ statements are compiled once per dialect (`compile_for_driver`) and run by `exec
 skips `Connection.exec_driver_sql`'s execution context and result objects when nothing could
 observe the difference:
 
-- the connection is inside a transaction SQLAlchemy began (explicit or autobegun): the
-  statement joins it, and the caller's commit or rollback ends it as before;
+- the connection is inside a transaction SQLAlchemy began (explicit or autobegun), and
+  neither a savepoint nor a transaction block of it has ended (SQLAlchemy would refuse the
+  statement: so does this, through `exec_driver_sql`): the statement joins it, and the
+  caller's commit or rollback ends it as before;
 - neither the connection, its engine nor its dialect has event listeners (tracing or logging
   hooks see every statement as before: with one, the statement goes through SQLAlchemy);
 - the engine does not echo statements.
 
-Otherwise the statement goes through `exec_driver_sql`. Errors are the same either way: a
+Otherwise the statement goes through `exec_driver_sql`. A connection with a
+`schema_translate_map` needs the Core statement (`translates_schema`): driver SQL names its
+table as compiled. Errors are the same either way: a
 driver error is raised as SQLAlchemy's (`IntegrityError` for a duplicate key), and a lost
 connection or an interrupt invalidates the connection, by SQLAlchemy's own handler.
 """
@@ -63,8 +67,9 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     """
     if not _direct(conn):
         return _through_sqlalchemy(conn, sql, params, answer)
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = None
     try:
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         cursor.execute(sql, params)
         if answer == "scalar":
             row = cursor.fetchone()
@@ -75,8 +80,9 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
             value = cursor.rowcount
     except BaseException as exc:
         if isinstance(exc, Exception) and not isinstance(exc, conn.dialect.loaded_dbapi.Error):
-            with contextlib.suppress(Exception):  # not the driver's: raised as it is, as
-                cursor.close()                    # exec_driver_sql raises it
+            if cursor is not None:  # not the driver's: raised as it is, as exec_driver_sql
+                with contextlib.suppress(Exception):  # raises it
+                    cursor.close()
             raise
         # wraps a driver error, closes the cursor, invalidates a lost connection (also after
         # an interrupt), then raises
@@ -85,14 +91,29 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     return value
 
 
+def translates_schema(conn: Connection) -> bool:
+    """True when `conn` maps schemas at execution (`schema_translate_map`): driver SQL would
+    name the table as compiled, so the caller runs its Core statement instead."""
+    return bool(conn.get_execution_options().get("schema_translate_map"))
+
+
 def _direct(conn: Connection) -> bool:
-    """True when running on the cursor straight is what `exec_driver_sql` would do."""
-    return (conn.in_transaction()
-            and not getattr(conn, "_echo", True)
-            and not getattr(conn, "_has_events", True)
-            and not getattr(conn.engine, "_has_events", True)
-            and not getattr(conn.dialect, "_has_events", True)
-            and hasattr(conn, "_handle_dbapi_exception"))
+    """True when running on the cursor straight is what `exec_driver_sql` would do (the checks
+    of SQLAlchemy's `Connection._execute_context` that could refuse or watch it); any
+    attribute this SQLAlchemy lacks means no."""
+    try:
+        nested = conn._nested_transaction
+        block = conn._trans_context_manager
+        return (conn.in_transaction()
+                and (nested is None or nested.is_active)
+                and (block is None or block._transaction_is_active())
+                and not conn._echo
+                and not conn._has_events
+                and not conn.engine._has_events
+                and not conn.dialect._has_events
+                and hasattr(conn, "_handle_dbapi_exception"))
+    except AttributeError:
+        return False
 
 
 def _through_sqlalchemy(conn: Connection, sql: str, params: Mapping[str, Any],

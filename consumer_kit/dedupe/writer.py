@@ -80,8 +80,8 @@ class RedisWriter:
             self._queued.set()
 
     def take(self, limit: int = RIDERS_PER_CLAIM) -> list[Call]:
-        """Up to `limit` queued calls, oldest first, for a claim to carry (the caller sends
-        them and reads their answers; `resubmit` those Redis refused with NOSCRIPT)."""
+        """Up to `limit` queued calls, oldest first, for a claim to carry (its script runs
+        them: `RedisDedupe.claim_call`; the caller `resubmit`s them when Redis had lost it)."""
         calls = self._calls
         out: list[Call] = []
         while calls and len(out) < limit:
@@ -92,8 +92,8 @@ class RedisWriter:
         return out
 
     def resubmit(self, calls: Sequence[Call]) -> None:
-        """Queue again calls a claim carried but Redis did not run (it lost the script: the
-        thread's pipeline loads it and runs them)."""
+        """Queue again calls a claim carried but Redis did not run (it had lost the script):
+        the next claim carries them, or the thread sends them."""
         for script, keys, args in calls:
             self.submit(script, keys, args)
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import redis
 
 from consumer_kit.dedupe import Claim, RedisDedupe, scripts
 from consumer_kit.dedupe import pending as pending_module
 from consumer_kit.dedupe.keys import done_key, lease_key
-from consumer_kit.dedupe.scripts import Call
+from consumer_kit.dedupe.scripts import Call, release_kept
+from tests import services
 from tests.consumer.conftest import Env
 
 
@@ -64,10 +67,10 @@ def test_a_carried_marker_refused_for_a_lost_script_is_sent_again(env: Env) -> N
     assert store.claim("M1", "me") is Claim.CLAIMED
     store.finish("M1", "me")
     env.redis.script_flush()
-    # When a claim carries it: both the marker and the claim meet NOSCRIPT
+    # When a claim carries it: the claim's script, which would set the marker, meets NOSCRIPT
     assert store.claim_later("M2", "me").result() is Claim.CLAIMED
-    # Then the claim's thread loaded the script again and queued the marker: the next claim
-    # delivers it (no flush, no writer thread)
+    # Then the claim went alone (loading the script again) and the marker was queued again:
+    # the next claim delivers it (no flush, no writer thread)
     assert not env.redis.exists(done_key(store.group, "M1"))
     assert store.claim_later("M3", "me").result() is Claim.CLAIMED
     assert env.redis.exists(done_key(store.group, "M1"))
@@ -204,3 +207,32 @@ def test_a_claim_carries_nothing_but_done_markers(env: Env) -> None:
     with pytest.raises(ValueError, match="done markers only"):
         store.claim_call("M2", "me", [release])
     store.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("options", [{"decode_responses": True}, {"protocol": 3}],
+                         ids=["decoded-replies", "resp3"])
+def test_a_claim_carrying_markers_reads_its_one_answer_whatever_the_clients_replies(
+        options: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    services.require("redis", services.ping_redis)
+    client = redis.Redis.from_url(services.redis_url(), **options)
+    store = RedisDedupe(client, "riders-" + uuid.uuid4().hex[:8])
+    store.writer.linger = 60.0
+    try:
+        assert store.claim("M1", "me") is Claim.CLAIMED
+        store.finish("M1", "me")
+        client.rpush(lease_key(store.group, "M2"), "x")  # M2's marker will fail (WRONGTYPE)
+        store.finish("M2", "me")
+        with caplog.at_level(logging.WARNING, logger="consumer_kit.dedupe.pending"):
+            assert store.claim_later("M3", "me").result() is Claim.CLAIMED
+        assert client.exists(done_key(store.group, "M1"))
+        assert not client.exists(lease_key(store.group, "M1"))
+        assert any("1 of 2" in r.getMessage() and "WRONGTYPE" in r.getMessage()
+                   for r in caplog.records)
+        assert store.claim_later("M4", "me").result() is Claim.CLAIMED
+    finally:
+        store.close()
+        client.delete(*[key(store.group, f"M{i}") for i in range(1, 5)
+                        for key in (done_key, lease_key)])
+        release_kept(client.connection_pool)
+        client.close()
