@@ -196,3 +196,28 @@ def test_a_schema_translate_map_names_the_table_publish_and_the_claim_write(
     with engine.connect() as conn:
         for table in (server_db.names.outbox, server_db.names.processed):
             assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {schema}.{table}").scalar() == 1
+
+
+def test_a_listener_on_the_engine_class_sees_publishs_insert_and_once_removed_the_cursor_runs(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: a listener on every engine (the Engine class), as a test or an instrumentation adds
+    seen: list[str] = []
+
+    def listener(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", listener)
+    try:
+        with server_db.engine.begin() as conn:
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="a")
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", listener)
+    # Then: it saw the INSERT
+    assert any(server_db.names.outbox in s and s.lstrip().upper().startswith("INSERT")
+               for s in seen)
+    # And once it is gone (SQLAlchemy's flag stays set), publish is back on the cursor
+    _no_sqlalchemy_inserts(monkeypatch)
+    with server_db.engine.begin() as conn:
+        outbox.publish(conn, "ORDER_CREATED", {"n": 2}, biz_type="order", biz_key="b")
+    assert server_db.count(server_db.names.outbox) == 2

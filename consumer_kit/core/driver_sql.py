@@ -12,8 +12,9 @@ observe the difference:
   neither a savepoint nor a transaction block of it has ended (SQLAlchemy would refuse the
   statement: so does this, through `exec_driver_sql`): the statement joins it, and the
   caller's commit or rollback ends it as before;
-- neither the connection, its engine nor its dialect has event listeners (tracing or logging
-  hooks see every statement as before: with one, the statement goes through SQLAlchemy);
+- no cursor event listener on the connection, its engine or the `Engine` class, and no dialect
+  `do_execute` listener (tracing or logging hooks see every statement as before: with one, the
+  statement goes through SQLAlchemy);
 - the engine does not echo statements.
 
 Otherwise the statement goes through `exec_driver_sql`. A connection with a
@@ -108,12 +109,23 @@ def _direct(conn: Connection) -> bool:
                 and (nested is None or nested.is_active)
                 and (block is None or block._transaction_is_active())
                 and not conn._echo
-                and not conn._has_events
-                and not conn.engine._has_events
-                and not conn.dialect._has_events
+                and not _watched(conn)
                 and hasattr(conn, "_handle_dbapi_exception"))
     except AttributeError:
         return False
+
+
+def _watched(conn: Connection) -> bool:
+    """True when a listener would see the statement run through `exec_driver_sql`: a cursor
+    event on the connection, its engine or the `Engine` class, or a dialect `do_execute`.
+    SQLAlchemy's own flags say only that a listener was added once (they stay set after it is
+    removed), so the listeners themselves are looked at when a flag is set. Driver errors go
+    through SQLAlchemy's handler, so `handle_error` listeners see them either way."""
+    if conn._has_events or conn.engine._has_events:
+        dispatch = conn.dispatch
+        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+            return True
+    return bool(conn.dialect._has_events and conn.dialect.dispatch.do_execute)
 
 
 def _through_sqlalchemy(conn: Connection, sql: str, params: Mapping[str, Any],
