@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.driver_sql import compile_for_driver, execute, translates_schema
+from consumer_kit.core.driver_sql import DriverSQL, execute
 from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
@@ -85,7 +85,7 @@ class ProcessedStore:
         # built once: executing them with parameter dicts skips per-message statement building
         self._insert = sa.insert(t)
         #: the claim's INSERT as driver SQL, by dialect (None: the driver needs the Core one)
-        self._insert_sql: dict[tuple[str, str], str | None] = {}
+        self._insert_driver = DriverSQL(lambda _dialect, _variant: self._insert)
         self._status = sa.select(t.c.status).where(mine)
         self._rerun = (sa.update(t).where(mine, t.c.status.in_(
             [ProcessedStatus.FAILED.value, ProcessedStatus.DEAD_LETTERED.value]))
@@ -118,7 +118,7 @@ class ProcessedStore:
         """
         try:
             row = self._row(msg, status, error, receipt)
-            sql = self._insert_driver_sql(conn, row)
+            sql = self._insert_driver.sql(conn, row)  # (`_row` gives the same columns)
             if sql is None:
                 conn.execute(self._insert, row)
             else:  # every message's one statement: the driver's cursor, as publish's
@@ -131,15 +131,6 @@ class ProcessedStore:
             if may_run_again(found, msg):
                 return RowClaim.RERUN
             return RowClaim.DONE if found is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
-
-    def _insert_driver_sql(self, conn: Connection, row: dict[str, Any]) -> str | None:
-        """The claim's INSERT as driver SQL for the columns of `row` (`_row` gives the same
-        every time), or None: the Core statement is needed."""
-        dialect = conn.dialect
-        key = (dialect.name, dialect.driver)
-        if key not in self._insert_sql:
-            self._insert_sql[key] = compile_for_driver(self._insert, dialect, tuple(row))
-        return None if translates_schema(conn) else self._insert_sql[key]
 
     def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> bool:

@@ -20,13 +20,14 @@ raises `IntegrityError` as before.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
 
-from consumer_kit.core.driver_sql import compile_for_driver, execute, translates_schema
+from consumer_kit.core.driver_sql import DriverSQL, execute
 
 #: The columns `publish` writes, in order.
 COLUMNS = ("message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers", "body",
@@ -45,12 +46,12 @@ class OutboxInsert:
 
     def __init__(self, table: sa.Table) -> None:
         self.table = table
-        self._sql: dict[tuple[str, str, bool], str | None] = {}
+        self._driver = DriverSQL(self._statement)
 
     def __call__(self, conn: Connection, row: dict[str, Any], *, want_id: bool) -> int | None:
         pg = conn.dialect.name == "postgresql"
         returning = want_id and pg
-        sql = None if translates_schema(conn) else self._driver_sql(conn.dialect, returning)
+        sql = self._driver.sql(conn, COLUMNS, returning)
         if sql is None:
             return self._core(conn, row, returning)
         params = row
@@ -82,13 +83,8 @@ class OutboxInsert:
         # inline(): no implicit RETURNING of the primary key when the id is not wanted
         return stmt.returning(self.table.c.id) if returning else stmt.inline()
 
-    def _driver_sql(self, dialect: Dialect, returning: bool) -> str | None:
-        key = (dialect.name, dialect.driver, returning)
-        if key not in self._sql:
-            self._sql[key] = self._compile(dialect, returning)
-        return self._sql[key]
-
-    def _compile(self, dialect: Dialect, returning: bool) -> str | None:
-        stmt = (self._pg_statement(returning) if dialect.name == "postgresql"
-                else sa.insert(self.table).inline())
-        return compile_for_driver(stmt, dialect, COLUMNS)
+    def _statement(self, dialect: Dialect, returning: Hashable) -> Any:
+        """The Core statement `DriverSQL` compiles for `dialect`."""
+        if dialect.name == "postgresql":
+            return self._pg_statement(bool(returning))
+        return sa.insert(self.table).inline()

@@ -148,6 +148,39 @@ def test_a_lost_connection_during_publish_raises_sqlalchemys_error_and_invalidat
     assert server_db.count(server_db.names.outbox) == 1
 
 
+def test_a_driver_error_closing_the_cursor_after_publish_is_raised_as_sqlalchemys(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: a driver whose cursors fail to close (PyMySQL's close reads what is left of the
+    # results, so it can meet a dropped connection)
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as conn:
+        conn.begin()
+        raw = conn.connection.dbapi_connection
+        error = conn.dialect.loaded_dbapi.OperationalError
+        made = raw.cursor
+
+        class FailingClose:
+            def __init__(self) -> None:
+                self.inner = made()
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+            def close(self) -> None:
+                self.inner.close()
+                raise error("the cursor could not be closed")
+
+        monkeypatch.setattr(raw, "cursor", FailingClose)
+        # When: publish runs on the driver's cursor
+        with monkeypatch.context() as patched, pytest.raises(sa.exc.DBAPIError) as raised:
+            _no_sqlalchemy_inserts(patched)
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="c")
+        # Then: SQLAlchemy's error, as any other driver error of the statement
+        assert isinstance(raised.value, sa.exc.OperationalError)
+        assert "could not be closed" in str(raised.value.orig)
+        conn.rollback()
+
+
 def test_publish_after_a_savepoint_rolled_back_inside_its_block_is_refused_as_sqlalchemy_does(
         server_db: Db) -> None:
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)

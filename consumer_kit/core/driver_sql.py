@@ -4,7 +4,8 @@
 in the caller's transaction for every message. Each costs what the statement costs the database
 plus what Python does around it, and that Python runs right after a round trip, when little of
 it is in the CPU's caches: there a call costs several times what it costs in a loop. Both
-statements are compiled once per dialect (`compile_for_driver`) and run by `execute`, which
+statements are compiled once per dialect (`DriverSQL`, `compile_for_driver`) and run by
+`execute`, which
 skips `Connection.exec_driver_sql`'s execution context and result objects when nothing could
 observe the difference:
 
@@ -27,7 +28,7 @@ connection or an interrupt invalidates the connection, by SQLAlchemy's own handl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 from sqlalchemy.engine import Connection, Dialect
@@ -57,6 +58,36 @@ def compile_for_driver(stmt: ClauseElement, dialect: Dialect, columns: Sequence[
     return str(compiled)
 
 
+class DriverSQL:
+    """One statement's driver SQL (`compile_for_driver`), compiled once per dialect, driver
+    and variant (say, with or without `RETURNING`).
+
+    `build(dialect, variant)` gives the Core statement to compile. `sql` answers None where
+    that Core statement is needed instead: a driver `compile_for_driver` refuses, or a
+    connection with a `schema_translate_map` (`translates_schema`)."""
+
+    def __init__(self, build: Callable[[Dialect, Hashable], ClauseElement]) -> None:
+        self._build = build
+        self._sql: dict[tuple[str, str, Hashable], str | None] = {}
+
+    def sql(self, conn: Connection, columns: Iterable[str], variant: Hashable = None
+            ) -> str | None:
+        """The driver SQL for `conn` taking one named parameter per column of `columns`
+        (the same columns every call for a variant: they are read only to compile), or None:
+        run the Core statement."""
+        if translates_schema(conn):
+            return None
+        dialect = conn.dialect
+        key = (dialect.name, dialect.driver, variant)
+        try:
+            return self._sql[key]
+        except KeyError:
+            compiled = compile_for_driver(self._build(dialect, variant), dialect,
+                                          tuple(columns))
+            self._sql[key] = compiled
+            return compiled
+
+
 def execute(conn: Connection, sql: str, params: Mapping[str, Any],
             answer: Answer = "rowcount") -> Any:
     """Run driver SQL (`compile_for_driver`) with `params` in `conn`'s transaction; return
@@ -79,6 +110,8 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
             value = cursor.lastrowid
         else:
             value = cursor.rowcount
+        cursor.close()  # (PyMySQL's reads what is left of the results: a driver error too)
+        return value
     except BaseException as exc:
         if isinstance(exc, Exception) and not isinstance(exc, conn.dialect.loaded_dbapi.Error):
             if cursor is not None:  # not the driver's: raised as it is, as exec_driver_sql
@@ -88,8 +121,7 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
         # wraps a driver error, closes the cursor, invalidates a lost connection (also after
         # an interrupt), then raises
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)
-    cursor.close()
-    return value
+        raise  # (not reached: the handler raises)
 
 
 def translates_schema(conn: Connection) -> bool:
