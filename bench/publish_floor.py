@@ -18,7 +18,13 @@ Variants, interleaved transaction by transaction in rotating order (`bench.peers
 - publish       bare + `Outbox.publish` (the same SQL: `outbox_producer.insert`);
 - driver bare, driver floor
                 bare and floor with no SQLAlchemy at all: the same two INSERTs on one DBAPI
-                connection held from the pool (PyMySQL, psycopg), committed by the driver.
+                connection held from the pool (PyMySQL, psycopg), committed by the driver;
+- libpq floor   (psycopg only) the floor with its INSERT sent as a prepared statement through
+                psycopg's `pgconn`, below psycopg's cursor, in the same SQLAlchemy transaction:
+                what a path under the cursor would buy publish. Not one consumer-kit can take:
+                psycopg's `rollback()` sends DEALLOCATE ALL once it has prepared statements of
+                its own, which takes such a statement with them (`bench/peers/README.md`). The
+                bench only commits, so its statement stays.
 
 `floor-ulid - floor+ulid()` is what the id's form costs the database, `floor+ulid() - floor` what
 making it costs; `publish - floor-ulid` what publish's own work adds (checks, JSON, the row; on
@@ -32,10 +38,13 @@ Medians of `--runs` runs of `--tx` each.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
+import re
 import statistics
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +54,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import load_average, machine_facts, table
 from bench.peers import harness
-from bench.peers.runners.ckit import connection_variants, floor_row, floor_sql, orders_table
+from bench.peers.runners.ckit import (
+    FLOOR_COLUMNS,
+    connection_variants,
+    floor_row,
+    floor_sql,
+    orders_table,
+)
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.schema.types import MESSAGE_ID_LEN
@@ -95,6 +110,45 @@ def driver_variants(dbapi: Any, orders_sql: str, sql: str) -> list[tuple[str, ha
     return [("driver bare", bare), ("driver floor", floor)]
 
 
+def libpq_floor(engine: sa.engine.Engine, orders: sa.Table, sql: str, columns: Sequence[str]
+                ) -> list[tuple[str, harness.Variant]]:
+    """The floor with the outbox row sent through psycopg's `pgconn` as a prepared statement
+    (prepared once per connection), or nothing when the driver is not psycopg."""
+    if engine.dialect.driver != "psycopg":
+        return []
+    from psycopg import generators
+
+    insert_order = orders.insert()
+    names = {c: i for i, c in enumerate(columns, 1)}
+    dollar = re.sub(r"%\((\w+)\)s", lambda m: f"${names[m.group(1)]}", sql).encode()
+    prepared: set[int] = set()
+
+    def value(v: Any) -> bytes | None:
+        if v is None or isinstance(v, bytes):
+            return v
+        return (v.isoformat() if isinstance(v, dt.datetime) else str(v)).encode()
+
+    def floor(key: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(insert_order, {"sku": key, "qty": 1})
+            raw = conn.connection.dbapi_connection
+            pg = raw.pgconn  # type: ignore[union-attr]
+            if id(pg) not in prepared:
+                result = pg.prepare(b"ckit_floor", dollar)
+                if result.error_message:
+                    raise RuntimeError(f"PREPARE: {result.get_error_message()}")
+                prepared.add(id(pg))
+            row = floor_row("l" + key)
+            values = [row[c] for c in columns]
+            pg.send_query_prepared(b"ckit_floor", [value(v) for v in values],
+                                   [1 if isinstance(v, bytes) else 0 for v in values])
+            result = raw.wait(generators.execute(pg))[-1]  # type: ignore[union-attr]
+            if result.command_tuples != 1:
+                raise RuntimeError(f"the INSERT wrote no row: {result.get_error_message()}")
+
+    return [("libpq floor", floor)]
+
+
 def binary_ids(engine: sa.engine.Engine, table_name: str) -> None:
     """Give the outbox's `message_id` a binary collation (comparisons become byte compares)."""
     with engine.begin() as conn:
@@ -140,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             runs = harness.publish_runs(
                 variants(engine, orders, outbox, outbox_t, sql)
+                + libpq_floor(engine, orders, sql, FLOOR_COLUMNS)
                 + driver_variants(held.dbapi_connection, orders_sql, sql), args.tx, args.runs)
         finally:
             held.close()
@@ -165,6 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"the driver alone ({engine.dialect.driver}, no SQLAlchemy): bare "
           f"{driver['driver bare']:.3f} ms, floor {driver['driver floor']:.3f} ms, the INSERT "
           f"adds {driver_added:+.3f} ms; publish (over its SQLAlchemy bare) adds {ratio}")
+    if "libpq floor" in median:
+        libpq_added = median["libpq floor"] - median["bare"]
+        print(f"the floor's INSERT below psycopg's cursor (libpq, a prepared statement): adds "
+              f"{libpq_added:+.3f} ms, {libpq_added / floor_added:.2f}x the floor's; publish "
+              f"adds {(median['publish'] - median['bare']) / libpq_added:.2f}x that"
+              if libpq_added > 0 else "the libpq floor added nothing measurable")
     print(f"load average at the end: {load_average()}")
 
 
