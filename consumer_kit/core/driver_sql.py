@@ -22,7 +22,8 @@ Otherwise the statement goes through `exec_driver_sql`. A connection with a
 `schema_translate_map` needs the Core statement (`translates_schema`): driver SQL names its
 table as compiled. Errors are the same either way: a
 driver error is raised as SQLAlchemy's (`IntegrityError` for a duplicate key), and a lost
-connection or an interrupt invalidates the connection, by SQLAlchemy's own handler.
+connection or an interrupt invalidates the connection, by SQLAlchemy's own handler; an error
+closing the cursor after the statement ran is logged, not raised, as SQLAlchemy does.
 """
 
 from __future__ import annotations
@@ -110,8 +111,6 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
             value = cursor.lastrowid
         else:
             value = cursor.rowcount
-        cursor.close()  # (PyMySQL's reads what is left of the results: a driver error too)
-        return value
     except BaseException as exc:
         if isinstance(exc, Exception) and not isinstance(exc, conn.dialect.loaded_dbapi.Error):
             if cursor is not None:  # not the driver's: raised as it is, as exec_driver_sql
@@ -121,7 +120,10 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
         # wraps a driver error, closes the cursor, invalidates a lost connection (also after
         # an interrupt), then raises
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)
-        raise  # (not reached: the handler raises)
+    # as exec_driver_sql closes it: an error closing the cursor of a statement that ran is
+    # logged ("Error closing cursor", the pool's logger), not raised
+    conn._safe_close_cursor(cursor)
+    return value
 
 
 def translates_schema(conn: Connection) -> bool:
@@ -142,7 +144,8 @@ def _direct(conn: Connection) -> bool:
                 and (block is None or block._transaction_is_active())
                 and not conn._echo
                 and not _watched(conn)
-                and hasattr(conn, "_handle_dbapi_exception"))
+                and hasattr(conn, "_handle_dbapi_exception")
+                and hasattr(conn, "_safe_close_cursor"))
     except AttributeError:
         return False
 
