@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -115,11 +116,14 @@ def main(argv: list[str]) -> int:
     assert cfg.json_path is not None
     cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
     cfg.json_path.write_text(json.dumps(rep, indent=2, default=str))
-    print("-" * 100)
-    print(report.text(rep))
-    print(f"report  : {cfg.json_path}" + (f"; timeline {rep['timeline_png']}"
-                                          if "timeline_png" in rep else ""))
-    print(rep["verdict"], flush=True)
+    try:
+        print("-" * 100)
+        print(report.text(rep))
+        print(f"report  : {cfg.json_path}" + (f"; timeline {rep['timeline_png']}"
+                                              if "timeline_png" in rep else ""))
+        print(rep["verdict"], flush=True)
+    except BrokenPipeError:  # nothing reads the output any more: the report file has it all
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0 if rep["ok"] else 1
 
 

@@ -6,6 +6,7 @@ process and service it started, and returns the report (`report.build`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import sys
@@ -88,14 +89,25 @@ class Run:
         self.errors: list[str] = []
         self.stopped_at: float | None = None  # clock() when the processes were told to stop
         self.dead_letters: dict[str, Any] | None = None
+        self.out_lost = False  # the output's reader went away (`say`)
 
     def clock(self) -> float:
         """Seconds since the producer started (since the run started, before that)."""
         return time.time() - (self.flow0 or self.wall0)
 
     def say(self, line: str) -> None:
+        """Print one progress line. When nothing reads the output any more (a parent killed,
+        a `| head` done), the line goes to the run folder's `progress.log` instead: the run
+        goes on to its end and its clean-up, which must stop every server it started."""
         stamp = f"[{self.clock():7.1f}s]" if self.flow0 else "[  setup ]"
-        self.out(f"{stamp} {line}")
+        if not self.out_lost:
+            try:
+                self.out(f"{stamp} {line}")
+                return
+            except OSError:  # BrokenPipeError, EIO: the reader is gone
+                self.out_lost = True
+        with contextlib.suppress(OSError), open(self.cfg.run_dir / "progress.log", "a") as f:
+            f.write(f"{stamp} {line}\n")
 
     @property
     def deadline(self) -> float:

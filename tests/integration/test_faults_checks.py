@@ -87,3 +87,26 @@ def test_the_checks_report_a_lost_order_a_double_effect_and_a_row_not_consumed(
     assert any(p.startswith("1 outbox rows not CONSUMED") for p in found)
     assert left["sent_by_cause"]["receipt_lost_stormed"] == 1
     assert not snap.converged(ORDERS)
+
+
+def test_a_fault_run_whose_output_reader_is_gone_writes_its_progress_to_the_run_folder(
+        tmp_path: Path) -> None:
+    # Given: a run whose output pipe broke (its parent killed, a `| head` done)
+    from bench.faults.scenario import Config, Run
+    printed: list[str] = []
+
+    def out(line: str) -> None:
+        if len(printed) == 1:
+            raise BrokenPipeError(32, "Broken pipe")
+        printed.append(line)
+
+    run = Run(Config(run_dir=tmp_path), out)
+    # When: it goes on reporting progress
+    run.say("first")
+    run.say("second")
+    run.say("third")
+    # Then: nothing raised (its clean-up still stops every server), the lines after the break
+    # are in progress.log, and the output is not tried again
+    assert printed == ["[  setup ] first"]
+    assert (tmp_path / "progress.log").read_text().splitlines() == [
+        "[  setup ] second", "[  setup ] third"]
