@@ -45,7 +45,6 @@ def psycopg_paths(url: str, n: int) -> dict[str, Callable[[], float]]:
     conn.commit()
     pg = conn.pgconn
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    stamp = now.isoformat().encode()
 
     def timed(body: Callable[[int], None]) -> float:
         started = time.perf_counter()
@@ -68,11 +67,14 @@ def psycopg_paths(url: str, n: int) -> dict[str, Callable[[], float]]:
     name = [b""]
 
     def prepared(i: int) -> None:
-        pg.send_query_prepared(name[0], [TEXT.encode(), str(i).encode(), stamp])
+        # values made into text on every call, as the cursor's adapters and asyncpg do
+        pg.send_query_prepared(name[0], [TEXT.encode(), str(i).encode(),
+                                         now.isoformat().encode()])
         wrote_one()
 
     def unnamed(i: int) -> None:
-        pg.send_query_params(DOLLAR.encode(), [TEXT.encode(), str(i).encode(), stamp])
+        pg.send_query_params(DOLLAR.encode(), [TEXT.encode(), str(i).encode(),
+                                               now.isoformat().encode()])
         wrote_one()
 
     def run(body: Callable[[int], None], prepare: bool = False) -> Callable[[], float]:
@@ -126,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.n < 1 or args.runs < 1:
         parser.error("--n and --runs must be at least 1")
-    url = args.url.replace("postgresql+psycopg://", "postgresql://", 1)
+    scheme, sep, rest = args.url.partition("://")
+    if not sep or not scheme.startswith("postgresql"):
+        parser.error(f"--url must be a postgresql URL, not {scheme!r}")
+    url = "postgresql://" + rest  # (a driver named in the scheme is for SQLAlchemy)
     print(machine_facts())
     variants = psycopg_paths(url, args.n)
     slow = asyncpg_path(url, args.n)

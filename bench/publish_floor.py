@@ -121,7 +121,6 @@ def libpq_floor(engine: sa.engine.Engine, orders: sa.Table, sql: str, columns: S
     insert_order = orders.insert()
     names = {c: i for i, c in enumerate(columns, 1)}
     dollar = re.sub(r"%\((\w+)\)s", lambda m: f"${names[m.group(1)]}", sql).encode()
-    prepared: set[int] = set()
 
     def value(v: Any) -> bytes | None:
         if v is None or isinstance(v, bytes):
@@ -133,11 +132,12 @@ def libpq_floor(engine: sa.engine.Engine, orders: sa.Table, sql: str, columns: S
             conn.execute(insert_order, {"sku": key, "qty": 1})
             raw = conn.connection.dbapi_connection
             pg = raw.pgconn  # type: ignore[union-attr]
-            if id(pg) not in prepared:
+            info = conn.connection.info  # kept with the DBAPI connection, across checkouts
+            if "ckit_floor_prepared" not in info:
                 result = pg.prepare(b"ckit_floor", dollar)
                 if result.error_message:
                     raise RuntimeError(f"PREPARE: {result.get_error_message()}")
-                prepared.add(id(pg))
+                info["ckit_floor_prepared"] = True
             row = floor_row("l" + key)
             values = [row[c] for c in columns]
             pg.send_query_prepared(b"ckit_floor", [value(v) for v in values],
