@@ -186,6 +186,42 @@ def test_a_driver_error_closing_the_cursor_after_publish_is_logged_as_sqlalchemy
     assert server_db.count(server_db.names.outbox) == 1
 
 
+def test_an_error_not_the_drivers_during_publish_is_raised_as_it_is_and_a_close_error_logged(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given: a cursor whose execute raises an error of Python's (not the driver's), and whose
+    # close then fails too
+    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
+    with server_db.engine.connect() as conn:
+        conn.begin()
+        raw = conn.connection.dbapi_connection
+        error = conn.dialect.loaded_dbapi.OperationalError
+        made = raw.cursor
+
+        class Broken:
+            def __init__(self) -> None:
+                self.inner = made()
+
+            def execute(self, *args: Any) -> None:
+                raise ValueError("not the driver's")
+
+            def close(self) -> None:
+                self.inner.close()
+                raise error("the cursor could not be closed")
+
+        monkeypatch.setattr(raw, "cursor", Broken)
+        # When: publish runs on the driver's cursor
+        with monkeypatch.context() as patched, caplog.at_level(logging.ERROR), \
+                pytest.raises(ValueError, match="not the driver's"):
+            _no_sqlalchemy_inserts(patched)
+            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="v")
+        # Then: the error as it is (not wrapped), the close error logged, not lost
+        assert caplog.text.count("Error closing cursor") == 1
+        monkeypatch.undo()
+        conn.rollback()
+    assert server_db.count(server_db.names.outbox) == 0
+
+
 def test_publish_after_a_savepoint_rolled_back_inside_its_block_is_refused_as_sqlalchemy_does(
         server_db: Db) -> None:
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)

@@ -28,7 +28,6 @@ closing the cursor after the statement ran is logged, not raised, as SQLAlchemy 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
@@ -114,8 +113,7 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     except BaseException as exc:
         if isinstance(exc, Exception) and not isinstance(exc, conn.dialect.loaded_dbapi.Error):
             if cursor is not None:  # not the driver's: raised as it is, as exec_driver_sql
-                with contextlib.suppress(Exception):  # raises it
-                    cursor.close()
+                conn._safe_close_cursor(cursor)  # raises it (a close error is logged)
             raise
         # wraps a driver error, closes the cursor, invalidates a lost connection (also after
         # an interrupt), then raises
