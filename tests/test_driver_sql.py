@@ -148,6 +148,37 @@ def test_a_lost_connection_during_publish_raises_sqlalchemys_error_and_invalidat
     assert server_db.count(server_db.names.outbox) == 1
 
 
+def _cursors_failing_to_close(monkeypatch: pytest.MonkeyPatch, conn: Connection,
+                              execute_error: Exception | None = None) -> list[str]:
+    """Make `conn`'s driver hand out cursors whose close raises the driver's
+    `OperationalError` (after closing), and whose execute raises `execute_error` when given;
+    returns the list each close appends to."""
+    raw = conn.connection.dbapi_connection
+    error = conn.dialect.loaded_dbapi.OperationalError
+    made = raw.cursor
+    closes: list[str] = []
+
+    class FailingClose:
+        def __init__(self) -> None:
+            self.inner = made()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def execute(self, *args: Any) -> Any:
+            if execute_error is not None:
+                raise execute_error
+            return self.inner.execute(*args)
+
+        def close(self) -> None:
+            self.inner.close()
+            closes.append("closed")
+            raise error("the cursor could not be closed")
+
+    monkeypatch.setattr(raw, "cursor", FailingClose)
+    return closes
+
+
 def test_a_driver_error_closing_the_cursor_after_publish_is_logged_as_sqlalchemy_does(
         server_db: Db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -155,24 +186,7 @@ def test_a_driver_error_closing_the_cursor_after_publish_is_logged_as_sqlalchemy
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
     with server_db.engine.connect() as conn:
         conn.begin()
-        raw = conn.connection.dbapi_connection
-        error = conn.dialect.loaded_dbapi.OperationalError
-        made = raw.cursor
-        closes: list[str] = []
-
-        class FailingClose:
-            def __init__(self) -> None:
-                self.inner = made()
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.inner, name)
-
-            def close(self) -> None:
-                self.inner.close()
-                closes.append("closed")
-                raise error("the cursor could not be closed")
-
-        monkeypatch.setattr(raw, "cursor", FailingClose)
+        closes = _cursors_failing_to_close(monkeypatch, conn)
         # When: publish runs on the driver's cursor
         with monkeypatch.context() as patched, caplog.at_level(logging.ERROR):
             _no_sqlalchemy_inserts(patched)
@@ -194,22 +208,7 @@ def test_an_error_not_the_drivers_during_publish_is_raised_as_it_is_and_a_close_
     outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
     with server_db.engine.connect() as conn:
         conn.begin()
-        raw = conn.connection.dbapi_connection
-        error = conn.dialect.loaded_dbapi.OperationalError
-        made = raw.cursor
-
-        class Broken:
-            def __init__(self) -> None:
-                self.inner = made()
-
-            def execute(self, *args: Any) -> None:
-                raise ValueError("not the driver's")
-
-            def close(self) -> None:
-                self.inner.close()
-                raise error("the cursor could not be closed")
-
-        monkeypatch.setattr(raw, "cursor", Broken)
+        _cursors_failing_to_close(monkeypatch, conn, execute_error=ValueError("not the driver's"))
         # When: publish runs on the driver's cursor
         with monkeypatch.context() as patched, caplog.at_level(logging.ERROR), \
                 pytest.raises(ValueError, match="not the driver's"):
