@@ -20,7 +20,7 @@ from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.rows import READ_COLUMNS, OutboxRow
 from consumer_kit.core.states import OutboxState
-from consumer_kit.core.transitions import Ids, Versions, Where, cas, cas_returning
+from consumer_kit.core.transitions import CHUNK, Ids, Where, cas, cas_returning
 
 _CLAIM_SEQ = itertools.count(1)
 
@@ -231,24 +231,34 @@ class Claimer:
 
     def claim_rows(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on
-        each row's `(id, lock_version)`; rows a relay took first are skipped. Returns the rows
-        claimed, at their new `lock_version`."""
+        each row's `(id, lock_version, message_id)`; rows a relay took first are skipped.
+        Returns the rows claimed, at their new `lock_version`.
+
+        The message id is matched too: a row handed over whose transaction did not commit
+        after all (a savepoint rolled back, a caller's outer transaction) is gone, and its id
+        may belong to another row by now (SQLite gives a rolled-back id again; so does any
+        database once the highest rows are archived). Claiming by id alone would send the
+        message held here and mark that other row SENT without sending it."""
         if not rows:
             return []
         t = self.table
         now = utcnow()
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
-            claimed = cas(conn, t, "claim", Versions([(r.id, r.lock_version) for r in rows]),
-                          now=now, by=self.owner, values=self._values(now, token))
+            claimed = 0
+            for start in range(0, len(rows), CHUNK):
+                claimed += cas(conn, t, "claim", Where([
+                    sa.tuple_(t.c.id, t.c.lock_version, t.c.message_id).in_(
+                        [(r.id, r.lock_version, r.message_id) for r in rows[start:start + CHUNK]])
+                ]), now=now, by=self.owner, values=self._values(now, token))
             if claimed == len(rows):
-                mine = {r.id for r in rows}
-            else:
-                mine = set(conn.execute(
-                    sa.select(t.c.id).where(t.c.id.in_([r.id for r in rows]),
-                                            t.c.lease_owner == token)
-                ).scalars())
-        return [r.next_version() for r in rows if r.id in mine]
+                return [r.next_version() for r in rows]
+            # by message id too: a row of the list that never committed may share its id
+            # with one claimed here
+            mine = {(int(i), str(m)) for i, m in conn.execute(
+                sa.select(t.c.id, t.c.message_id).where(
+                    t.c.id.in_(sorted({r.id for r in rows})), t.c.lease_owner == token))}
+        return [r.next_version() for r in rows if (r.id, r.message_id) in mine]
 
 
 #: The claim transition for each state a claimable row can be in.

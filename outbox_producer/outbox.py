@@ -176,7 +176,8 @@ class Outbox:
             return existing_id
         if dispatch:
             assert isinstance(conn_or_session, Session)
-            self._after_commit(conn_or_session, OutboxRow.from_mapping({**row, "id": row_id}))
+            self._after_commit(conn_or_session, conn,
+                               OutboxRow.from_mapping({**row, "id": row_id}))
         log.debug("message %s published to %s", message_id, topic)
         return message_id
 
@@ -194,19 +195,29 @@ class Outbox:
         found = conn.execute(query).first()
         return (str(found[0]), str(found[1])) if found is not None else None
 
-    def _after_commit(self, session: Session, row: OutboxRow) -> None:
+    def _after_commit(self, session: Session, conn: Connection, row: OutboxRow) -> None:
         assert self.dispatcher is not None
-        session.info.setdefault(_SESSION_KEY, []).append((self.dispatcher, row))
+        session.info.setdefault(_SESSION_KEY, []).append((self.dispatcher, conn, row))
 
 
 @sa.event.listens_for(Session, "after_commit")
 def _hand_over_after_commit(session: Session) -> None:
-    """After the outermost commit: give the session's published rows to their dispatchers."""
-    pending: list[tuple[Dispatcher, OutboxRow]] | None = session.info.pop(_SESSION_KEY, None)
+    """After the session's commit: give its published rows to their dispatchers, unless the
+    commit did not reach the database.
+
+    A Session joined to a transaction its caller began on a Connection (SQLAlchemy's "join
+    into an external transaction", `join_transaction_mode`) commits nothing of it: that
+    transaction may still roll back. Its rows are left to the relay, which sends them once
+    committed. The dispatcher's claim also matches each row's message id (`claim_rows`), so a
+    row that never committed is never sent, even where its id went to another row."""
+    pending: list[tuple[Dispatcher, Connection, OutboxRow]] | None = session.info.pop(
+        _SESSION_KEY, None)
     if not pending:
         return
     by_dispatcher: dict[int, tuple[Dispatcher, list[OutboxRow]]] = {}
-    for dispatcher, row in pending:
+    for dispatcher, conn, row in pending:
+        if conn.in_transaction():  # the caller's transaction is still open: not committed
+            continue
         by_dispatcher.setdefault(id(dispatcher), (dispatcher, []))[1].append(row)
     for dispatcher, rows in by_dispatcher.values():
         dispatcher.submit(rows)
@@ -214,8 +225,12 @@ def _hand_over_after_commit(session: Session) -> None:
 
 @sa.event.listens_for(Session, "after_rollback")
 def _forget_after_rollback(session: Session) -> None:
-    """A rolled-back transaction sends nothing."""
-    session.info.pop(_SESSION_KEY, None)
+    """A rolled-back transaction sends nothing. A savepoint's rollback (`begin_nested`) leaves
+    the rows of the transaction around it: those still commit with it (the rows written inside
+    the savepoint are gone, and the dispatcher's claim, which matches each row's message id,
+    finds nothing of them)."""
+    if not session.in_transaction():
+        session.info.pop(_SESSION_KEY, None)
 
 
 def _connection(conn_or_session: Connection | Session) -> Connection:

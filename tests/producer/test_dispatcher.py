@@ -59,6 +59,63 @@ def test_a_rolled_back_session_sends_nothing(db: Db) -> None:
         dispatcher.close()
 
 
+def _message_states(db: Db) -> dict[str, int]:
+    with db.engine.connect() as conn:
+        return {str(m): int(s) for m, s in conn.execute(sa.text(
+            f"SELECT message_id, state FROM {db.names.outbox}"))}
+
+
+def test_a_session_joined_to_an_outer_transaction_that_rolls_back_sends_nothing(db: Db) -> None:
+    # Given a Session joined to its caller's transaction (SQLAlchemy's "join into an external
+    # transaction"): its commit commits nothing, the caller's rollback undoes the row
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox)
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    with db.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="rollback_only") as session:
+            outbox.publish(session, "T", {"n": "rolled back"}, biz_type="t", biz_key="A")
+            session.commit()
+        outer.rollback()
+    # And a row another transaction commits afterwards (on SQLite it takes the same id)
+    with db.engine.begin() as conn:
+        committed = Outbox(db.engine, producer="orders", table=db.names.outbox).publish(
+            conn, "T", {"n": "committed"}, biz_type="t", biz_key="B")
+    # When the dispatcher runs
+    dispatcher.start()
+    try:
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    # Then the rolled-back message never went out, and the committed row is not marked SENT
+    # without being sent: it waits for the relay, which sends it once
+    assert transport.sent == []
+    assert _message_states(db) == {committed: int(OutboxState.PENDING)}
+    Relay(db.engine, transport, table=db.names.outbox).run_once()
+    assert dict(transport.counts()) == {committed: 1}
+
+
+def test_a_rolled_back_savepoint_sends_neither_its_row_nor_drops_the_rows_around_it(
+        db: Db) -> None:
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    try:
+        with Session(db.engine) as session, session.begin():
+            before = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="before")
+            savepoint = session.begin_nested()
+            inside = outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="inside")
+            savepoint.rollback()
+            after = outbox.publish(session, "T", {"n": 3}, biz_type="t", biz_key="after")
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    # the two committed rows went out at once (no wait for the relay), the rolled-back one never
+    assert dict(transport.counts()) == {before: 1, after: 1}
+    assert inside not in _message_states(db)
+    assert _message_states(db) == {before: int(OutboxState.SENT), after: int(OutboxState.SENT)}
+
+
 def test_a_row_the_relay_already_claimed_is_not_sent_again_by_the_dispatcher(db: Db) -> None:
     transport = RecordingTransport()
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
