@@ -138,7 +138,8 @@ class ConsumerApp:
 
         Usable bare (`@app.listener`, topic = the function name upper-cased) or with
         arguments. The function stays callable as it was, for tests. Options: `tags`,
-        `dedupe_key` (a function `Message -> str` for messages without an outbox id),
+        `dedupe_key` (a function `Message -> str` for messages without an outbox id; `None` or
+        `""` rejects the message),
         `permanent` (exception types this listener treats as permanent), `timeout` (a
         timedelta or seconds, default 60 s: a handler still running after it is reported, its
         transaction rolled back when it returns and the message redelivered; its Redis lease

@@ -42,6 +42,25 @@ class Handling:
         self.engine = engine
         self.store = store
         self.permanent = DEFAULT_PERMANENT + tuple(permanent)
+        #: listeners warned already about a value their handler returned
+        self._warned_returns: set[str] = set()
+
+    def _returned(self, listener: Listener, value: object) -> None:
+        """What a handler returned. A handler returns None and raises `Retry` or `Reject` to
+        say otherwise; RECONSUME_LATER (the RocketMQ clients' idiom, any enum of that name) is
+        taken as `Retry`, so a ported handler is not acked as a success it did not claim. Any
+        other value is ignored, with one warning per listener."""
+        if value is None:
+            return
+        name = getattr(value, "name", None)
+        if name == "RECONSUME_LATER":
+            raise Retry(f"handler {listener.name} returned RECONSUME_LATER")
+        if name == "CONSUME_SUCCESS" or listener.name in self._warned_returns:
+            return
+        self._warned_returns.add(listener.name)
+        log.warning("handler %s returned %r: a handler's return value is ignored, the message "
+                    "counts as processed (raise Retry to retry it, Reject to refuse it)",
+                    listener.name, value)
 
     def run(self, listener: Listener, msg: Message, *, receipt: bool,
             past_deadline: object, pending: PendingClaim | None = None) -> Result:
@@ -98,7 +117,7 @@ class Handling:
     def _handle(self, listener: Listener, msg: Message, conn: Connection,
                 past_deadline: object) -> None:
         with Session(bind=conn) as session:
-            listener.fn(msg, session)
+            self._returned(listener, listener.fn(msg, session))
             if not conn.in_transaction():
                 # session.rollback() rolled back the processed row with the handler's writes:
                 # a success now would ack the broker with nothing recorded
@@ -117,7 +136,7 @@ class Handling:
             if found is not None and not may_run_again(found, msg):
                 return Result(Outcome.DUPLICATE, "processed row exists",
                               may_run_again=found is not ProcessedStatus.SUCCEEDED)
-            listener.fn(msg)
+            self._returned(listener, listener.fn(msg))
         except Exception as exc:
             return self.failure(listener, msg, exc, receipt=receipt)
         if callable(past_deadline) and past_deadline():

@@ -14,7 +14,7 @@ from consumer_kit.core.messages import Subscription, tag_matches
 from consumer_kit.message import Message
 
 Handler = Callable[..., Any]
-DedupeKey = Callable[[Message], str]
+DedupeKey = Callable[[Message], str | int]
 
 LISTENER_OPTIONS = ("tags", "dedupe_key", "permanent", "timeout")
 #: A handler still running after this long is reported, rolled back and redelivered.

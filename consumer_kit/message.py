@@ -15,6 +15,7 @@ from consumer_kit.core.envelope import (
     PROP_SENT,
     PROP_SRC,
     dedupe_id,
+    fit_id,
 )
 from consumer_kit.core.messages import Delivery
 
@@ -53,8 +54,9 @@ class Message:
                    last_attempt=delivery.last_attempt)
 
     def with_id(self, dedupe_id: str) -> Message:
-        """A copy with another dedupe id (a listener's own `dedupe_key`)."""
-        return dataclasses.replace(self, id=dedupe_id)
+        """A copy with another dedupe id (a listener's own `dedupe_key`; a long one is made to
+        fit the processed table as `core.envelope.fit_id` says)."""
+        return dataclasses.replace(self, id=fit_id(dedupe_id))
 
     @property
     def is_outbox(self) -> bool:

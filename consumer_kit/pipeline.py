@@ -98,12 +98,20 @@ class Pipeline:
             return self._finish(msg, "", receipt, self.handling.reject(
                 msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}",
                 receipt=receipt))
-        if listener.dedupe_key is not None:
+        if listener.dedupe_key is not None and not msg.is_outbox:
+            # (an outbox message's ckit_id is unique, and its receipt must carry it)
             try:
-                msg = msg.with_id(str(listener.dedupe_key(msg)))
+                key = listener.dedupe_key(msg)
             except Exception as exc:
                 return self._finish(msg, "", receipt, self.handling.reject(
                     msg, f"dedupe_key failed: {type(exc).__name__}: {exc}", receipt=receipt))
+            if isinstance(key, bool) or not isinstance(key, str | int) or key == "":
+                # str(None) would make every such message "None": one would run, the others
+                # would be acked as its duplicates
+                return self._finish(msg, "", receipt, self.handling.reject(
+                    msg, f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
+                    "int)", receipt=receipt))
+            msg = msg.with_id(str(key))
         if not msg.id:
             msg = msg.with_id("noid-" + hashlib.sha1(msg.topic.encode() + msg.body).hexdigest())
             return self._finish(msg, "", receipt, self.handling.reject(

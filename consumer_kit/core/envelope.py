@@ -17,9 +17,12 @@ See docs/architecture.md, "The envelope".
 
 from __future__ import annotations
 
+import hashlib
+
 from consumer_kit.core.clock import to_epoch_ms
 from consumer_kit.core.messages import Delivery, OutgoingMessage
 from consumer_kit.core.rows import OutboxRow
+from consumer_kit.core.schema.types import MESSAGE_ID_LEN
 
 PROP_ID = "ckit_id"
 PROP_BIZ = "ckit_biz"
@@ -86,5 +89,28 @@ def dedupe_id(delivery: Delivery) -> str:
     >>> dedupe_id(Delivery("T", b"", "B1", keys="k1 k2"))
     'k1'
     """
-    return (delivery.properties.get(PROP_ID) or next(iter(delivery.keys.split()), "")
-            or delivery.broker_message_id)
+    return fit_id(delivery.properties.get(PROP_ID) or next(iter(delivery.keys.split()), "")
+                  or delivery.broker_message_id)
+
+
+#: characters of a long id kept as they are; then "~" and the whole id's SHA-1 (40 hex digits)
+_KEPT = MESSAGE_ID_LEN - 41
+
+
+def fit_id(raw: str) -> str:
+    """A dedupe id as the processed table holds it (`MESSAGE_ID_LEN` characters at most).
+
+    An id that fits is kept as it is. A longer one (a foreign producer's KEYS, a listener's
+    `dedupe_key`) keeps its first 87 characters, then `~` and the SHA-1 of the whole id, so
+    two long ids that share their start stay two ids (cut to the column's length, they were
+    one, and the second message was acked as a duplicate of the first). Redis and the
+    processed row see the same id.
+
+    >>> fit_id("order-1001")
+    'order-1001'
+    >>> len(fit_id("k" * 200))
+    128
+    """
+    if len(raw) <= MESSAGE_ID_LEN:
+        return raw
+    return f"{raw[:_KEPT]}~{hashlib.sha1(raw.encode('utf-8', 'surrogatepass')).hexdigest()}"

@@ -226,8 +226,137 @@ def test_a_failing_dedupe_key_function_rejects_with_the_reason(env: Env) -> None
     def reserve(msg: Message) -> None:
         pass
 
-    assert app.pipeline().process(delivery("M1", b'{"sku": "A"}')).outcome is Outcome.REJECTED
+    message = delivery(None, b'{"sku": "A"}', keys="M1", src=None)  # a foreign message
+    assert app.pipeline().process(message).outcome is Outcome.REJECTED
     assert env.processed() == [("M1", "FAILED", "dedupe_key failed: KeyError: 'order'")]
+
+
+@pytest.mark.parametrize("returned", [None, "", b"order-1", 1.5, True])
+def test_a_dedupe_key_that_returns_no_usable_id_rejects_instead_of_merging_messages(
+        env: Env, returned: Any) -> None:
+    # Given a dedupe_key that finds nothing in these messages (str(None) made them all "None")
+    app = env.app()
+
+    @app.listener("ORDER_CREATED", dedupe_key=lambda m: returned)
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, msg.json()["sku"])
+
+    # When two different foreign messages arrive
+    first = app.pipeline().process(delivery(None, b'{"sku": "A"}', keys="K1", src=None))
+    second = app.pipeline().process(delivery(None, b'{"sku": "B"}', keys="K2", src=None))
+    # Then neither is taken for the other's duplicate: each is refused, recorded with why
+    assert (first.outcome, second.outcome) == (Outcome.REJECTED, Outcome.REJECTED)
+    assert env.effects() == {}
+    reason = (f"dedupe_key returned {returned!r}: it must return a non-empty str (or an int)")
+    assert env.processed() == [("K1", "FAILED", reason), ("K2", "FAILED", reason)]
+
+
+def test_a_dedupe_key_that_returns_an_int_dedupes_on_its_text(env: Env) -> None:
+    app = env.app()
+
+    @app.listener("ORDER_CREATED", dedupe_key=lambda m: m.json()["order"])
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    app.process(delivery(None, b'{"order": 7}', broker_id="X1", src=None))
+    app.process(delivery(None, b'{"order": 7}', broker_id="X2", src=None))
+    assert [m for m, _, _ in env.processed()] == ["7"]
+    assert env.effects() == {"A": 1}
+
+
+def test_an_outbox_message_keeps_its_ckit_id_and_its_receipt_under_a_listeners_dedupe_key(
+        env: Env) -> None:
+    # Given a listener with its own dedupe_key, for the foreign messages of its topic
+    sent: list[Any] = []
+    app = env.app()
+    app.pipeline().receipts = type("Receipts", (), {"put": lambda self, *a: sent.append(a)})()
+
+    @app.listener("ORDER_CREATED", dedupe_key=lambda m: "order:" + str(m.json()["order"]))
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    # When an outbox message arrives
+    result = app.pipeline().process(delivery("01HOUTBOXID", b'{"order": 42}'))
+    # Then it dedupes on its ckit_id, and its receipt names the producer's row
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [m for m, _, _ in env.processed()] == ["01HOUTBOXID"]
+    assert [receipt.message_id for _, receipt in sent] == ["01HOUTBOXID"]
+
+
+def test_two_long_foreign_ids_that_share_their_start_stay_two_messages(env: Env) -> None:
+    # Given KEYS longer than the processed table's message_id (128), the same up to the end
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, msg.json()["sku"])
+
+    long_key = "order-created:" + "x" * 120
+    for suffix, sku in (("-0", "A"), ("-1", "B"), ("-0", "A")):  # the last: a redelivery
+        app.process(delivery(None, b'{"sku": "%s"}' % sku.encode(), keys=long_key + suffix,
+                             src=None))
+    # Then each applied once, under ids that fit the column and differ
+    assert env.effects() == {"A": 1, "B": 1}
+    ids = [m for m, _, _ in env.processed()]
+    assert len(ids) == 2 and all(len(i) == 128 for i in ids) and ids[0] != ids[1]
+
+
+def test_keys_shared_by_two_topics_are_two_messages_with_the_topic_in_the_dedupe_key(
+        env: Env) -> None:
+    # Given a Java producer that puts the order id in KEYS on two topics one group consumes
+    app = env.app()
+    by_topic = {"dedupe_key": lambda m: f"{m.topic}:{m.id}"}  # the README's recipe
+
+    @app.listener("ORDER_CREATED", **by_topic)
+    def created(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "created")
+
+    @app.listener("ORDER_PAID", **by_topic)
+    def paid(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "paid")
+
+    for topic in ("ORDER_CREATED", "ORDER_PAID", "ORDER_PAID"):  # the last: a redelivery
+        app.process(delivery(None, keys="ORDER-123", topic=topic, src=None))
+    assert env.effects() == {"created": 1, "paid": 1}
+    assert [m for m, _, _ in env.processed()] == ["ORDER_CREATED:ORDER-123",
+                                                  "ORDER_PAID:ORDER-123"]
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_a_handler_returning_reconsume_later_is_retried_not_acked(env: Env, session: bool) -> None:
+    app = env.app()
+    if session:
+        @app.listener("ORDER_CREATED")
+        def reserve(msg: Message, session: Any) -> ConsumeStatus:
+            add_reservation(env, session, "A")
+            return ConsumeStatus.RECONSUME_LATER
+    else:
+        @app.listener("ORDER_CREATED")
+        def notify(msg: Message) -> ConsumeStatus:
+            return ConsumeStatus.RECONSUME_LATER
+
+    result = app.pipeline().process(delivery("M1"))
+    assert result.outcome is Outcome.RETRY
+    assert "returned RECONSUME_LATER" in (result.reason or "")
+    assert env.effects() == {}
+    assert env.processed() == []
+
+
+def test_a_value_a_handler_returns_is_ignored_with_one_warning(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> bool:
+        add_reservation(env, session, "A")
+        return True
+
+    with caplog.at_level("WARNING", logger="consumer_kit.handling"):
+        for ckit_id in ("M1", "M2"):
+            assert app.pipeline().process(delivery(ckit_id)).outcome is Outcome.SUCCEEDED
+    warned = [r for r in caplog.records if "return value is ignored" in r.getMessage()]
+    assert len(warned) == 1 and "returned True" in warned[0].getMessage()
+    assert env.effects() == {"A": 2}
 
 
 def test_a_message_without_any_id_is_rejected_and_recorded_under_a_body_hash(env: Env) -> None:
