@@ -26,6 +26,22 @@ _CLAIM_SEQ = itertools.count(1)
 
 #: How long a claim holds a row in SENDING; an expired lease is reclaimed by any relay.
 DEFAULT_LEASE = dt.timedelta(seconds=30)
+#: The shortest send lease a relay or dispatcher takes (`check_lease`).
+MIN_LEASE = dt.timedelta(seconds=1)
+
+
+def check_lease(lease: dt.timedelta) -> None:
+    """Refuse a send lease shorter than `MIN_LEASE`: one that runs out while its batch is
+    being sent lets another relay claim the rows again and send them twice.
+
+    Raises:
+        ConfigError: `lease` is shorter (zero or negative included).
+    """
+    if lease < MIN_LEASE:
+        raise ConfigError(
+            f"a --lease of at least {MIN_LEASE.total_seconds():g}s is needed, not "
+            f"{lease.total_seconds():g}s: a lease that runs out while its batch is sent lets "
+            "another relay send the rows again")
 
 
 

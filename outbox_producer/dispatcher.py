@@ -33,7 +33,7 @@ from outbox_producer.checks import (
     database_key,
     first_retry_due,
 )
-from outbox_producer.claim import DEFAULT_LEASE, Claimer, default_owner
+from outbox_producer.claim import DEFAULT_LEASE, Claimer, check_lease, default_owner
 from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class Dispatcher:
         check_after: float | None = None,
         check_every_batch: bool = False,
     ) -> None:
+        check_lease(lease)
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")

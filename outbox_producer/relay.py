@@ -19,7 +19,7 @@ from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
-from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, default_owner
+from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, check_lease, default_owner
 from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
 from outbox_producer.sender import Sender, SendStats
@@ -105,6 +105,7 @@ class Relay:
     ) -> None:
         if batch < 1 or workers < 1:
             raise ConfigError("batch and workers must be at least 1")
+        check_lease(lease)
         if claim not in CLAIM_MODES:
             raise ConfigError(f"unknown claim mode {claim!r}: use {' or '.join(CLAIM_MODES)}")
         if claim == "lock" and read_engine is not None:

@@ -83,7 +83,8 @@ def test_relay_refuses_a_transport_that_reaches_only_its_own_process(tmp_path: P
 
 @pytest.mark.parametrize(("option", "value"), [
     ("--max-rate", "inf"), ("--max-rate", "nan"), ("--max-rate", "-5"), ("--lease", "inf"),
-    ("--lease", "nan"), ("--lease", "-5s"), ("--retry-failed-after", "-1s"),
+    ("--lease", "nan"), ("--lease", "-5s"), ("--lease", "0s"), ("--lease", "0.5s"),
+    ("--retry-failed-after", "-1s"),
     ("--give-up-after", "nan"), ("--metrics-port", "99999"), ("--metrics-port", "0"),
     ("--batch", "0"), ("--shard", "5/4"),
 ])
@@ -348,3 +349,15 @@ def test_ckit_consume_names_the_missing_folder_of_its_apps_database(tmp_path: Pa
                             text=True, timeout=120, cwd=ROOT, env=env)
     assert result.returncode == 2
     assert "does not exist" in error_line(result.stderr)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_ckit_consume_refuses_a_max_seconds_that_is_not_a_positive_finite_number(
+        tmp_path: Path, value: str) -> None:
+    # nan ran forever, -1 ended at once having consumed nothing, both exiting as if fine
+    result = CliRunner().invoke(app, ["consume", "examples.inventory:app", "--transport",
+                                      f"sql+sqlite:///{tmp_path / 'mq.db'}",
+                                      f"--max-seconds={value}"])
+    assert result.exit_code == 2
+    assert "--max-seconds" in error_line(result.output)
+    assert not (tmp_path / "mq.db").exists()  # refused before anything was opened

@@ -104,6 +104,8 @@ def test_every_command_keeps_passwords_out_of_its_output_and_logs(tmp_path: Path
         "outbox retry": ckit("outbox", "retry", "1", "--url", NASTY),
         "relay (refused)": ckit("relay", "--url", NASTY, "--transport", mq, "--once"),
         "relay (works)": ckit("relay", "--url", ok, "--transport", mq, "--once"),
+        "relay (rocketmq:// with a password)": ckit(
+            "relay", "--url", ok, "--transport", "rocketmq://ak:S3cr3t@127.0.0.1:1", "--once"),
         "receipts": ckit("receipts", "--url", NASTY, "--transport", mq, "--producer", "o",
                          "--burst"),
         "processed purge": ckit("processed", "purge", "--url", NASTY, "--group", "g"),
@@ -129,7 +131,9 @@ def test_every_command_keeps_passwords_out_of_its_output_and_logs(tmp_path: Path
     assert "?password=***&pwd=***" in runs["db init (works)"].stdout
     assert runs["relay (works)"].returncode == 0
     assert all(runs[n].returncode == 2 for n in ("db init (refused)", "relay (refused)",
-                                                  "consume", "demo"))
+                                                  "consume", "demo",
+                                                  "relay (rocketmq:// with a password)"))
+    assert "'ak:***@127.0.0.1:1'" in runs["relay (rocketmq:// with a password)"].stderr
 
 
 def test_the_cli_log_follows_stderr_after_a_caller_swaps_it_and_closes_the_old_one() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import threading
 from pathlib import Path
@@ -58,6 +59,9 @@ def consume(
     Exits 3 when a RocketMQ consumer stalled (no message while its queues hold a backlog) and
     rebuilding it did not help, so that a supervisor restarts the process; a native shutdown
     that does not return within its bound does not keep the process from exiting."""
+    if max_seconds is not None and not 0 < max_seconds < math.inf:
+        raise ConfigError(f"--max-seconds must be a positive, finite number of seconds, not "
+                          f"{max_seconds:g}")
     app = load_app(app_path)
     source = app.transport(transport)
     if not source.shared_across_processes:

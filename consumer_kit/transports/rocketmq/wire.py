@@ -27,6 +27,7 @@ from consumer_kit.core.errors import (
     TransportUnavailable,
 )
 from consumer_kit.core.messages import Delivery
+from consumer_kit.core.urls import mask_url
 from consumer_kit.transports.base import DEFAULT_DELAY_LEVELS
 from consumer_kit.transports.rocketmq import native
 
@@ -63,8 +64,10 @@ def parse_addr(addr: str) -> str:
     """
     entries = [a.strip() for a in addr.strip().rstrip("/").split(";") if a.strip()]
     if not entries or not all(_ADDR.match(a) for a in entries):
-        raise ConfigError(f"bad RocketMQ name-server address {addr!r}: use rocketmq://host:port "
-                          "(several: host:port;host:port)")
+        # (the address comes without its scheme: mask it as the URL it was, user:password@...)
+        shown = mask_url(f"rocketmq://{addr}").removeprefix("rocketmq://")
+        raise ConfigError(f"bad RocketMQ name-server address {shown!r}: use "
+                          "rocketmq://host:port (several: host:port;host:port)")
     return ";".join(entries)
 
 
