@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import make_engine
+from consumer_kit.core.db import check_tables, make_engine
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
 from consumer_kit.reconcile import (
     GroupSource,
     ReconcileConfig,
@@ -175,19 +178,49 @@ def print_summary(summary: ReconcileSummary) -> None:
 
 
 def check_databases(config: ReconcileConfig) -> None:
-    """Check every database URL (driver installed, SQLite folder there) before the run reads
-    or repairs anything; no connection is made.
+    """Check every database before the run reads or repairs anything: each URL (driver
+    installed, SQLite file there), then each database's tables (the outbox and its receipts on
+    every producer database and replica, the processed table of every group). A run that
+    repaired the first shard and then met a typo in the second would leave half its work done
+    and report none of it.
 
     Raises:
         ConfigError: the first URL that cannot work, naming its option.
+        SchemaError: a table missing, naming its database.
     """
-    urls = [("--url", config.producer_url), *((f"--group {g.name}", g.url)
-                                               for g in config.groups)]
-    for option, url in urls:
-        try:
-            make_engine(url).dispose()
-        except ConfigError as exc:
-            raise ConfigError(f"{option}: {exc}") from None
+    metadata = sa.MetaData()
+    outbox = outbox_table(metadata, config.outbox_table)
+    receipts = receipt_table(metadata, config.receipt_table)
+    producers = [config.producer_url, *config.shards]
+    checks: list[tuple[str, str, tuple[sa.Table, ...]]] = [
+        *(("--url", u, (outbox, receipts)) for u in producers),
+        *(("--read-url", u, (outbox,)) for u in config.read_urls),
+        *((f"--group {g.name}", g.url, (processed_table(sa.MetaData(), g.table),))
+          for g in config.groups),
+    ]
+    engines: dict[str, sa.engine.Engine] = {}
+    try:
+        for option, url, _ in checks:
+            try:
+                if url not in engines:
+                    engines[url] = make_engine(url)
+                _sqlite_file_exists(engines[url], option)
+            except ConfigError as exc:
+                raise ConfigError(f"{option}: {exc}") from None
+        for _, url, tables in checks:
+            check_tables(engines[url], *tables)
+    finally:
+        for made in engines.values():
+            made.dispose()
+
+
+def _sqlite_file_exists(engine: sa.engine.Engine, option: str) -> None:
+    """A SQLite file the run would read must be there: connecting would make an empty one (a
+    typo in a path reads as a database with no tables)."""
+    database = engine.url.database
+    if engine.dialect.name == "sqlite" and database and database != ":memory:" \
+            and not database.startswith("file:") and not Path(database).exists():
+        raise ConfigError(f"SQLite database {database} does not exist")
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from consumer_kit.reconcile import (
     RepairClass,
     run_reconcile,
 )
+from tests.cli import error_line
 from tests.reconcile.conftest import World
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +65,30 @@ def test_cli_prints_a_summary_writes_the_output_folder_and_exits_for_cron(
                                           "--quiet"))
     assert again.exit_code == EXIT_OK, again.output
     assert json.loads(again.stdout)["window_rows"] == 0
+
+
+@pytest.mark.parametrize("bad", ["a typo in its path", "no tables"])
+@pytest.mark.parametrize("kind", ["sqlite",
+                                  pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def test_a_sharded_run_with_one_bad_shard_repairs_no_shard_and_names_it(
+        world: World, tmp_path: Path, bad: str) -> None:
+    # Given rows to repair in the first shard (an ack-lost row, a lost message)
+    lost = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", lost)
+    world.add_outbox(OutboxState.SENT)
+    before = world.snapshot()
+    # and a second --url that cannot be reconciled
+    shard = tmp_path / "shard-b.db"
+    if bad == "no tables":
+        sqlite3.connect(shard).close()
+    # When the run is asked for both shards
+    result = CliRunner().invoke(app, _args(world, "--url", f"sqlite:///{shard}", "--engine",
+                                           "sql", "--output", "", "--quiet"))
+    # Then it stops with one line naming the shard before anything is read or repaired
+    assert result.exit_code == 2, result.output
+    assert "shard-b.db" in error_line(result.output)
+    assert world.snapshot() == before
+    assert shard.exists() is (bad == "no tables")  # no empty database made for a typo
 
 
 def test_cli_never_prints_a_password() -> None:
