@@ -21,6 +21,7 @@ from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import fail, friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -238,15 +239,25 @@ def archive_cmd(
     url: str | None = options.url(),
     outbox_table: str = options.outbox_table(),
     receipt_table: str = options.receipt_table(),
+    force: bool = typer.Option(False, "--force", help="allow --older-than under the safety "
+                               f"floor of {ops.ARCHIVE_FLOOR.days} days"),
     as_json: bool = options.json_output(),
 ) -> None:
     """Move CONSUMED and REJECTED rows last changed before the horizon into <table>_archive.
 
     Small batches in primary-key order, one transaction each, --pause between them; one run
     per table at a time (a second run exits 2). With --expect only rows every expected group
-    acknowledged move.
+    acknowledged move. publish is idempotent on (biz_type, biz_key) only while the first row
+    is in the outbox table: a horizon under the safety floor (7 days) is refused unless
+    --force.
     """
     horizon = parse_duration(older_than, option="--older-than")
+    if horizon < ops.ARCHIVE_FLOOR and not force and not dry_run:
+        raise ConfigError(
+            f"--older-than {older_than} is under the safety floor of {ops.ARCHIVE_FLOOR.days} "
+            "days: publish is idempotent on (biz_type, biz_key) only while the row is in the "
+            "outbox, so the same business event published again would go out again (--force "
+            "to archive anyway)")
     wait = parse_duration(pause, option="--pause").total_seconds()
     engine = _engine(url)
     tables = _tables(outbox_table, receipt_table)

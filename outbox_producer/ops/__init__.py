@@ -6,6 +6,7 @@ compare-and-set; every row argument is read by `resolve`.
 from __future__ import annotations
 
 from outbox_producer.ops.archiving import (
+    ARCHIVE_FLOOR,
     DEFAULT_ARCHIVE_BATCH,
     DEFAULT_ARCHIVE_MAX_BATCHES,
     ArchiveResult,
@@ -27,6 +28,7 @@ from outbox_producer.ops.stats import DEFAULT_LAG_WINDOW, LagStats, OutboxStats,
 from outbox_producer.ops.tables import OutboxTables
 
 __all__ = [
+    "ARCHIVE_FLOOR",
     "DEFAULT_ARCHIVE_BATCH",
     "DEFAULT_ARCHIVE_MAX_BATCHES",
     "DEFAULT_BULK_LIMIT",

@@ -38,6 +38,10 @@ from outbox_producer.ops.tables import OutboxTables
 #: What archiving moves: the terminal states (core/states.py).
 ARCHIVE_STATES: tuple[OutboxState, ...] = TERMINAL_STATES
 DEFAULT_ARCHIVE_BATCH = 1000
+#: `ckit outbox archive` refuses a younger horizon without --force: `publish` is idempotent on
+#: (biz_type, biz_key) only while the first row is in the outbox table, so a business event
+#: published again after its row moved would go out again (as the processed purge's floor).
+ARCHIVE_FLOOR = dt.timedelta(days=7)
 DEFAULT_ARCHIVE_MAX_BATCHES = 1000
 
 

@@ -22,6 +22,7 @@ from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.core.schema import TableNames
 from outbox_producer import Outbox, Relay, ops
 from outbox_producer.ops import partitions as parts
+from tests.cli import error_line
 from tests.conftest import Db, unique_names
 from tests.recording import RecordingTransport
 
@@ -98,9 +99,32 @@ def test_the_archive_command_takes_a_pause_and_expected_groups(sqlite_db: Db) ->
     result = CliRunner().invoke(app, [
         "outbox", "archive", "--url", sqlite_db.url, "--outbox-table", sqlite_db.names.outbox,
         "--receipt-table", sqlite_db.names.receipts, "--older-than", "1ms", "--pause", "1ms",
-        "--batch", "2", "--expect", "T=a,b", "--json"])
+        "--batch", "2", "--expect", "T=a,b", "--json", "--force"])  # 1ms: under the floor
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["moved"] == 3
+
+
+def test_archiving_under_the_safety_floor_needs_force_and_moves_nothing_without_it(
+        sqlite_db: Db) -> None:
+    # Given consumed rows, and a producer that may publish the same business event again
+    ids = publish(sqlite_db, range(3))
+    Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox).run_once()
+    consume(sqlite_db, [Receipt(m, "a") for m in ids])
+    time.sleep(0.01)
+    args = ["outbox", "archive", "--url", sqlite_db.url, "--outbox-table",
+            sqlite_db.names.outbox, "--receipt-table", sqlite_db.names.receipts,
+            "--older-than", "1ms"]
+    # When archived under the 7-day floor without --force
+    refused = CliRunner().invoke(app, args)
+    # Then one line, nothing moved: publish still answers the first message id
+    assert refused.exit_code == 2
+    assert "safety floor of 7 days" in error_line(refused.output)
+    again = publish(sqlite_db, range(1))
+    assert again == ids[:1]
+    # And --force archives
+    forced = CliRunner().invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "archived 3 rows" in forced.output
 
 
 def test_the_processed_purge_deletes_the_oldest_rows_first_in_paced_batches(
