@@ -26,7 +26,20 @@ _CLAIM_SEQ = itertools.count(1)
 
 #: How long a claim holds a row in SENDING; an expired lease is reclaimed by any relay.
 DEFAULT_LEASE = dt.timedelta(seconds=30)
+#: The share of a send lease in which its holder may start sends: the rest is the margin for the
+#: last send to finish and the batch to be marked before another sender may reclaim the rows.
+SEND_WINDOW = 0.5
 
+
+def send_deadline(claimed_at: float, lease: dt.timedelta) -> float:
+    """The `time.monotonic()` value after which the holder of rows claimed at `claimed_at` (a
+    `time.monotonic()` read just before the claim, so never later than the lease's start) under
+    `lease` starts no more sends: `SEND_WINDOW` of the lease.
+
+    >>> send_deadline(100.0, dt.timedelta(seconds=30))
+    115.0
+    """
+    return claimed_at + lease.total_seconds() * SEND_WINDOW
 
 
 def default_owner(kind: str) -> str:

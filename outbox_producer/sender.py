@@ -88,24 +88,34 @@ class Sender:
     failed_retry_after: dt.timedelta | None = None
 
     def send_rows(
-        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None
+        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None,
+        deadline: float | None = None,
     ) -> SendStats:
         """Send each row; mark SENT, or schedule a retry, or FAILED after `max_retries`.
 
-        `pace` runs before each send (the relay's rate cap). A send that raises
-        `TransportUnavailable` makes its row a suspect: a later send in the batch that succeeds
-        shows the broker is up, and the suspect is charged a retry like any failed send (a
-        problem of that row: RocketMQ reports every send failure, a missing topic route too, as
-        unavailable). A second `TransportUnavailable` before any success, or the batch's end,
-        means an outage: the batch stops, its unsent rows go back to PENDING with their
+        `pace` runs before each send (the relay's rate cap). `deadline` (a `time.monotonic()`
+        value: `claim.send_deadline` of the claim's start and lease) is when sends stop: rows
+        not sent by then are released, as they were before the claim with no retry counted
+        (`released`; logged at info), so a batch of slow sends never outlives its lease and
+        is never sent a second time by a relay that reclaimed it.
+
+        A send that raises `TransportUnavailable` makes its row a suspect: a later send in the
+        batch that succeeds shows the broker is up, and the suspect is charged a retry like any
+        failed send (a problem of that row: RocketMQ reports every send failure, a missing topic
+        route too, as unavailable). A second `TransportUnavailable` before any success, or the
+        batch's end, means an outage: the batch stops, its unsent rows go back to PENDING with their
         `retry_count` unchanged (so a long outage never pushes the backlog to FAILED), and
         `outage` says why. The caller backs off.
+
+        >>> started = time.monotonic()                                   # doctest: +SKIP
+        >>> rows = claimer.claim(100)                                    # doctest: +SKIP
+        >>> sender.send_rows(rows, deadline=send_deadline(started, claimer.lease))  # doctest: +SKIP
 
         Raises:
             ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
                 missing): the rows not sent yet went back to PENDING with no retry counted.
         """
-        attempt = self.attempt(rows, pace=pace)
+        attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
         if attempt.sent:
             with self.engine.begin() as conn:
@@ -118,11 +128,16 @@ class Sender:
         if attempt.fatal is not None:
             self._release(attempt.unsent)
             raise attempt.fatal
-        if attempt.outage is not None:
+        if attempt.unsent:  # an outage, or the deadline
             released = self._release(attempt.unsent)
             stats.released = released
             stats.conflicts += len(attempt.unsent) - released
-            stats.outage = attempt.outage_text(released)
+            if attempt.outage is not None:
+                stats.outage = attempt.outage_text(released)
+            else:
+                log.info("%d rows of the batch not sent within half the send lease: released, "
+                         "due again at once (first message %s)", released,
+                         attempt.unsent[0].message_id)
         return stats
 
     def attempt(

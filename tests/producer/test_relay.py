@@ -23,7 +23,7 @@ from consumer_kit.core.states import OutboxState
 from outbox_producer import Backoff, Outbox, Relay, Shard
 from outbox_producer.claim import Claimer
 from tests.conftest import Db
-from tests.recording import HeldTransport, RecordingTransport
+from tests.recording import HeldTransport, RecordingTransport, SlowTransport
 
 FAST = Backoff(schedule=(0.0,), jitter=0.0)
 
@@ -158,6 +158,33 @@ def test_a_sending_row_whose_lease_expired_is_reclaimed_and_sent(db: Db) -> None
     Relay(db.engine, transport, table=db.names.outbox).run_once()
     assert transport.counts() == {mid: 1}
     assert row(db, mid)["state"] == int(OutboxState.SENT)
+
+
+def test_a_lease_mode_batch_starts_no_send_after_half_its_lease_and_releases_the_rest(
+        db: Db) -> None:
+    # Given ten due rows, a send lease of 1 s and a broker that takes 0.2 s per send
+    ids = publish_many(db, 10)
+    slow = SlowTransport(0.2)
+    relay = Relay(db.engine, slow, table=db.names.outbox, batch=10,
+                  lease=dt.timedelta(seconds=1))
+    # When the relay sends one batch
+    began = time.monotonic()
+    stats = relay.step()
+    # Then no send started after half the lease (another relay may reclaim the rows once it
+    # ran out): what went out is SENT, the rest is PENDING again with no retry charged
+    assert stats is not None and stats.outage is None
+    assert stats.released >= 1 and stats.sent + stats.released == 10
+    assert max(slow.started) - began < 0.5
+    released = [m for m in ids if row(db, m)["state"] == int(OutboxState.PENDING)]
+    assert len(released) == stats.released
+    for mid in released:
+        r = row(db, mid)
+        assert (r["retry_count"], r["lease_owner"], r["fail_reason"]) == (0, None, None)
+    # And the next batches send the rest, each row once
+    fast = RecordingTransport()
+    Relay(db.engine, fast, table=db.names.outbox).run_once()
+    assert sorted([*slow.counts(), *fast.counts()]) == sorted(ids)
+    assert {row(db, m)["state"] for m in ids} == {int(OutboxState.SENT)}
 
 
 def test_a_live_lease_is_not_taken_by_another_relay(db: Db) -> None:
