@@ -24,6 +24,7 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import MESSAGE_ID_LEN, REASON_LEN
+from consumer_kit.core.states import OutboxState
 from consumer_kit.core.transitions import Versions, cas, cas_each
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
@@ -38,7 +39,9 @@ MARK_CHUNK = 5000
 @dataclasses.dataclass
 class SendStats:
     """What one batch (or many, added up) did. `outage` is set when a broker outage stopped the
-    batch: its unsent rows went back to PENDING without a retry counted."""
+    batch: its unsent rows went back as they were before the claim (PENDING, or FAILED for the
+    slow retry) without a retry counted; `released` counts them, and the rows the end of the
+    send window left unsent."""
 
     sent: int = 0
     retried: int = 0
@@ -69,8 +72,13 @@ class Attempt:
     outage: TransportUnavailable | None = None
     fatal: CkitError | None = None
 
-    def outage_text(self, released: int, where: str = "back to PENDING") -> str:
-        """The `SendStats.outage` line for this batch's outage."""
+    def outage_text(self, released: int, where: str | None = None) -> str:
+        """The `SendStats.outage` line for this batch's outage (`where`: where the unsent rows
+        went; by default back to the state they were claimed from)."""
+        if where is None:
+            where = ("back to PENDING" if all(r.claimed_from != OutboxState.FAILED
+                                              for r in self.unsent)
+                     else "back to PENDING or FAILED as they were")
         return (f"broker unavailable; {released} unsent rows {where}, no retry counted "
                 f"(first message {self.unsent[0].message_id}): {self.outage}")
 
@@ -103,9 +111,10 @@ class Sender:
         batch that succeeds shows the broker is up, and the suspect is charged a retry like any
         failed send (a problem of that row: RocketMQ reports every send failure, a missing topic
         route too, as unavailable). A second `TransportUnavailable` before any success, or the
-        batch's end, means an outage: the batch stops, its unsent rows go back to PENDING with their
-        `retry_count` unchanged (so a long outage never pushes the backlog to FAILED), and
-        `outage` says why. The caller backs off.
+        batch's end, means an outage: the batch stops, its unsent rows go back to PENDING (to
+        FAILED when the slow retry took them from there) with their `retry_count` unchanged (so
+        a long outage never pushes the backlog to FAILED), and `outage` says why. The caller
+        backs off.
 
         >>> started = time.monotonic()                                   # doctest: +SKIP
         >>> rows = claimer.claim(100)                                    # doctest: +SKIP
@@ -113,7 +122,7 @@ class Sender:
 
         Raises:
             ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
-                missing): the rows not sent yet went back to PENDING with no retry counted.
+                missing): the rows not sent yet went back as they were, no retry counted.
         """
         attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
@@ -190,13 +199,23 @@ class Sender:
         return out
 
     def _release(self, rows: Sequence[OutboxRow]) -> int:
-        """Put claimed rows back to PENDING as they were before the claim (`retry_count`,
-        `next_retry_at` and `fail_reason` untouched); return how many were still ours."""
+        """Put claimed rows back as they were before the claim: to FAILED when the slow retry
+        took them from there (`release_failed`), else to PENDING (`release`; a row reclaimed
+        from an expired lease too), with `retry_count`, `next_retry_at` and `fail_reason`
+        untouched; return how many were still ours."""
         now = utcnow()
+        failed = [(r.id, r.lock_version) for r in rows
+                  if r.claimed_from == OutboxState.FAILED]
+        others = [(r.id, r.lock_version) for r in rows
+                  if r.claimed_from != OutboxState.FAILED]
+        free = {"lease_owner": None, "lease_until": None}
+        released = 0
         with self.engine.begin() as conn:
-            return cas(conn, self.table, "release",
-                       Versions([(r.id, r.lock_version) for r in rows]),
-                       now=now, by=self.owner, values={"lease_owner": None, "lease_until": None})
+            for move, pairs in (("release", others), ("release_failed", failed)):
+                if pairs:
+                    released += cas(conn, self.table, move, Versions(pairs), now=now,
+                                    by=self.owner, values=free)
+        return released
 
     def mark_sent(self, conn: sa.Connection, sent: list[tuple[OutboxRow, str]],
                   move: str, values: Mapping[str, Any] | None = None) -> tuple[int, int]:

@@ -137,6 +137,46 @@ def test_failed_rows_get_a_slow_retry_when_configured(db: Db) -> None:
     assert row(db, mid)["state"] == int(OutboxState.SENT)
 
 
+def test_rows_an_outage_left_unsent_go_back_to_the_state_they_were_claimed_from(db: Db) -> None:
+    # Given a FAILED row due for its slow retry ...
+    failed, expired = publish_many(db, 2, max_retries=0)
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:  # (the second row waits while the first one fails)
+        conn.execute(sa.update(table).where(table.c.message_id == expired)
+                     .values(next_retry_at=utcnow() + dt.timedelta(hours=1)))
+    refused = FlakyTransport()
+    refused.fail_next = 1
+    Relay(db.engine, refused, table=db.names.outbox, backoff=FAST).run_once()
+    before = row(db, failed)
+    assert (before["state"], before["retry_count"]) == (int(OutboxState.FAILED), 1)
+    # ... and a row whose send lease expired (its sender died)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.message_id == expired)
+                     .values(next_retry_at=utcnow()))
+    assert len(Claimer(db.engine, table, "crashed-relay",
+                       lease=dt.timedelta(seconds=-1)).claim(10)) == 1
+    # When a relay with the slow retry claims both and the broker is down
+    down = FlakyTransport(TransportUnavailable("broker down (simulated)"))
+    down.fail_next = 1_000
+    relay = Relay(db.engine, down, table=db.names.outbox,
+                  failed_retry_after=dt.timedelta(hours=6))
+    stats = relay.step()
+    # Then the FAILED row is FAILED again as it was (its retry count, due time and reason) ...
+    assert stats is not None and stats.released == 2 and stats.outage is not None
+    after = row(db, failed)
+    for column in ("state", "retry_count", "next_retry_at", "fail_reason"):
+        assert after[column] == before[column], column
+    assert (after["lease_owner"], after["lease_until"]) == (None, None)
+    # ... the expired lease's row is PENDING, with no retry charged to either
+    r = row(db, expired)
+    assert (r["state"], r["retry_count"], r["lease_owner"]) == (int(OutboxState.PENDING), 0,
+                                                                None)
+    # and a relay without the slow retry sends only the PENDING one
+    transport = RecordingTransport()
+    Relay(db.engine, transport, table=db.names.outbox).run_once()
+    assert transport.counts() == {expired: 1}
+
+
 def test_a_delayed_message_is_not_sent_before_its_time(db: Db) -> None:
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
     with db.engine.begin() as conn:
