@@ -54,9 +54,10 @@ class OutboxRow:
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any], *, sent_before: bool | None = None
                      ) -> OutboxRow:
-        """Build from a result mapping (or a dict) holding `SEND_COLUMNS` (and `sent_at` when it
-        was read); `sent_before` defaults to what `from_row` derives."""
-        built = cls.from_row([*(row[name] for name in SEND_COLUMNS), None, row.get("sent_at")])
+        """Build from a result mapping (or a dict) holding `SEND_COLUMNS` (and `state`, `sent_at`
+        when they were read); `sent_before` defaults to what `from_row` derives."""
+        built = cls.from_row([*(row[name] for name in SEND_COLUMNS), row.get("state"),
+                              row.get("sent_at")])
         if sent_before is not None:
             built.sent_before = sent_before
         return built
