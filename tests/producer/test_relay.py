@@ -413,3 +413,61 @@ def test_a_row_whose_send_fails_while_later_sends_succeed_is_retried_not_an_outa
     assert (r["state"], r["retry_count"]) == (int(OutboxState.PENDING), 1)
     assert "No route info" in str(r["fail_reason"])
     assert {row(db, m)["state"] for m in ids[1:]} == {int(OutboxState.SENT)}
+
+
+def test_rows_of_a_topic_without_a_route_cannot_stop_the_rows_of_other_topics(db: Db) -> None:
+    # Given three rows of a topic without a route (RocketMQ reports it as unavailable) at the
+    # head of the due queue, and three rows of a good topic after them
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, max_retries=1)
+    with db.engine.begin() as conn:
+        bad = [outbox.publish(conn, "NOROUTE", {"i": i}, biz_type="bad", biz_key=str(i))
+               for i in range(3)]
+        good = [outbox.publish(conn, "GOOD", {"i": i}, biz_type="good", biz_key=str(i))
+                for i in range(3)]
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.message_id.in_(bad))
+                     .values(next_retry_at=utcnow() - dt.timedelta(minutes=1)))
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic: NOROUTE"),
+                               fails=lambda m: m.topic == "NOROUTE")
+    relay = Relay(db.engine, transport, table=db.names.outbox, batch=10, backoff=FAST)
+    # When the relay sends a batch
+    stats = relay.step()
+    # Then the good rows went out: it was no outage
+    assert stats is not None and stats.outage is None
+    assert sorted(transport.counts()) == sorted(good)
+    # and after two failures of the bad topic its third row was not tried; all three are
+    # charged a retry, as failed sends (the broker took the good rows)
+    assert transport.attempts == 5 and (stats.sent, stats.retried) == (3, 3)
+    for mid in bad:
+        r = row(db, mid)
+        assert (r["state"], r["retry_count"]) == (int(OutboxState.PENDING), 1)
+        assert "No route info" in str(r["fail_reason"])
+    # And once more rows of another topic come due with them, their retries run out: FAILED
+    with db.engine.begin() as conn:
+        late = outbox.publish(conn, "GOOD", {}, biz_type="good", biz_key="late")
+    assert relay.step() is not None
+    assert {row(db, m)["state"] for m in bad} == {int(OutboxState.FAILED)}
+    assert row(db, late)["state"] == int(OutboxState.SENT)
+
+
+
+def test_a_topic_failing_after_another_topic_went_through_is_charged_not_an_outage(
+        db: Db) -> None:
+    # Given a batch whose good rows come first and whose last rows have no route
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        good = outbox.publish(conn, "GOOD", {}, biz_type="good", biz_key="1")
+        bad = [outbox.publish(conn, "NOROUTE", {"i": i}, biz_type="bad", biz_key=str(i))
+               for i in range(2)]
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic: NOROUTE"),
+                               fails=lambda m: m.topic == "NOROUTE")
+    relay = Relay(db.engine, transport, table=db.names.outbox, backoff=FAST)
+    rows = sorted(relay.claimer.claim(10), key=lambda r: r.topic != "GOOD")
+    # When
+    stats = relay.sender.send_rows(rows)
+    # Then the broker took the other topic in this batch: the bad rows are charged a retry
+    assert (stats.sent, stats.retried, stats.released, stats.outage) == (1, 2, 0, None)
+    assert row(db, good)["state"] == int(OutboxState.SENT)
+    assert {(row(db, m)["state"], row(db, m)["retry_count"]) for m in bad} == {
+        (int(OutboxState.PENDING), 1)}
