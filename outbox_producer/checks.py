@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ from consumer_kit.core.states import OutboxState
 from consumer_kit.transports.base import Consumer, Transport
 from outbox_producer.backoff import Backoff
 from outbox_producer.candidates import CandidateClaimer
-from outbox_producer.claim import DEFAULT_LEASE, default_owner
+from outbox_producer.claim import DEFAULT_LEASE, default_owner, send_deadline
 from outbox_producer.sender import Sender, SendStats
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,11 @@ class Checker:
             return None
         due = [i for i, at in waiting.items() if at <= now]
         if due:
+            started = time.monotonic()
             rows = self.claimer.claim_among(due, len(due))
-            stats = self.sender.send_rows(rows) if rows else SendStats()
+            stats = (self.sender.send_rows(rows, deadline=send_deadline(started,
+                                                                        self.claimer.lease))
+                     if rows else SendStats())
             self.stats.send.add(stats)
             self.stats.resent += stats.sent
             if stats.outage:

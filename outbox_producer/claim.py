@@ -19,7 +19,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.rows import READ_COLUMNS, OutboxRow
-from consumer_kit.core.states import OutboxState
+from consumer_kit.core.states import OutboxState, transition
 from consumer_kit.core.transitions import CHUNK, Ids, Where, cas, cas_returning
 
 _CLAIM_SEQ = itertools.count(1)
@@ -43,6 +43,21 @@ def check_lease(lease: dt.timedelta) -> None:
             f"{lease.total_seconds():g}s: a lease that runs out while its batch is sent lets "
             "another relay send the rows again")
 
+
+#: The share of a send lease in which its holder may start sends: the rest is the margin for the
+#: last send to finish and the batch to be marked before another sender may reclaim the rows.
+SEND_WINDOW = 0.5
+
+
+def send_deadline(claimed_at: float, lease: dt.timedelta) -> float:
+    """The `time.monotonic()` value after which the holder of rows claimed at `claimed_at` (a
+    `time.monotonic()` read just before the claim, so never later than the lease's start) under
+    `lease` starts no more sends: `SEND_WINDOW` of the lease.
+
+    >>> send_deadline(100.0, dt.timedelta(seconds=30))
+    115.0
+    """
+    return claimed_at + lease.total_seconds() * SEND_WINDOW
 
 
 def default_owner(kind: str) -> str:
@@ -154,6 +169,7 @@ class Claimer:
         a subquery more than once and take more rows than the limit.)"""
         t = self.table
         taken: list[Any] = []
+        claimed: list[tuple[int, OutboxState]] = []  # (rows, the state they came from)
         with self.engine.begin() as conn:
             for name, where in self._plan(now):
                 room = batch - len(taken)
@@ -178,10 +194,19 @@ class Claimer:
                     guard = [t.c.id == sa.any_(sa.cast(ids, ARRAY(sa.BigInteger())))]
                 else:
                     guard = [t.c.id == picked.c.id, *where]
-                taken += cas_returning(conn, t, name, Where(guard),
-                                       returning=self.columns, now=now, by=self.owner,
-                                       values=self._values(now, self.owner))
-        return [OutboxRow.from_row(r) for r in taken]
+                got = cas_returning(conn, t, name, Where(guard), returning=self.columns,
+                                    now=now, by=self.owner, values=self._values(now, self.owner))
+                taken += got
+                # RETURNING reads the row after the UPDATE (SENDING): the transition tells
+                # where it came from
+                claimed.append((len(got), transition(name).sources[0]))
+        rows = [OutboxRow.from_row(r) for r in taken]
+        start = 0
+        for count, source in claimed:
+            for row in rows[start:start + count]:
+                row.claimed_from = source
+            start += count
+        return rows
 
     def _values(self, now: dt.datetime, token: str) -> dict[str, Any]:
         return {"lease_owner": token, "lease_until": now + self.lease, "last_attempt_at": now}
@@ -229,21 +254,26 @@ class Claimer:
                     .where(*self.expired(now)).limit(batch - len(found))).all()
             if not found:
                 return []
-            ids = [int(r.id) for r in found]
-            states: dict[int, int] = {}
+            by_state: dict[int, list[int]] = {}
             for r in found:
-                states[int(r.state)] = states.get(int(r.state), 0) + 1
+                by_state.setdefault(int(r.state), []).append(int(r.id))
             # each guard repeats the due condition: a row claimed by someone else meanwhile
-            # is no longer due, so it is not taken twice
+            # is no longer due, so it is not taken twice; and each transition takes only the
+            # rows found in its source state, so the state read is the one claimed from
             due = {int(OutboxState.PENDING): self.due(now), int(OutboxState.FAILED):
                    self.due(now), int(OutboxState.SENDING): self.expired(now)}
-            self._claim_all(conn, states, lambda state: Where([t.c.id.in_(ids), *due[state]]),
+            self._claim_all(conn, {s: len(ids) for s, ids in by_state.items()},
+                            lambda state: Where([t.c.id.in_(by_state[state]), *due[state]]),
                             now, token)
             rows = conn.execute(
                 sa.select(*self.columns)
                 .where(t.c.lease_owner == token, t.c.state == int(OutboxState.SENDING))
             ).all()
-        return [OutboxRow.from_row(r) for r in rows]
+        came_from = {i: state for state, ids in by_state.items() for i in ids}
+        claimed = [OutboxRow.from_row(r) for r in rows]
+        for row in claimed:
+            row.claimed_from = OutboxState(came_from[row.id])
+        return claimed
 
     def claim_rows(self, rows: Sequence[OutboxRow]) -> list[OutboxRow]:
         """Claim freshly committed PENDING rows (the dispatcher's path): compare-and-set on

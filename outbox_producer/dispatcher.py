@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -33,7 +34,13 @@ from outbox_producer.checks import (
     database_key,
     first_retry_due,
 )
-from outbox_producer.claim import DEFAULT_LEASE, Claimer, check_lease, default_owner
+from outbox_producer.claim import (
+    DEFAULT_LEASE,
+    Claimer,
+    check_lease,
+    default_owner,
+    send_deadline,
+)
 from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
@@ -105,9 +112,11 @@ class Dispatcher:
         if checked:  # before the send: a crash after it is covered too
             self._check(batch)
         try:
+            started = time.monotonic()
             claimed = self.claimer.claim_rows(batch)
             if claimed:
-                stats = self.sender.send_rows(claimed)
+                stats = self.sender.send_rows(
+                    claimed, deadline=send_deadline(started, self.claimer.lease))
                 if stats.outage:  # the unsent rows are PENDING again: the relay has them
                     log.warning("dispatcher: %s", stats.outage)
                 if stats.sent < len(claimed) and not checked:

@@ -51,7 +51,7 @@ from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import CkitError, ConfigError
 from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
-from outbox_producer.claim import Claimer
+from outbox_producer.claim import Claimer, send_deadline
 from outbox_producer.sender import Sender, SendStats
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class LockedSender:
                     f"SET LOCAL idle_in_transaction_session_timeout = {self._timeout}")
             else:  # (the session's own values are put back after the commit)
                 conn.exec_driver_sql(_MARIADB_SET.format(seconds=self._timeout))
-            deadline = time.monotonic() + self.lease.total_seconds() / 2
+            deadline = send_deadline(time.monotonic(), self.lease)
             attempt = self.sender.attempt(rows, pace=pace, deadline=deadline)
             stats = SendStats()
             done = {"last_attempt_at": picked_at}

@@ -19,7 +19,14 @@ from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
-from outbox_producer.claim import DEFAULT_LEASE, Claimer, Shard, check_lease, default_owner
+from outbox_producer.claim import (
+    DEFAULT_LEASE,
+    Claimer,
+    Shard,
+    check_lease,
+    default_owner,
+    send_deadline,
+)
 from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
 from outbox_producer.sender import Sender, SendStats
@@ -155,10 +162,12 @@ class Relay:
         pace = None if limiter is None else (lambda: limiter.acquire(self.stopping))
         if self.locked is not None:
             return self.locked.step(claim_size, pace=pace)
+        started = time.monotonic()  # (before the claim: never later than the lease's start)
         rows = self.claimer.claim(claim_size)
         if not rows:
             return None
-        return self.sender.send_rows(rows, pace=pace)
+        return self.sender.send_rows(rows, pace=pace,
+                                     deadline=send_deadline(started, self.claimer.lease))
 
     def run(self, *, once: bool = False, max_batches: int | None = None) -> RelayResult:
         """Loop until `stop()` (or, with `once`, until nothing is due). Outages of the database

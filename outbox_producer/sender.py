@@ -24,6 +24,7 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import MESSAGE_ID_LEN, REASON_LEN
+from consumer_kit.core.states import OutboxState
 from consumer_kit.core.transitions import Versions, cas, cas_each
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
@@ -33,12 +34,16 @@ log = logging.getLogger(__name__)
 
 #: rows per UPDATE when marking a batch SENT
 MARK_CHUNK = 5000
+#: `TransportUnavailable` failures of one topic after which a batch tries no more of its rows
+SUSPECT_AFTER = 2
 
 
 @dataclasses.dataclass
 class SendStats:
     """What one batch (or many, added up) did. `outage` is set when a broker outage stopped the
-    batch: its unsent rows went back to PENDING without a retry counted."""
+    batch: its unsent rows went back as they were before the claim (PENDING, or FAILED for the
+    slow retry) without a retry counted; `released` counts them, and the rows the end of the
+    send window left unsent."""
 
     sent: int = 0
     retried: int = 0
@@ -69,8 +74,13 @@ class Attempt:
     outage: TransportUnavailable | None = None
     fatal: CkitError | None = None
 
-    def outage_text(self, released: int, where: str = "back to PENDING") -> str:
-        """The `SendStats.outage` line for this batch's outage."""
+    def outage_text(self, released: int, where: str | None = None) -> str:
+        """The `SendStats.outage` line for this batch's outage (`where`: where the unsent rows
+        went; by default back to the state they were claimed from)."""
+        if where is None:
+            failed = sum(r.claimed_from == OutboxState.FAILED for r in self.unsent)
+            where = ("back to PENDING" if not failed else "back to FAILED"
+                     if failed == len(self.unsent) else "back to PENDING or FAILED as they were")
         return (f"broker unavailable; {released} unsent rows {where}, no retry counted "
                 f"(first message {self.unsent[0].message_id}): {self.outage}")
 
@@ -88,24 +98,47 @@ class Sender:
     failed_retry_after: dt.timedelta | None = None
 
     def send_rows(
-        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None
+        self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None,
+        deadline: float | None = None,
     ) -> SendStats:
         """Send each row; mark SENT, or schedule a retry, or FAILED after `max_retries`.
 
-        `pace` runs before each send (the relay's rate cap). A send that raises
-        `TransportUnavailable` makes its row a suspect: a later send in the batch that succeeds
-        shows the broker is up, and the suspect is charged a retry like any failed send (a
-        problem of that row: RocketMQ reports every send failure, a missing topic route too, as
-        unavailable). A second `TransportUnavailable` before any success, or the batch's end,
-        means an outage: the batch stops, its unsent rows go back to PENDING with their
-        `retry_count` unchanged (so a long outage never pushes the backlog to FAILED), and
-        `outage` says why. The caller backs off.
+        `pace` runs before each send (the relay's rate cap). `deadline` (a `time.monotonic()`
+        value: `claim.send_deadline` of the claim's start and lease) is when sends stop: rows
+        not sent by then are released, as they were before the claim with no retry counted
+        (`released`; logged at info), so a batch of slow sends never outlives its lease and
+        is never sent a second time by a relay that reclaimed it.
+
+        `TransportUnavailable` is either an outage or a problem of the row's topic (RocketMQ
+        reports every send failure, a missing topic route too, as unavailable), so failures of
+        one topic never stop the rows of others:
+
+        - a send that raises it makes its row a suspect; after `SUSPECT_AFTER` (2) such
+          failures of one topic the batch tries no more rows of that topic and goes on with the
+          others;
+        - a later send that succeeds shows the broker is up: each suspect is charged a retry
+          like any failed send, and so is each row of a topic set aside (its topic failed while
+          the broker was up; charged rather than released, so it does not lead the next batch
+          again and reaches `max_retries`, then FAILED, as a row tried each time would);
+        - so does a success on another topic earlier in the batch, at its end (or its
+          `deadline`);
+        - rows of two topics failing with no success after them, or the batch's end (or its
+          `deadline`) with a suspect nothing proved wrong (a batch of one topic whose rows
+          fail, or whose other topics failed too), mean an outage: the batch stops, its
+          unsent rows (suspects and rows set aside too) go back to PENDING (to FAILED when the
+          slow retry took them from there) with their `retry_count` unchanged (so a long
+          outage never pushes the backlog to FAILED), and `outage` says why. The caller backs
+          off.
+
+        >>> started = time.monotonic()                                   # doctest: +SKIP
+        >>> rows = claimer.claim(100)                                    # doctest: +SKIP
+        >>> sender.send_rows(rows, deadline=send_deadline(started, claimer.lease))  # doctest: +SKIP
 
         Raises:
             ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
-                missing): the rows not sent yet went back to PENDING with no retry counted.
+                missing): the rows not sent yet went back as they were, no retry counted.
         """
-        attempt = self.attempt(rows, pace=pace)
+        attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
         if attempt.sent:
             with self.engine.begin() as conn:
@@ -118,46 +151,50 @@ class Sender:
         if attempt.fatal is not None:
             self._release(attempt.unsent)
             raise attempt.fatal
-        if attempt.outage is not None:
+        if attempt.unsent:  # an outage, or the deadline
             released = self._release(attempt.unsent)
             stats.released = released
             stats.conflicts += len(attempt.unsent) - released
-            stats.outage = attempt.outage_text(released)
+            if attempt.outage is not None:
+                stats.outage = attempt.outage_text(released)
+            else:
+                log.info("%d rows of the batch not sent within half the send lease: released, "
+                         "due again at once (first message %s)", released,
+                         attempt.unsent[0].message_id)
         return stats
 
     def attempt(
         self, rows: Sequence[OutboxRow], *, pace: Callable[[], object] | None = None,
         deadline: float | None = None,
     ) -> Attempt:
-        """Send each row and sort the outcomes (see `send_rows`); write nothing. With
-        `deadline` (a `time.monotonic()` value) no send starts after it: the rest is `unsent`
-        (with neither `outage` nor `fatal`)."""
+        """Send each row and sort the outcomes (see `send_rows` for the rule on
+        `TransportUnavailable`); write nothing. With `deadline` (a `time.monotonic()` value) no
+        send starts after it: the rest is `unsent` (with neither `outage` nor `fatal` unless a
+        suspect was left unproven)."""
         out = Attempt()
-        suspect: tuple[OutboxRow, TransportUnavailable] | None = None
+        doubt = _Doubt()
         for i, row in enumerate(rows):
+            if doubt.failures.get(row.topic, 0) >= SUSPECT_AFTER:  # its topic failed enough
+                doubt.aside.append(row)
+                continue
             if pace is not None:
                 pace()
             if deadline is not None and time.monotonic() >= deadline:
-                if suspect is not None:  # nothing proved the broker up: an outage, as at the end
-                    out.outage = suspect[1]
-                out.unsent = [*([suspect[0]] if suspect else []), *rows[i:]]
-                suspect = None
+                doubt.stop(out, rows[i:])
                 break
             try:
                 result = self.transport.send(to_message(row))
             except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none
-                out.fatal, out.unsent = exc, [*([suspect[0]] if suspect else []), *rows[i:]]
-                suspect = None
+                out.fatal, out.unsent = exc, [*doubt.undecided(), *rows[i:]]
                 break
             except MessageRefused as exc:  # retrying cannot help (too large, empty)
                 out.failures.append((row, _reason(exc), True))
                 continue
             except TransportUnavailable as exc:
-                if suspect is None:  # the next send tells an outage from a problem of this row
-                    suspect = (row, exc)
-                    continue
-                out.outage, out.unsent, suspect = exc, [suspect[0], *rows[i:]], None
-                break
+                if doubt.failed(row, exc):  # rows of two topics failed, none went through
+                    out.outage, out.unsent = exc, [*doubt.undecided(), *rows[i + 1:]]
+                    break
+                continue
             except TransportError as exc:
                 out.failures.append((row, _reason(exc), False))
                 continue
@@ -167,21 +204,29 @@ class Sender:
                 continue
             out.sent.append((row, result.broker_message_id[:MESSAGE_ID_LEN]))
             log.debug("message %s sent as %s", row.message_id, result.broker_message_id)
-            if suspect is not None:  # the broker is up: the suspect's failure is its own
-                out.failures.append((suspect[0], _reason(suspect[1]), False))
-                suspect = None
-        if suspect is not None:  # nothing after it proved the broker up
-            out.outage, out.unsent = suspect[1], [suspect[0]]
+            doubt.sent(row, out)  # the broker is up: the suspects' failures are their own
+        else:
+            doubt.stop(out, [])
         return out
 
     def _release(self, rows: Sequence[OutboxRow]) -> int:
-        """Put claimed rows back to PENDING as they were before the claim (`retry_count`,
-        `next_retry_at` and `fail_reason` untouched); return how many were still ours."""
+        """Put claimed rows back as they were before the claim: to FAILED when the slow retry
+        took them from there (`release_failed`), else to PENDING (`release`; a row reclaimed
+        from an expired lease too), with `retry_count`, `next_retry_at` and `fail_reason`
+        untouched; return how many were still ours."""
         now = utcnow()
+        failed = [(r.id, r.lock_version) for r in rows
+                  if r.claimed_from == OutboxState.FAILED]
+        others = [(r.id, r.lock_version) for r in rows
+                  if r.claimed_from != OutboxState.FAILED]
+        free = {"lease_owner": None, "lease_until": None}
+        released = 0
         with self.engine.begin() as conn:
-            return cas(conn, self.table, "release",
-                       Versions([(r.id, r.lock_version) for r in rows]),
-                       now=now, by=self.owner, values={"lease_owner": None, "lease_until": None})
+            for move, pairs in (("release", others), ("release_failed", failed)):
+                if pairs:
+                    released += cas(conn, self.table, move, Versions(pairs), now=now,
+                                    by=self.owner, values=free)
+        return released
 
     def mark_sent(self, conn: sa.Connection, sent: list[tuple[OutboxRow, str]],
                   move: str, values: Mapping[str, Any] | None = None) -> tuple[int, int]:
@@ -233,6 +278,69 @@ class Sender:
             metrics.RETRIED.inc()
             log.info("message %s send failed (attempt %d), retry at %s: %s",
                      row.message_id, retries, next_at.isoformat(), reason)
+
+
+@dataclasses.dataclass
+class _Doubt:
+    """What `Sender.attempt` does not know yet about the `TransportUnavailable` failures of a
+    batch: an outage, or rows (a topic without a route) the broker cannot take? See
+    `Sender.send_rows` for the rule."""
+
+    #: rows that failed with `TransportUnavailable` since the last success, with the error
+    suspects: list[tuple[OutboxRow, TransportUnavailable]] = dataclasses.field(
+        default_factory=list)
+    #: `TransportUnavailable` failures per topic in this batch
+    failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the last such failure per topic
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: rows not tried: their topic failed `SUSPECT_AFTER` times in this batch
+    aside: list[OutboxRow] = dataclasses.field(default_factory=list)
+    #: the topics of the rows sent in this batch
+    sent_topics: set[str] = dataclasses.field(default_factory=set)
+
+    def failed(self, row: OutboxRow, exc: TransportUnavailable) -> bool:
+        """Record `row`'s failure; True when it makes an outage: a suspect of another topic
+        is still unproven (so the row joins the suspects either way, first to be released)."""
+        outage = any(r.topic != row.topic for r, _ in self.suspects)
+        self.suspects.append((row, exc))
+        self.failures[row.topic] = self.failures.get(row.topic, 0) + 1
+        self.reasons[row.topic] = _reason(exc)
+        return outage
+
+    def sent(self, row: OutboxRow, out: Attempt) -> None:
+        """`row` went through: the broker is up (`disproved`)."""
+        self.sent_topics.add(row.topic)
+        self.disproved(out)
+
+    def disproved(self, out: Attempt) -> None:
+        """A send went through: the broker is up, so each suspect's failure is its own (or its
+        topic's) and is charged a retry, and so is each row set aside: its topic failed
+        twice while the broker was up (charged, not released: released, it would lead the
+        next batch again, and the next, and never reach `max_retries`)."""
+        for row, exc in self.suspects:
+            out.failures.append((row, _reason(exc), False))
+        for row in self.aside:
+            out.failures.append((row, f"not sent: {SUSPECT_AFTER} sends to topic {row.topic} "
+                                      f"failed in this batch: {self.reasons[row.topic]}", False))
+        self.suspects.clear()
+        self.aside.clear()
+
+    def undecided(self) -> list[OutboxRow]:
+        """The rows whose outcome is still open (suspects, then rows set aside)."""
+        return [*(r for r, _ in self.suspects), *self.aside]
+
+    def stop(self, out: Attempt, rest: Sequence[OutboxRow]) -> None:
+        """The batch ends (its last row, or the deadline) with `rest` not tried. Suspects no
+        success followed (all of one topic: two topics would have stopped the batch) make it an
+        outage, unless rows of another topic went through earlier in the batch: then the broker
+        is up and the suspects, like what was set aside, are charged (were they released, a
+        topic without a route at the end of every batch would never reach FAILED)."""
+        if self.suspects and not self.sent_topics - {self.suspects[0][0].topic}:
+            out.outage = self.suspects[0][1]
+            out.unsent = [*self.undecided(), *rest]
+        else:
+            self.disproved(out)
+            out.unsent = list(rest)
 
 
 def _reason(exc: Exception) -> str:

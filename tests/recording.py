@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -65,4 +66,18 @@ class HeldTransport(RecordingTransport):
         if message.properties["ckit_id"] == self.hold and not self.release.is_set():
             self.holding.set()
             self.release.wait(self.seconds)
+        return super().send(message)
+
+
+class SlowTransport(RecordingTransport):
+    """Each send takes `seconds`; `started` holds the `time.monotonic()` each send began at."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.started: list[float] = []
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        self.started.append(time.monotonic())
+        time.sleep(self.seconds)
         return super().send(message)

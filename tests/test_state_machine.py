@@ -144,7 +144,9 @@ def test_every_writer_moves_rows_only_through_the_transition_table(
     relay.step()
     step()
     assert states(db)[failing] is OutboxState.FAILED
-    # ... a slow retry of the FAILED row (claim_failed), an outage (release), ...
+    # ... a slow retry of the FAILED row (claim_failed), an outage (release of a row claimed
+    # from PENDING, release_failed of the one claimed from FAILED), ...
+    publish("o")
     transport.mode = "down"
     relay.step()
     step()

@@ -11,6 +11,11 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consumer_kit.core.states import OutboxState
+
+#: A state by its code, by position (cheaper than `OutboxState(code)` per claimed row)
+_STATES = tuple(OutboxState)
+
 #: The columns `OutboxRow` is read from (besides `sent_at`, read for `sent_before`).
 SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",
                 "body", "retry_count", "max_retries", "created_by", "gmt_create", "lock_version")
@@ -24,7 +29,9 @@ class OutboxRow:
 
     `lock_version` is the version the holder's next compare-and-set must match; `sent_before`
     is true when an earlier attempt went out (a re-send: consumers answer it with a receipt even
-    when they processed the message already).
+    when they processed the message already). `claimed_from` is the state the claim took the row
+    from (PENDING; FAILED for the slow retry; SENDING for an expired lease): a row released
+    unsent goes back to FAILED when it came from there, else to PENDING.
     """
 
     id: int
@@ -42,13 +49,15 @@ class OutboxRow:
     max_retries: int = 10
     created_by: str | None = None
     sent_before: bool = False
+    claimed_from: OutboxState = OutboxState.PENDING
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any], *, sent_before: bool | None = None
                      ) -> OutboxRow:
-        """Build from a result mapping (or a dict) holding `SEND_COLUMNS` (and `sent_at` when it
-        was read); `sent_before` defaults to what `from_row` derives."""
-        built = cls.from_row([*(row[name] for name in SEND_COLUMNS), None, row.get("sent_at")])
+        """Build from a result mapping (or a dict) holding `SEND_COLUMNS` (and `state`, `sent_at`
+        when they were read); `sent_before` defaults to what `from_row` derives."""
+        built = cls.from_row([*(row[name] for name in SEND_COLUMNS), row.get("state"),
+                              row.get("sent_at")])
         if sent_before is not None:
             built.sent_before = sent_before
         return built
@@ -59,14 +68,17 @@ class OutboxRow:
         By position, not by name: a relay builds thousands a second, and reading each column
         through SQLAlchemy's `RowMapping` was one of the largest Python costs per row of a drain.
         `sent_before` is whether the row went out before: it was marked SENT once (`sent_at`),
-        or an attempt failed (`retry_count`: a timed-out send may have reached the broker)."""
+        or an attempt failed (`retry_count`: a timed-out send may have reached the broker).
+        `claimed_from` is the `state` read (a claim that reads after its UPDATE sets it from
+        the claim's transition instead)."""
         (id_, message_id, biz_type, biz_key, topic, tags, keys, headers, body, retry_count,
-         max_retries, created_by, gmt_create, lock_version, _state, sent_at) = row
+         max_retries, created_by, gmt_create, lock_version, state, sent_at) = row
         retry_count = int(retry_count or 0)
         return cls(id_, message_id, biz_type, biz_key, topic,
                    body if type(body) is bytes else bytes(body), lock_version, gmt_create,
                    tags, keys, headers, retry_count, int(max_retries or 0), created_by,
-                   sent_at is not None or retry_count > 0)
+                   sent_at is not None or retry_count > 0,
+                   OutboxState.PENDING if state is None else _STATES[state])
 
     def next_version(self) -> OutboxRow:
         """This row after a compare-and-set bumped its `lock_version` (updated in place: a

@@ -112,6 +112,9 @@ TRANSITIONS: tuple[Transition, ...] = (
                meaning="retries exhausted (or the message can never be sent)"),
     Transition("release", Actor.SENDER, (S.SENDING,), S.PENDING,
                meaning="a broker outage stopped the batch: unsent rows back, no retry counted"),
+    Transition("release_failed", Actor.SENDER, (S.SENDING,), S.FAILED,
+               meaning="a row the slow retry took from FAILED left unsent (an outage, the "
+                       "send window's end): back to FAILED as it was, no retry counted"),
     Transition("send_locked", Actor.SENDER, (S.PENDING, S.FAILED, S.SENDING), S.SENT,
                meaning="a relay with --claim lock sent a due row it held locked (claim and "
                        "mark in one UPDATE)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from consumer_kit.core.states import OutboxState
 from outbox_producer import Dispatcher, Outbox, Relay, ops
 from outbox_producer.claim import Claimer
 from tests.conftest import Db
-from tests.recording import RecordingTransport
+from tests.recording import RecordingTransport, SlowTransport
 
 
 def states(db: Db) -> list[int]:
@@ -178,6 +179,32 @@ def test_a_broker_outage_leaves_the_rows_pending_for_the_relay_without_a_retry(d
         rows = conn.execute(sa.text(
             f"SELECT state, retry_count, lease_owner FROM {db.names.outbox}")).all()
     assert [tuple(r) for r in rows] == [(int(OutboxState.PENDING), 0, None)] * 2
+
+
+def test_the_dispatcher_starts_no_send_after_half_its_lease_and_releases_the_rest(
+        db: Db) -> None:
+    # Given a dispatcher with a send lease of 1 s and a broker that takes 0.2 s per send
+    transport = SlowTransport(0.2)
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox,
+                            lease=dt.timedelta(seconds=1)).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    try:
+        # When ten rows are committed together
+        with Session(db.engine) as session, session.begin():
+            for n in range(10):
+                outbox.publish(session, "T", {"n": n}, biz_type="t", biz_key=str(n))
+        assert dispatcher.flush(20)
+    finally:
+        dispatcher.close()
+    # Then what it could not send within half the lease is PENDING again for the relay, with no
+    # retry charged, never left SENDING to be reclaimed while it is still being sent
+    with db.engine.connect() as conn:
+        rows = [tuple(r) for r in conn.execute(sa.text(
+            f"SELECT state, retry_count, lease_owner FROM {db.names.outbox}"))]
+    pending = [r for r in rows if r[0] == int(OutboxState.PENDING)]
+    assert pending and set(pending) == {(int(OutboxState.PENDING), 0, None)}
+    assert len(pending) + len(transport.counts()) == 10
+    assert set(rows) - set(pending) == {(int(OutboxState.SENT), 0, None)}
 
 
 def test_claim_ids_compares_each_rows_own_lock_version(db: Db) -> None:

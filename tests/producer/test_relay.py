@@ -23,7 +23,7 @@ from consumer_kit.core.states import OutboxState
 from outbox_producer import Backoff, Outbox, Relay, Shard
 from outbox_producer.claim import Claimer
 from tests.conftest import Db
-from tests.recording import HeldTransport, RecordingTransport
+from tests.recording import HeldTransport, RecordingTransport, SlowTransport
 
 FAST = Backoff(schedule=(0.0,), jitter=0.0)
 
@@ -137,6 +137,46 @@ def test_failed_rows_get_a_slow_retry_when_configured(db: Db) -> None:
     assert row(db, mid)["state"] == int(OutboxState.SENT)
 
 
+def test_rows_an_outage_left_unsent_go_back_to_the_state_they_were_claimed_from(db: Db) -> None:
+    # Given a FAILED row due for its slow retry ...
+    failed, expired = publish_many(db, 2, max_retries=0)
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:  # (the second row waits while the first one fails)
+        conn.execute(sa.update(table).where(table.c.message_id == expired)
+                     .values(next_retry_at=utcnow() + dt.timedelta(hours=1)))
+    refused = FlakyTransport()
+    refused.fail_next = 1
+    Relay(db.engine, refused, table=db.names.outbox, backoff=FAST).run_once()
+    before = row(db, failed)
+    assert (before["state"], before["retry_count"]) == (int(OutboxState.FAILED), 1)
+    # ... and a row whose send lease expired (its sender died)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.message_id == expired)
+                     .values(next_retry_at=utcnow()))
+    assert len(Claimer(db.engine, table, "crashed-relay",
+                       lease=dt.timedelta(seconds=-1)).claim(10)) == 1
+    # When a relay with the slow retry claims both and the broker is down
+    down = FlakyTransport(TransportUnavailable("broker down (simulated)"))
+    down.fail_next = 1_000
+    relay = Relay(db.engine, down, table=db.names.outbox,
+                  failed_retry_after=dt.timedelta(hours=6))
+    stats = relay.step()
+    # Then the FAILED row is FAILED again as it was (its retry count, due time and reason) ...
+    assert stats is not None and stats.released == 2 and stats.outage is not None
+    after = row(db, failed)
+    for column in ("state", "retry_count", "next_retry_at", "fail_reason"):
+        assert after[column] == before[column], column
+    assert (after["lease_owner"], after["lease_until"]) == (None, None)
+    # ... the expired lease's row is PENDING, with no retry charged to either
+    r = row(db, expired)
+    assert (r["state"], r["retry_count"], r["lease_owner"]) == (int(OutboxState.PENDING), 0,
+                                                                None)
+    # and a relay without the slow retry sends only the PENDING one
+    transport = RecordingTransport()
+    Relay(db.engine, transport, table=db.names.outbox).run_once()
+    assert transport.counts() == {expired: 1}
+
+
 def test_a_delayed_message_is_not_sent_before_its_time(db: Db) -> None:
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
     with db.engine.begin() as conn:
@@ -158,6 +198,33 @@ def test_a_sending_row_whose_lease_expired_is_reclaimed_and_sent(db: Db) -> None
     Relay(db.engine, transport, table=db.names.outbox).run_once()
     assert transport.counts() == {mid: 1}
     assert row(db, mid)["state"] == int(OutboxState.SENT)
+
+
+def test_a_lease_mode_batch_starts_no_send_after_half_its_lease_and_releases_the_rest(
+        db: Db) -> None:
+    # Given ten due rows, a send lease of 1 s and a broker that takes 0.2 s per send
+    ids = publish_many(db, 10)
+    slow = SlowTransport(0.2)
+    relay = Relay(db.engine, slow, table=db.names.outbox, batch=10,
+                  lease=dt.timedelta(seconds=1))
+    # When the relay sends one batch
+    began = time.monotonic()
+    stats = relay.step()
+    # Then no send started after half the lease (another relay may reclaim the rows once it
+    # ran out): what went out is SENT, the rest is PENDING again with no retry charged
+    assert stats is not None and stats.outage is None
+    assert stats.released >= 1 and stats.sent + stats.released == 10
+    assert max(slow.started) - began < 0.5
+    released = [m for m in ids if row(db, m)["state"] == int(OutboxState.PENDING)]
+    assert len(released) == stats.released
+    for mid in released:
+        r = row(db, mid)
+        assert (r["retry_count"], r["lease_owner"], r["fail_reason"]) == (0, None, None)
+    # And the next batches send the rest, each row once
+    fast = RecordingTransport()
+    Relay(db.engine, fast, table=db.names.outbox).run_once()
+    assert sorted([*slow.counts(), *fast.counts()]) == sorted(ids)
+    assert {row(db, m)["state"] for m in ids} == {int(OutboxState.SENT)}
 
 
 def test_a_live_lease_is_not_taken_by_another_relay(db: Db) -> None:
@@ -346,3 +413,61 @@ def test_a_row_whose_send_fails_while_later_sends_succeed_is_retried_not_an_outa
     assert (r["state"], r["retry_count"]) == (int(OutboxState.PENDING), 1)
     assert "No route info" in str(r["fail_reason"])
     assert {row(db, m)["state"] for m in ids[1:]} == {int(OutboxState.SENT)}
+
+
+def test_rows_of_a_topic_without_a_route_cannot_stop_the_rows_of_other_topics(db: Db) -> None:
+    # Given three rows of a topic without a route (RocketMQ reports it as unavailable) at the
+    # head of the due queue, and three rows of a good topic after them
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, max_retries=1)
+    with db.engine.begin() as conn:
+        bad = [outbox.publish(conn, "NOROUTE", {"i": i}, biz_type="bad", biz_key=str(i))
+               for i in range(3)]
+        good = [outbox.publish(conn, "GOOD", {"i": i}, biz_type="good", biz_key=str(i))
+                for i in range(3)]
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.message_id.in_(bad))
+                     .values(next_retry_at=utcnow() - dt.timedelta(minutes=1)))
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic: NOROUTE"),
+                               fails=lambda m: m.topic == "NOROUTE")
+    relay = Relay(db.engine, transport, table=db.names.outbox, batch=10, backoff=FAST)
+    # When the relay sends a batch
+    stats = relay.step()
+    # Then the good rows went out: it was no outage
+    assert stats is not None and stats.outage is None
+    assert sorted(transport.counts()) == sorted(good)
+    # and after two failures of the bad topic its third row was not tried; all three are
+    # charged a retry, as failed sends (the broker took the good rows)
+    assert transport.attempts == 5 and (stats.sent, stats.retried) == (3, 3)
+    for mid in bad:
+        r = row(db, mid)
+        assert (r["state"], r["retry_count"]) == (int(OutboxState.PENDING), 1)
+        assert "No route info" in str(r["fail_reason"])
+    # And once more rows of another topic come due with them, their retries run out: FAILED
+    with db.engine.begin() as conn:
+        late = outbox.publish(conn, "GOOD", {}, biz_type="good", biz_key="late")
+    assert relay.step() is not None
+    assert {row(db, m)["state"] for m in bad} == {int(OutboxState.FAILED)}
+    assert row(db, late)["state"] == int(OutboxState.SENT)
+
+
+
+def test_a_topic_failing_after_another_topic_went_through_is_charged_not_an_outage(
+        db: Db) -> None:
+    # Given a batch whose good rows come first and whose last rows have no route
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        good = outbox.publish(conn, "GOOD", {}, biz_type="good", biz_key="1")
+        bad = [outbox.publish(conn, "NOROUTE", {"i": i}, biz_type="bad", biz_key=str(i))
+               for i in range(2)]
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic: NOROUTE"),
+                               fails=lambda m: m.topic == "NOROUTE")
+    relay = Relay(db.engine, transport, table=db.names.outbox, backoff=FAST)
+    rows = sorted(relay.claimer.claim(10), key=lambda r: r.topic != "GOOD")
+    # When
+    stats = relay.sender.send_rows(rows)
+    # Then the broker took the other topic in this batch: the bad rows are charged a retry
+    assert (stats.sent, stats.retried, stats.released, stats.outage) == (1, 2, 0, None)
+    assert row(db, good)["state"] == int(OutboxState.SENT)
+    assert {(row(db, m)["state"], row(db, m)["retry_count"]) for m in bad} == {
+        (int(OutboxState.PENDING), 1)}
