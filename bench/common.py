@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import resource
@@ -89,3 +90,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
            "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in text]
     return "\n".join(out)
+
+
+def parse_counts(parser: argparse.ArgumentParser, argv: list[str] | None,
+                 *counts: str) -> argparse.Namespace:
+    """Add `--runs` (default 3) to `parser`, parse `argv`, and refuse (one line, exit 2) a
+    `--runs` or any of the options `counts` (e.g. `"--n"`) under 1."""
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    names = [*counts, "--runs"]
+    if any(getattr(args, name.lstrip("-").replace("-", "_")) < 1 for name in names):
+        parser.error(f"{' and '.join(names)} must be at least 1")
+    return args

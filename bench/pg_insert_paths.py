@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import load_average, machine_facts, table
+from bench.common import load_average, machine_facts, parse_counts, table
 
 CREATE = "CREATE TEMP TABLE ckit_paths (id bigserial PRIMARY KEY, a text, b bigint, c timestamp)"
 PYFORMAT = "INSERT INTO ckit_paths (a, b, c) VALUES (%(a)s, %(b)s, %(c)s)"
@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default=os.environ.get(
         "CKIT_TEST_PG_URL", "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"))
     parser.add_argument("--n", type=int, default=5000, help="INSERTs per run and variant")
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args(argv)
-    if args.n < 1 or args.runs < 1:
-        parser.error("--n and --runs must be at least 1")
+    args = parse_counts(parser, argv, "--n")
     scheme, sep, rest = args.url.partition("://")
     if not sep or not scheme.startswith("postgresql"):
         parser.error(f"--url must be a postgresql URL, not {scheme!r}")

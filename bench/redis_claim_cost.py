@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from bench.common import load_average, machine_facts, table
+from bench.common import load_average, machine_facts, parse_counts, table
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.packer import client_options
@@ -191,10 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis-url", default=os.environ.get(
         "CKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--calls", type=int, default=10_000, help="calls per run and variant")
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args(argv)
-    if args.calls < 1 or args.runs < 1:
-        parser.error("--calls and --runs must be at least 1")
+    args = parse_counts(parser, argv, "--calls")
     client = redis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=5,
                                   **client_options())
     try:

@@ -24,11 +24,18 @@ def states(db: Db) -> list[int]:
                     .scalars())
 
 
-def test_committed_rows_are_sent_after_commit_and_marked_sent(db: Db) -> None:
-    # Given
+def dispatching(db: Db) -> tuple[RecordingTransport, Dispatcher, Outbox]:
+    """A recording transport, a started dispatcher sending to it, and an outbox handing it
+    its committed rows."""
     transport = RecordingTransport()
     dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
-    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    return transport, dispatcher, Outbox(db.engine, producer="orders", table=db.names.outbox,
+                                         dispatcher=dispatcher)
+
+
+def test_committed_rows_are_sent_after_commit_and_marked_sent(db: Db) -> None:
+    # Given
+    transport, dispatcher, outbox = dispatching(db)
     try:
         # When
         with Session(db.engine) as session, session.begin():
@@ -43,9 +50,7 @@ def test_committed_rows_are_sent_after_commit_and_marked_sent(db: Db) -> None:
 
 
 def test_a_rolled_back_session_sends_nothing(db: Db) -> None:
-    transport = RecordingTransport()
-    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
-    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    transport, dispatcher, outbox = dispatching(db)
     try:
         with Session(db.engine) as session:
             session.begin()
@@ -98,9 +103,7 @@ def test_a_session_joined_to_an_outer_transaction_that_rolls_back_sends_nothing(
 
 def test_a_rolled_back_savepoint_sends_neither_its_row_nor_drops_the_rows_around_it(
         db: Db) -> None:
-    transport = RecordingTransport()
-    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
-    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    transport, dispatcher, outbox = dispatching(db)
     try:
         with Session(db.engine) as session, session.begin():
             before = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="before")
