@@ -40,6 +40,19 @@ def test_a_usage_error_is_one_line_naming_the_option_not_a_box(args: list[str],
     assert option in error_line(result.output)
 
 
+@pytest.mark.parametrize("producer", ["", "bad name!"])
+def test_receipts_refuses_a_producer_that_cannot_name_its_topic_before_touching_anything(
+        tmp_path: Path, producer: str) -> None:
+    # it used to exit 0, having made topic `ckit-receipt-` and its group in the broker
+    mq = tmp_path / "mq.db"
+    result = CliRunner().invoke(app, ["receipts", "--url", f"sqlite:///{tmp_path / 'p.db'}",
+                                      "--transport", f"sql+sqlite:///{mq}", "--producer",
+                                      producer, "--burst"])
+    assert result.exit_code == 2
+    assert "producer" in error_line(result.output)
+    assert not mq.exists() and not (tmp_path / "p.db").exists()
+
+
 def test_ckit_alone_still_prints_its_help() -> None:
     result = CliRunner().invoke(app, [])
     assert "Usage" in result.output and "relay" in result.output

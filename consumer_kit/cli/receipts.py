@@ -15,6 +15,7 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.transports.running import run_consumer
 from outbox_producer.receipts.consumer import ReceiptConsumer
+from outbox_producer.validation import check_producer
 
 
 def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
@@ -49,6 +50,7 @@ def receipts(
     """Apply receipts from the receipt topic: CONSUMED when every expected group consumed the
     message, REJECTED when a group rejected it. A batch is applied before the broker is acked,
     so a kill at any point loses nothing (applying it again changes nothing)."""
+    check_producer(producer)  # before anything is made: it names the topic and group
     db = make_engine(require(url, "--url", "CKIT_DB_URL"))
     applier = ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
                              expected_groups=expected_groups(expect))

@@ -159,7 +159,12 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
 
 
 def partitions(engine: Engine, table: str) -> list[Partition]:
-    """The table's partitions in order (empty when it is not partitioned)."""
+    """The table's partitions in order (empty when it is not partitioned).
+
+    Raises:
+        ConfigError: not MySQL/MariaDB.
+    """
+    _require_mysql(engine)
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS "

@@ -14,6 +14,7 @@ from consumer_kit.core.receipts_applier import ReceiptApplier, ReceiptResult
 from consumer_kit.transports.base import Consumer, Transport
 from consumer_kit.transports.running import Activity
 from outbox_producer import metrics
+from outbox_producer.validation import check_producer
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class ReceiptConsumer:
     def __init__(self, applier: ReceiptApplier, transport: Transport, *, producer: str) -> None:
         self.applier = applier
         self.transport = transport
-        self.topic = receipt_topic(producer)
+        self.topic = receipt_topic(check_producer(producer))
         self.group = f"ckit-receipts-{producer}"
         self.totals = ReceiptResult()
         self.malformed = 0
