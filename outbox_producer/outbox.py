@@ -202,14 +202,17 @@ class Outbox:
 
 @sa.event.listens_for(Session, "after_commit")
 def _hand_over_after_commit(session: Session) -> None:
-    """After the session's commit: give its published rows to their dispatchers, unless the
-    commit did not reach the database.
+    """After the session's outermost commit: give its published rows to their dispatchers,
+    unless the commit did not reach the database. A savepoint's release (`begin_nested`) fires
+    this event too: the transaction around it goes on, and so do its rows.
 
     A Session joined to a transaction its caller began on a Connection (SQLAlchemy's "join
     into an external transaction", `join_transaction_mode`) commits nothing of it: that
     transaction may still roll back. Its rows are left to the relay, which sends them once
     committed. The dispatcher's claim also matches each row's message id (`claim_rows`), so a
     row that never committed is never sent, even where its id went to another row."""
+    if session.in_nested_transaction():
+        return
     pending: list[tuple[Dispatcher, Connection, OutboxRow]] | None = session.info.pop(
         _SESSION_KEY, None)
     if not pending:
@@ -225,11 +228,11 @@ def _hand_over_after_commit(session: Session) -> None:
 
 @sa.event.listens_for(Session, "after_rollback")
 def _forget_after_rollback(session: Session) -> None:
-    """A rolled-back transaction sends nothing. A savepoint's rollback (`begin_nested`) leaves
-    the rows of the transaction around it: those still commit with it (the rows written inside
-    the savepoint are gone, and the dispatcher's claim, which matches each row's message id,
-    finds nothing of them)."""
-    if not session.in_transaction():
+    """A rolled-back transaction sends nothing. A savepoint's rollback leaves the rows of the
+    transaction around it: those still commit with it (the rows written inside the savepoint
+    are gone, and the dispatcher's claim, which matches each row's message id, finds nothing
+    of them)."""
+    if not session.in_nested_transaction():
         session.info.pop(_SESSION_KEY, None)
 
 

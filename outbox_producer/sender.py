@@ -114,8 +114,8 @@ class Sender:
         one topic never stop the rows of others:
 
         - a send that raises it makes its row a suspect; after `SUSPECT_AFTER` (2) such
-          failures of one topic the batch tries no more rows of that topic and goes on with the
-          others;
+          failures of one topic with no success of it in between, the batch tries no more rows
+          of that topic and goes on with the others;
         - a later send that succeeds shows the broker is up: each suspect is charged a retry
           like any failed send, and so is each row of a topic set aside (its topic failed while
           the broker was up; charged rather than released, so it does not lead the next batch
@@ -289,7 +289,7 @@ class _Doubt:
     #: rows that failed with `TransportUnavailable` since the last success, with the error
     suspects: list[tuple[OutboxRow, TransportUnavailable]] = dataclasses.field(
         default_factory=list)
-    #: `TransportUnavailable` failures per topic in this batch
+    #: `TransportUnavailable` failures per topic since that topic's last success in the batch
     failures: dict[str, int] = dataclasses.field(default_factory=dict)
     #: the last such failure per topic
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -308,8 +308,10 @@ class _Doubt:
         return outage
 
     def sent(self, row: OutboxRow, out: Attempt) -> None:
-        """`row` went through: the broker is up (`disproved`)."""
+        """`row` went through: the broker is up (`disproved`), and its topic takes rows again
+        (a failure before this success is not one of two in a row)."""
         self.sent_topics.add(row.topic)
+        self.failures.pop(row.topic, None)
         self.disproved(out)
 
     def disproved(self, out: Attempt) -> None:

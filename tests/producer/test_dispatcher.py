@@ -14,6 +14,7 @@ from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Dispatcher, Outbox, Relay, ops
 from outbox_producer.claim import Claimer
+from outbox_producer.outbox import _SESSION_KEY
 from tests.conftest import Db
 from tests.recording import RecordingTransport, SlowTransport
 
@@ -56,6 +57,7 @@ def test_a_rolled_back_session_sends_nothing(db: Db) -> None:
             session.begin()
             outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
             session.rollback()
+            assert not session.info.get(_SESSION_KEY)  # forgotten, not left for a later commit
             with session.begin():
                 pass  # a later commit of the same session must not resurrect the row
         assert dispatcher.flush(10)
@@ -118,6 +120,23 @@ def test_a_rolled_back_savepoint_sends_neither_its_row_nor_drops_the_rows_around
     assert dict(transport.counts()) == {before: 1, after: 1}
     assert inside not in _message_states(db)
     assert _message_states(db) == {before: int(OutboxState.SENT), after: int(OutboxState.SENT)}
+
+
+def test_a_released_savepoint_keeps_every_row_of_the_transaction_for_the_dispatcher(
+        db: Db) -> None:
+    transport, dispatcher, outbox = dispatching(db)
+    try:
+        with Session(db.engine) as session, session.begin():
+            before = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="before")
+            with session.begin_nested():  # released: its commit is not the transaction's
+                inside = outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="inside")
+            after = outbox.publish(session, "T", {"n": 3}, biz_type="t", biz_key="after")
+            assert transport.sent == []  # nothing before the commit
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    assert dict(transport.counts()) == {before: 1, inside: 1, after: 1}
+    assert set(_message_states(db).values()) == {int(OutboxState.SENT)}
 
 
 def test_a_row_the_relay_already_claimed_is_not_sent_again_by_the_dispatcher(db: Db) -> None:

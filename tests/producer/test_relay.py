@@ -452,6 +452,28 @@ def test_rows_of_a_topic_without_a_route_cannot_stop_the_rows_of_other_topics(db
 
 
 
+@pytest.mark.parametrize("topics", [["T"] * 6, ["A"] * 5 + ["B"]])
+def test_failures_of_a_topic_with_successes_between_them_neither_stop_it_nor_skip_its_rows(
+        db: Db, topics: list[str]) -> None:
+    # Given a batch whose 2nd and 4th sends fail as unavailable, each followed by a success
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        ids = [outbox.publish(conn, topic, {"i": i}, biz_type="t", biz_key=str(i))
+               for i, topic in enumerate(topics)]
+    flaky = {ids[1], ids[3]}
+    transport = FlakyTransport(TransportUnavailable("timed out"),
+                               fails=lambda m: m.properties["ckit_id"] in flaky)
+    relay = Relay(db.engine, transport, table=db.names.outbox, backoff=FAST)
+    rows = sorted(relay.claimer.claim(10), key=lambda r: ids.index(r.message_id))
+    # When
+    stats = relay.sender.send_rows(rows)
+    # Then every row was tried: the two failures are charged, the rest sent, no outage
+    assert transport.attempts == len(ids)
+    assert (stats.sent, stats.retried, stats.released, stats.outage) == (
+        len(ids) - 2, 2, 0, None)
+    assert {m for m in ids if row(db, m)["state"] == int(OutboxState.SENT)} == set(ids) - flaky
+
+
 def test_a_topic_failing_after_another_topic_went_through_is_charged_not_an_outage(
         db: Db) -> None:
     # Given a batch whose good rows come first and whose last rows have no route
