@@ -112,6 +112,10 @@ class Pipeline:
                     msg, f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
                     "int)", receipt=receipt))
             msg = msg.with_id(str(key))
+        elif listener.dedupe_key is not None and (msg.resend or msg.reconsume_times > 0):
+            found = self._processed_under_listener_key(listener, msg, receipt)
+            if found is not None:
+                return found
         if not msg.id:
             msg = msg.with_id("noid-" + hashlib.sha1(msg.topic.encode() + msg.body).hexdigest())
             return self._finish(msg, "", receipt, self.handling.reject(
@@ -158,6 +162,32 @@ class Pipeline:
         if result.outcome is Outcome.RETRY and msg.last_attempt:
             result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)
         return self._finish(msg, token, receipt, result, leased)
+
+    def _processed_under_listener_key(self, listener: Listener, msg: Message, receipt: bool
+                                      ) -> Result | None:
+        """An outbox message processed while its listener's `dedupe_key` still applied to
+        outbox messages (consumer-kit 0.1.0) has its processed row under that key, and its
+        producer's row never got a receipt: the reconciler re-sends it. Such a re-send (or a
+        redelivery) finds the old row here: a duplicate, recorded again under its `ckit_id`,
+        which owes the producer its receipt. Asked only of re-sends and redeliveries of outbox
+        messages to listeners with a `dedupe_key`; None when there is no such row."""
+        try:
+            key = listener.dedupe_key(msg) if listener.dedupe_key is not None else None
+        except Exception:
+            return None  # (the old code rejected it: no row to find)
+        if isinstance(key, bool) or not isinstance(key, str | int) or str(key) in ("", msg.id):
+            return None
+        try:
+            if self.store.status(str(key)) is not ProcessedStatus.SUCCEEDED:
+                return None
+            self.store.record(msg, ProcessedStatus.SUCCEEDED, receipt=receipt)
+        except DBAPIError as exc:
+            return self._count(msg, Result(
+                Outcome.RETRY, f"database unavailable to look up the listener's key: {exc.orig}"))
+        log.info("message %s: processed before under its listener's dedupe_key %r; recorded "
+                 "again under its ckit_id", msg.id, str(key))
+        return self._finish(msg, "", receipt, Result(
+            Outcome.DUPLICATE, "processed before under the listener's dedupe_key"))
 
     def _run(self, listener: Listener, msg: Message, token: str, receipt: bool,
              pending: PendingClaim | None) -> Result:

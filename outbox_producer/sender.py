@@ -157,6 +157,12 @@ class Sender:
             stats.conflicts += len(attempt.unsent) - released
             if attempt.outage is not None:
                 stats.outage = attempt.outage_text(released)
+            elif not attempt.sent and not attempt.failures:
+                # not one send started: the claim itself took half the lease. Claiming again at
+                # once would do the same, so the caller backs off as from an outage
+                stats.outage = (f"no send started within half the send lease: {released} "
+                                "claimed rows released, no retry counted (the claim took that "
+                                "long: a slow database, or raise --lease)")
             else:
                 log.info("%d rows of the batch not sent within half the send lease: released, "
                          "due again at once (first message %s)", released,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from consumer_kit import Message, Outcome, Reject, Retry
+from consumer_kit.core.schema import ProcessedStatus
 from consumer_kit.dedupe.keys import lease_key
 from consumer_kit.transports import ConsumeStatus, Delivery
 from tests.consumer.conftest import Env, add_reservation, delivery
@@ -281,6 +283,36 @@ def test_an_outbox_message_keeps_its_ckit_id_and_its_receipt_under_a_listeners_d
     assert result.outcome is Outcome.SUCCEEDED
     assert [m for m, _, _ in env.processed()] == ["01HOUTBOXID"]
     assert [receipt.message_id for _, receipt in sent] == ["01HOUTBOXID"]
+
+
+@pytest.mark.parametrize("again", ["resend", "redelivery"])
+def test_an_outbox_message_processed_under_a_listeners_dedupe_key_before_is_not_run_again(
+        env: Env, again: str) -> None:
+    # Given a message consumer-kit processed before its listener's dedupe_key stopped applying
+    # to outbox messages: its processed row is under that key, its producer got no receipt
+    sent: list[Any] = []
+    app = env.app()
+    app.pipeline().receipts = type("Receipts", (), {"put": lambda self, *a: sent.append(a)})()
+
+    @app.listener("ORDER_CREATED", dedupe_key=lambda m: "order:" + str(m.json()["order"]))
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    old = Message.from_delivery(delivery("01HOUTBOXID", b'{"order": 42}')).with_id("order:42")
+    assert app.pipeline().store.record(old, ProcessedStatus.SUCCEEDED)
+    # When the reconciler re-sends it, or the broker delivers it again
+    message = delivery("01HOUTBOXID", b'{"order": 42}', reconsume=int(again == "redelivery"))
+    if again == "resend":
+        message = dataclasses.replace(message, properties={**message.properties,
+                                                           "ckit_resend": "1"})
+    result = app.pipeline().process(message)
+    # Then it is a duplicate, recorded under its ckit_id, and its producer gets its receipt
+    assert result.outcome is Outcome.DUPLICATE
+    assert env.effects() == {}
+    assert [m for m, _, _ in env.processed()] == ["01HOUTBOXID", "order:42"]
+    assert app.pipeline().store.owed() == 1  # the durable receipt, under the ckit_id
+    assert [receipt.message_id for _, receipt in sent] == (
+        ["01HOUTBOXID"] if again == "resend" else [])  # a re-send is answered at once too
 
 
 def test_two_long_foreign_ids_that_share_their_start_stay_two_messages(env: Env) -> None:

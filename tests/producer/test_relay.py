@@ -18,6 +18,7 @@ from consumer_kit.core.errors import (
     TransportUnavailable,
 )
 from consumer_kit.core.messages import OutgoingMessage, SendResult
+from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Backoff, Outbox, Relay, Shard
@@ -450,6 +451,33 @@ def test_rows_of_a_topic_without_a_route_cannot_stop_the_rows_of_other_topics(db
     assert {row(db, m)["state"] for m in bad} == {int(OutboxState.FAILED)}
     assert row(db, late)["state"] == int(OutboxState.SENT)
 
+
+
+def test_a_claim_that_takes_half_the_lease_backs_off_instead_of_claiming_again_at_once(
+        sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a relay whose claims take 0.6 s under a 1 s lease: no send may start after 0.5 s
+    ids = publish_many(sqlite_db, 3)
+    transport = RecordingTransport()
+    relay = Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox,
+                  lease=dt.timedelta(seconds=1), once_outage_limit=1.0)
+    claim = relay.claimer.claim
+    claims: list[float] = []
+
+    def slow_claim(batch: int) -> list[OutboxRow]:
+        claims.append(time.monotonic())
+        time.sleep(0.6)
+        return claim(batch)
+
+    monkeypatch.setattr(relay.claimer, "claim", slow_claim)
+    # When it runs --once
+    result = relay.run_once()
+    # Then nothing was sent, every row is PENDING uncharged, and it backed off between claims
+    # and gave up (exit 1 for `ckit relay --once`) rather than claiming again and again
+    assert transport.sent == [] and result.gave_up is not None
+    assert "no send started within half the send lease" in result.gave_up
+    assert {(row(sqlite_db, m)["state"], row(sqlite_db, m)["retry_count"]) for m in ids} == {
+        (int(OutboxState.PENDING), 0)}
+    assert len(claims) <= 3
 
 
 @pytest.mark.parametrize("topics", [["T"] * 6, ["A"] * 5 + ["B"]])
