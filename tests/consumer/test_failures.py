@@ -266,9 +266,9 @@ def test_a_dedupe_key_that_returns_an_int_dedupes_on_its_text(env: Env) -> None:
     assert env.effects() == {"A": 1}
 
 
-def test_an_outbox_message_keeps_its_ckit_id_and_its_receipt_under_a_listeners_dedupe_key(
-        env: Env) -> None:
-    # Given a listener with its own dedupe_key, for the foreign messages of its topic
+def _keyed_by_order(env: Env) -> tuple[Any, list[Any]]:
+    """An app whose listener dedupes on `order:<order>` from the body; the receipts it sends
+    at once are collected in the list."""
     sent: list[Any] = []
     app = env.app()
     app.pipeline().receipts = type("Receipts", (), {"put": lambda self, *a: sent.append(a)})()
@@ -276,6 +276,14 @@ def test_an_outbox_message_keeps_its_ckit_id_and_its_receipt_under_a_listeners_d
     @app.listener("ORDER_CREATED", dedupe_key=lambda m: "order:" + str(m.json()["order"]))
     def reserve(msg: Message, session: Any) -> None:
         add_reservation(env, session, "A")
+
+    return app, sent
+
+
+def test_an_outbox_message_keeps_its_ckit_id_and_its_receipt_under_a_listeners_dedupe_key(
+        env: Env) -> None:
+    # Given a listener with its own dedupe_key, for the foreign messages of its topic
+    app, sent = _keyed_by_order(env)
 
     # When an outbox message arrives
     result = app.pipeline().process(delivery("01HOUTBOXID", b'{"order": 42}'))
@@ -290,13 +298,7 @@ def test_an_outbox_message_processed_under_a_listeners_dedupe_key_before_is_not_
         env: Env, again: str) -> None:
     # Given a message consumer-kit processed before its listener's dedupe_key stopped applying
     # to outbox messages: its processed row is under that key, its producer got no receipt
-    sent: list[Any] = []
-    app = env.app()
-    app.pipeline().receipts = type("Receipts", (), {"put": lambda self, *a: sent.append(a)})()
-
-    @app.listener("ORDER_CREATED", dedupe_key=lambda m: "order:" + str(m.json()["order"]))
-    def reserve(msg: Message, session: Any) -> None:
-        add_reservation(env, session, "A")
+    app, sent = _keyed_by_order(env)
 
     old = Message.from_delivery(delivery("01HOUTBOXID", b'{"order": 42}')).with_id("order:42")
     assert app.pipeline().store.record(old, ProcessedStatus.SUCCEEDED)

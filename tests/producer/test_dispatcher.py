@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -103,40 +104,30 @@ def test_a_session_joined_to_an_outer_transaction_that_rolls_back_sends_nothing(
     assert dict(transport.counts()) == {committed: 1}
 
 
-def test_a_rolled_back_savepoint_sends_neither_its_row_nor_drops_the_rows_around_it(
-        db: Db) -> None:
+@pytest.mark.parametrize("savepoint_ends", ["released", "rolled back"])
+def test_a_savepoints_end_sends_the_rows_of_the_transaction_around_it_at_its_commit(
+        db: Db, savepoint_ends: str) -> None:
+    # Given rows published before, inside and after a savepoint (begin_nested): its release
+    # fires after_commit, its rollback after_rollback, and the transaction goes on either way
     transport, dispatcher, outbox = dispatching(db)
     try:
         with Session(db.engine) as session, session.begin():
             before = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="before")
             savepoint = session.begin_nested()
             inside = outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="inside")
-            savepoint.rollback()
-            after = outbox.publish(session, "T", {"n": 3}, biz_type="t", biz_key="after")
-        assert dispatcher.flush(10)
-    finally:
-        dispatcher.close()
-    # the two committed rows went out at once (no wait for the relay), the rolled-back one never
-    assert dict(transport.counts()) == {before: 1, after: 1}
-    assert inside not in _message_states(db)
-    assert _message_states(db) == {before: int(OutboxState.SENT), after: int(OutboxState.SENT)}
-
-
-def test_a_released_savepoint_keeps_every_row_of_the_transaction_for_the_dispatcher(
-        db: Db) -> None:
-    transport, dispatcher, outbox = dispatching(db)
-    try:
-        with Session(db.engine) as session, session.begin():
-            before = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="before")
-            with session.begin_nested():  # released: its commit is not the transaction's
-                inside = outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="inside")
+            if savepoint_ends == "released":
+                savepoint.commit()
+            else:
+                savepoint.rollback()
             after = outbox.publish(session, "T", {"n": 3}, biz_type="t", biz_key="after")
             assert transport.sent == []  # nothing before the commit
         assert dispatcher.flush(10)
     finally:
         dispatcher.close()
-    assert dict(transport.counts()) == {before: 1, inside: 1, after: 1}
-    assert set(_message_states(db).values()) == {int(OutboxState.SENT)}
+    # Then every committed row went out at once (no wait for the relay), a rolled-back one never
+    committed = [before, after] if savepoint_ends == "rolled back" else [before, inside, after]
+    assert dict(transport.counts()) == dict.fromkeys(committed, 1)
+    assert _message_states(db) == dict.fromkeys(committed, int(OutboxState.SENT))
 
 
 def test_a_row_the_relay_already_claimed_is_not_sent_again_by_the_dispatcher(db: Db) -> None:
