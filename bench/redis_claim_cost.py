@@ -112,10 +112,10 @@ class Variants:
         commands: list[tuple[str, ...]] = []
         if self.previous is not None:
             commands.append(("SET", done_key(self.group, self.previous), "1", "PX",
-                             self.dedupe._done_text))
+                             str(self.dedupe.done_ms)))
         commands += [("EXISTS", done_key(self.group, message_id)),
                      ("SET", lease_key(self.group, message_id), self.token, "NX", "PX",
-                      self.dedupe._lease_text, "GET")]
+                      str(self.dedupe.lease_ms), "GET")]
         self.conn.send_packed_command(self.conn.pack_commands(commands))
         for _ in commands:
             self.conn.read_response()

@@ -24,7 +24,7 @@ from consumer_kit.deadline import Watchdog
 from consumer_kit.dedupe import Claim, PendingClaim, Predictor, RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.tokens import new_token
 from consumer_kit.handling import Handling
-from consumer_kit.listeners import Listener, Router
+from consumer_kit.listeners import DedupeKey, Listener, Router
 from consumer_kit.message import Message
 from consumer_kit.outcome import Outcome, Result, broker_ack
 from consumer_kit.processed import ProcessedStore
@@ -98,22 +98,16 @@ class Pipeline:
             return self._finish(msg, "", receipt, self.handling.reject(
                 msg, f"no listener for topic {msg.topic!r} with tags {msg.tags!r}",
                 receipt=receipt))
-        if listener.dedupe_key is not None and not msg.is_outbox:
+        dedupe_key = listener.dedupe_key
+        if dedupe_key is not None and not msg.is_outbox:
             # (an outbox message's ckit_id is unique, and its receipt must carry it)
             try:
-                key = listener.dedupe_key(msg)
-            except Exception as exc:
+                msg = msg.with_id(_listener_key(dedupe_key, msg))
+            except ValueError as exc:
                 return self._finish(msg, "", receipt, self.handling.reject(
-                    msg, f"dedupe_key failed: {type(exc).__name__}: {exc}", receipt=receipt))
-            if isinstance(key, bool) or not isinstance(key, str | int) or key == "":
-                # str(None) would make every such message "None": one would run, the others
-                # would be acked as its duplicates
-                return self._finish(msg, "", receipt, self.handling.reject(
-                    msg, f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
-                    "int)", receipt=receipt))
-            msg = msg.with_id(str(key))
-        elif listener.dedupe_key is not None and (msg.resend or msg.reconsume_times > 0):
-            found = self._processed_under_listener_key(listener, msg, receipt)
+                    msg, str(exc), receipt=receipt))
+        elif dedupe_key is not None and (msg.resend or msg.reconsume_times > 0):
+            found = self._processed_under_listener_key(dedupe_key, msg, receipt)
             if found is not None:
                 return found
         if not msg.id:
@@ -163,8 +157,8 @@ class Pipeline:
             result = self.handling.dead_letter(msg, result.reason or "", receipt=receipt)
         return self._finish(msg, token, receipt, result, leased)
 
-    def _processed_under_listener_key(self, listener: Listener, msg: Message, receipt: bool
-                                      ) -> Result | None:
+    def _processed_under_listener_key(self, dedupe_key: DedupeKey, msg: Message,
+                                      receipt: bool) -> Result | None:
         """An outbox message processed while its listener's `dedupe_key` still applied to
         outbox messages (consumer-kit 0.1.0) has its processed row under that key, and its
         producer's row never got a receipt: the reconciler re-sends it. Such a re-send (or a
@@ -172,20 +166,20 @@ class Pipeline:
         which owes the producer its receipt. Asked only of re-sends and redeliveries of outbox
         messages to listeners with a `dedupe_key`; None when there is no such row."""
         try:
-            key = listener.dedupe_key(msg) if listener.dedupe_key is not None else None
-        except Exception:
-            return None  # (the old code rejected it: no row to find)
-        if isinstance(key, bool) or not isinstance(key, str | int) or str(key) in ("", msg.id):
+            key = _listener_key(dedupe_key, msg)
+        except ValueError:
+            return None  # (the old code rejected such a message: no row to find)
+        if key == msg.id:
             return None
         try:
-            if self.store.status(str(key)) is not ProcessedStatus.SUCCEEDED:
+            if self.store.status(key) is not ProcessedStatus.SUCCEEDED:
                 return None
             self.store.record(msg, ProcessedStatus.SUCCEEDED, receipt=receipt)
         except DBAPIError as exc:
             return self._count(msg, Result(
                 Outcome.RETRY, f"database unavailable to look up the listener's key: {exc.orig}"))
         log.info("message %s: processed before under its listener's dedupe_key %r; recorded "
-                 "again under its ckit_id", msg.id, str(key))
+                 "again under its ckit_id", msg.id, key)
         return self._finish(msg, "", receipt, Result(
             Outcome.DUPLICATE, "processed before under the listener's dedupe_key"))
 
@@ -274,6 +268,24 @@ class Pipeline:
         if child is None:
             child = self._metrics[(metric, topic)] = metric.labels(self.group, topic)
         return child
+
+
+def _listener_key(dedupe_key: DedupeKey, msg: Message) -> str:
+    """The id a listener's `dedupe_key` gives `msg`, as text (an int is taken as its text).
+
+    Raises:
+        ValueError: the function raised (its error named), or returned no usable id: None,
+            "", bytes, a float or a bool (`str(None)` would make every such message "None":
+            one would run, the others would be acked as its duplicates).
+    """
+    try:
+        key = dedupe_key(msg)
+    except Exception as exc:
+        raise ValueError(f"dedupe_key failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(key, bool) or not isinstance(key, str | int) or key == "":
+        raise ValueError(f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
+                         "int)")
+    return str(key)
 
 
 def _receipt(group: str, message_id: str, status: ProcessedStatus, reason: str | None

@@ -20,7 +20,7 @@ from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.rows import READ_COLUMNS, OutboxRow
 from consumer_kit.core.states import OutboxState, transition
-from consumer_kit.core.transitions import CHUNK, Ids, Where, cas, cas_returning
+from consumer_kit.core.transitions import Ids, Versions, Where, cas, cas_returning
 
 _CLAIM_SEQ = itertools.count(1)
 
@@ -291,12 +291,9 @@ class Claimer:
         now = utcnow()
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
         with self.engine.begin() as conn:
-            claimed = 0
-            for start in range(0, len(rows), CHUNK):
-                claimed += cas(conn, t, "claim", Where([
-                    sa.tuple_(t.c.id, t.c.lock_version, t.c.message_id).in_(
-                        [(r.id, r.lock_version, r.message_id) for r in rows[start:start + CHUNK]])
-                ]), now=now, by=self.owner, values=self._values(now, token))
+            claimed = cas(conn, t, "claim", Versions([(r.id, r.lock_version) for r in rows],
+                                                     [r.message_id for r in rows]),
+                          now=now, by=self.owner, values=self._values(now, token))
             if claimed == len(rows):
                 return [r.next_version() for r in rows]
             # by message id too: a row of the list that never committed may share its id

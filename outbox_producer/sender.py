@@ -317,8 +317,9 @@ class _Doubt:
         """`row` went through: the broker is up (`disproved`), and its topic takes rows again
         (a failure before this success is not one of two in a row)."""
         self.sent_topics.add(row.topic)
-        self.failures.pop(row.topic, None)
-        self.disproved(out)
+        if self.failures:  # (else nothing failed since the last success: nothing to settle)
+            self.failures.pop(row.topic, None)
+            self.disproved(out)
 
     def disproved(self, out: Attempt) -> None:
         """A send went through: the broker is up, so each suspect's failure is its own (or its

@@ -3,6 +3,7 @@ driver's cursor only where SQLAlchemy would add nothing anyone can see, with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -179,20 +180,37 @@ def _cursors_failing_to_close(monkeypatch: pytest.MonkeyPatch, conn: Connection,
     return closes
 
 
+@contextlib.contextmanager
+def _publishing_on_cursors_failing_to_close(
+        db: Db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, *,
+        commit: bool, execute_error: Exception | None = None,
+) -> Iterator[tuple[Outbox, Connection, list[str]]]:
+    """An outbox and a connection in a transaction whose driver cursors fail to close (see
+    `_cursors_failing_to_close`); inside the block publish runs on the driver's cursor
+    (SQLAlchemy's INSERTs refused) and errors are logged to `caplog`. After it the cursors
+    are the driver's again, and the transaction is committed or rolled back."""
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.connect() as conn:
+        conn.begin()
+        closes = _cursors_failing_to_close(monkeypatch, conn, execute_error=execute_error)
+        with monkeypatch.context() as patched, caplog.at_level(logging.ERROR):
+            _no_sqlalchemy_inserts(patched)
+            yield outbox, conn, closes
+        monkeypatch.undo()  # the commit's own statements get the driver's cursors again
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+
+
 def test_a_driver_error_closing_the_cursor_after_publish_is_logged_as_sqlalchemy_does(
         server_db: Db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given: a driver whose cursors fail to close after their statement ran
-    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
-    with server_db.engine.connect() as conn:
-        conn.begin()
-        closes = _cursors_failing_to_close(monkeypatch, conn)
+    with _publishing_on_cursors_failing_to_close(server_db, monkeypatch, caplog,
+                                                 commit=True) as (outbox, conn, closes):
         # When: publish runs on the driver's cursor
-        with monkeypatch.context() as patched, caplog.at_level(logging.ERROR):
-            _no_sqlalchemy_inserts(patched)
-            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="c")
-        monkeypatch.undo()  # the commit's own statements get the driver's cursors again
-        conn.commit()
+        outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="c")
     # Then: as exec_driver_sql does, the close error is logged once and the row written
     assert closes == ["closed"]
     assert caplog.text.count("Error closing cursor") == 1
@@ -205,19 +223,14 @@ def test_an_error_not_the_drivers_during_publish_is_raised_as_it_is_and_a_close_
 ) -> None:
     # Given: a cursor whose execute raises an error of Python's (not the driver's), and whose
     # close then fails too
-    outbox = Outbox(server_db.engine, producer="orders", table=server_db.names.outbox)
-    with server_db.engine.connect() as conn:
-        conn.begin()
-        _cursors_failing_to_close(monkeypatch, conn, execute_error=ValueError("not the driver's"))
+    with _publishing_on_cursors_failing_to_close(
+            server_db, monkeypatch, caplog, commit=False,
+            execute_error=ValueError("not the driver's")) as (outbox, conn, _), \
+            pytest.raises(ValueError, match="not the driver's"):
         # When: publish runs on the driver's cursor
-        with monkeypatch.context() as patched, caplog.at_level(logging.ERROR), \
-                pytest.raises(ValueError, match="not the driver's"):
-            _no_sqlalchemy_inserts(patched)
-            outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="v")
-        # Then: the error as it is (not wrapped), the close error logged, not lost
-        assert caplog.text.count("Error closing cursor") == 1
-        monkeypatch.undo()
-        conn.rollback()
+        outbox.publish(conn, "ORDER_CREATED", {"n": 1}, biz_type="order", biz_key="v")
+    # Then: the error as it is (not wrapped), the close error logged, not lost
+    assert caplog.text.count("Error closing cursor") == 1
     assert server_db.count(server_db.names.outbox) == 0
 
 

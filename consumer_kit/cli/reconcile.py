@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,7 +17,7 @@ from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
 from consumer_kit.reconcile import (
@@ -204,7 +203,9 @@ def check_databases(config: ReconcileConfig) -> None:
             try:
                 if url not in engines:
                     engines[url] = make_engine(url)
-                _sqlite_file_exists(engines[url], option)
+                if engines[url].dialect.name == "sqlite":
+                    check_sqlite_path(engines[url].url.database, engines[url].url.query,
+                                      must_exist=True)
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
         for _, url, tables in checks:
@@ -212,15 +213,6 @@ def check_databases(config: ReconcileConfig) -> None:
     finally:
         for made in engines.values():
             made.dispose()
-
-
-def _sqlite_file_exists(engine: sa.engine.Engine, option: str) -> None:
-    """A SQLite file the run would read must be there: connecting would make an empty one (a
-    typo in a path reads as a database with no tables)."""
-    database = engine.url.database
-    if engine.dialect.name == "sqlite" and database and database != ":memory:" \
-            and not database.startswith("file:") and not Path(database).exists():
-        raise ConfigError(f"SQLite database {database} does not exist")
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -66,9 +66,12 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     return engine
 
 
-def check_sqlite_path(database: str | None, query: Any = None) -> None:
+def check_sqlite_path(database: str | None, query: Any = None, *, must_exist: bool = False
+                      ) -> None:
     """Refuse a SQLite file whose folder does not exist (or that is a folder) before the driver
-    answers "unable to open database file". In-memory databases and `file:` URIs pass.
+    answers "unable to open database file"; with `must_exist`, a file that is not there yet
+    (connecting would make an empty one: a typo in a path read as a database with no tables).
+    In-memory databases and `file:` URIs pass.
 
     Raises:
         ConfigError: naming the path and what is wrong with it.
@@ -83,6 +86,8 @@ def check_sqlite_path(database: str | None, query: Any = None) -> None:
                           "(create it first)")
     if path.is_dir():
         raise ConfigError(f"SQLite database {database!r} is a folder, not a file")
+    if must_exist and not path.exists():
+        raise ConfigError(f"SQLite database {database} does not exist")
 
 
 def driver_hint(drivername: str, missing: str) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 
 from consumer_kit.core.states import OutboxState
 
-#: A state by its code, by position (cheaper than `OutboxState(code)` per claimed row)
-_STATES = tuple(OutboxState)
+#: A state by its code (a dict look-up: cheaper than `OutboxState(code)` per claimed row)
+_STATES = {int(state): state for state in OutboxState}
 
 #: The columns `OutboxRow` is read from (besides `sent_at`, read for `sent_before`).
 SEND_COLUMNS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys", "headers",

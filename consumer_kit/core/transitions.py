@@ -35,9 +35,12 @@ OPTION = "ckit_transition"
 
 @dataclasses.dataclass(frozen=True)
 class Versions:
-    """Rows given as `(id, lock_version)` pairs: each must still be at that version."""
+    """Rows given as `(id, lock_version)` pairs: each must still be at that version. With
+    `message_ids` (one per pair) each must also still hold that message: an id handed out
+    again (a rolled-back row's, on SQLite) never matches another message's row."""
 
     pairs: Sequence[tuple[int, int]]
+    message_ids: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +142,10 @@ def _statements(table: sa.Table, move: Transition | str, guard: Guard, *, now: d
 def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
     c = table.c
     if isinstance(guard, Versions):
+        if guard.message_ids is not None:
+            rows = [(i, v, m) for (i, v), m in zip(guard.pairs, guard.message_ids, strict=True)]
+            return [sa.tuple_(c.id, c.lock_version, c.message_id).in_(rows[i:i + CHUNK])
+                    for i in range(0, len(rows), CHUNK)]
         return [sa.tuple_(c.id, c.lock_version).in_(list(guard.pairs[i:i + CHUNK]))
                 for i in range(0, len(guard.pairs), CHUNK)]
     if isinstance(guard, Ids):
