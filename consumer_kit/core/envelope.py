@@ -10,13 +10,18 @@ message from an outbox row, and reading the dedupe id back from any delivery.
 | `ckit_resend` | `1` on a re-send (an earlier attempt went out): answer it with a receipt |
 | `traceparent` | W3C trace context when tracing is on |
 
-Transports add two of their own and strip them on receive: `ckit_enc` (a base64 body) and
-`ckit_reason` (why the previous attempt failed; surfaces as `Delivery.last_error`).
+Transports add three of their own and strip them on receive: `ckit_enc` (a base64 body),
+`ckit_props` (the names of the other properties, for a 4.x client that cannot list them) and
+`ckit_reason` (why the previous attempt failed; surfaces as `Delivery.last_error`). A message
+sent by one RocketMQ client and received by the other carries the sender's, so both decode
+them (`decode_body`).
 See docs/architecture.md, "The envelope".
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 
 from consumer_kit.core.clock import to_epoch_ms
@@ -32,6 +37,11 @@ PROP_RESEND = "ckit_resend"
 PROP_TRACEPARENT = "traceparent"
 #: Set by transports only: a body that travels base64-encoded.
 PROP_ENC = "ckit_enc"
+#: `PROP_ENC`'s value for a base64 body.
+ENC_BASE64 = "b64"
+#: Set by transports only: the names of a message's other properties (the 4.x client can only
+#: look properties up by name).
+PROP_NAMES = "ckit_props"
 #: Set by transports only: why the previous attempt failed (retry copies, dead letters).
 PROP_REASON = "ckit_reason"
 
@@ -50,6 +60,41 @@ ROCKETMQ_PROPERTIES = frozenset({
 })
 #: Properties no user header may set.
 RESERVED_PROPERTIES = (*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON)
+
+
+def decode_body(body: bytes, properties: dict[str, str]) -> bytes:
+    """The body a sender gave, from a received one: `ckit_enc=b64` decoded. Removes the
+    transport's `ckit_enc` and `ckit_props` from `properties` (in place).
+
+    >>> props = {"ckit_enc": "b64", "ckit_props": "x", "x": "1"}
+    >>> decode_body(b"YQBi", props), props
+    (b'a\\x00b', {'x': '1'})
+
+    Raises:
+        ValueError: marked base64 but not base64 (the message is not acked: it goes back to
+            the broker and, after its retries, to the dead-letter queue).
+    """
+    properties.pop(PROP_NAMES, None)
+    encoding = properties.pop(PROP_ENC, "")
+    if not encoding:
+        return body
+    if encoding != ENC_BASE64:
+        raise ValueError(f"unknown body encoding {PROP_ENC}={encoding!r} (only {ENC_BASE64})")
+    try:
+        return base64.b64decode(body, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"a body marked {PROP_ENC}={ENC_BASE64} is not base64: {exc}") from None
+
+
+def stored_body(body: bytes, properties: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    """`decode_body` for a message read back from the broker's store (a dead letter): one that
+    cannot be decoded is shown as it is stored, its `ckit_enc` kept, rather than hiding the
+    rest of the dead-letter queue behind an error."""
+    decoded = dict(properties)
+    try:
+        return decode_body(body, decoded), decoded
+    except ValueError:
+        return body, properties
 
 
 def to_message(row: OutboxRow) -> OutgoingMessage:

@@ -113,3 +113,32 @@ def test_an_empty_body_is_refused_before_sending_as_a_message_retrying_cannot_he
     with pytest.raises(EmptyBody) as exc:
         transport.send(OutgoingMessage("T", b""))
     assert isinstance(exc.value, MessageRefused)
+
+
+@pytest.mark.parametrize("body", [b"", b"a", b"head\x00tail\x00", b"\x00" * 7,
+                                  bytes(range(256)) * 300])
+def test_the_whole_body_of_a_native_message_is_read_past_its_nul_bytes(body: bytes) -> None:
+    # Given a message of the C library holding the body (as a received one does)
+    library = rocketmq_native.dll()
+    message = library.CreateMessage(b"T")
+    try:
+        library.SetByteMessageBody(message, body, len(body))
+        # When its body is read, Then it is all of it (the C string ends at the first NUL)
+        assert rocketmq_native.body(message) == body
+    finally:
+        library.DestroyMessage(message)
+    rocketmq_native.check_body_layout()  # and the check a consumer runs at start passes
+
+
+@pytest.mark.parametrize("marked", [b"not base64!", b"YQ=", b"\x00\x01"])
+def test_a_body_marked_base64_that_is_not_is_an_error_not_a_different_body(
+        marked: bytes) -> None:
+    with pytest.raises(ValueError, match="not base64"):
+        make_delivery(topic="t", body=marked, broker_message_id="K",
+                      properties={"ckit_enc": "b64"})
+    # read back from the store (a dead letter) it is shown as stored, marked
+    stored = make_delivery(topic="t", body=marked, broker_message_id="K",
+                           properties={"ckit_enc": "b64", "ckit_props": "x", "x": "1"},
+                           stored=True)
+    assert (stored.body, dict(stored.properties)) == (
+        marked, {"ckit_enc": "b64", "ckit_props": "x", "x": "1"})

@@ -65,6 +65,7 @@ from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_TOPIC_QUEUES,
     ROUTE_WAIT,
+    parse_addr,
 )
 
 
@@ -77,9 +78,7 @@ class RocketMQAdmin:
 
     def __init__(self, namesrv_addr: str, *, cluster: str | None = None,
                  timeout: float = DEFAULT_ADMIN_TIMEOUT) -> None:
-        self.namesrv_addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
-        if not self.namesrv_addrs:
-            raise TransportError("no name server address given")
+        self.namesrv_addrs = parse_addr(namesrv_addr).split(";")
         self.cluster = cluster
         self.timeout = timeout
         self._lock = threading.Lock()

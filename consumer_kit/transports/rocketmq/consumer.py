@@ -111,11 +111,12 @@ class RocketMQConsumer(Consumer):
 
         Raises:
             TransportUnavailable: the broker cannot be reached.
-            ConfigError: librocketmq is missing.
+            ConfigError: librocketmq is missing, or reads bodies cut (`native.check_body_layout`).
         """
         if self._started:
             return
         transport = self.transport
+        native.check_body_layout()
         if transport.create_topics:
             for sub in self.subscriptions:
                 transport.ensure_topic(sub.topic)
@@ -307,7 +308,7 @@ class RocketMQConsumer(Consumer):
                                  self.transport.extra_properties, reason=reconsume_times > 0)
         return make_delivery(
             topic=text(msg.topic),
-            body=bytes(msg.body or b""),
+            body=native.body(handle),
             broker_message_id=text(msg.id),
             tags=text(msg.tags),
             keys=text(msg.keys),

@@ -8,13 +8,14 @@ messages, the client's own log files) lives here too.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 import os
 from types import ModuleType
 from typing import Any
 
-from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.errors import ConfigError, TransportError
 
 INSTALL_HINT = (
     "librocketmq is not available to rocketmq-client-python ({reason}): run scripts/librocketmq.sh "
@@ -84,6 +85,71 @@ def commit_log_offset(handle: Any) -> int:
     """`GetMessageCommitLogOffset` of a received message handle (valid inside the callback
     only): where the broker stores it, which the 2.0.0 `ReceivedMessage` does not expose."""
     return int(dll().GetMessageCommitLogOffset(handle))
+
+
+#: Where libstdc++'s pre-C++11 ("copy-on-write") `std::string` keeps its length and capacity:
+#: in a header just before its characters (`_Rep`: size_t length, size_t capacity, int refcount,
+#: padded to 24 bytes on 64-bit). librocketmq 2.0.0 is built with that ABI (its symbols name
+#: `std::string` `Ss`); `check_body_layout` proves it on this process's library.
+_REP_LENGTH = 3 * ctypes.sizeof(ctypes.c_size_t)
+_REP_CAPACITY = 2 * ctypes.sizeof(ctypes.c_size_t)
+#: No broker stores a body this large (RocketMQ's `maxMessageSize` is 4 MiB by default).
+_MAX_BODY = 1 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def _body_pointer() -> Any:
+    """`GetMessageBody` returning the address of the characters (the 2.0.0 wrapper declares it
+    `c_char_p`, which copies up to the first NUL byte)."""
+    return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("GetMessageBody", dll()))
+
+
+def body(handle: Any) -> bytes:
+    """The whole body of a received message handle (valid inside the callback only).
+
+    `GetMessageBody` returns the body's `std::string` as a C string: read as one, a body is cut
+    at its first NUL byte, silently (a protobuf or binary body of a Java or Go producer). Its
+    length is read from the string's header instead.
+
+    Raises:
+        TransportError: the length read is not one a string can have (the message is then not
+            acked: it goes back to the broker).
+    """
+    pointer = _body_pointer()(handle)
+    if not pointer:
+        return b""
+    length = ctypes.c_size_t.from_address(pointer - _REP_LENGTH).value
+    capacity = ctypes.c_size_t.from_address(pointer - _REP_CAPACITY).value
+    if length > capacity or length > _MAX_BODY:
+        raise TransportError(f"cannot read a message body: length {length}, capacity "
+                             f"{capacity} (librocketmq's std::string layout is not the one read)")
+    return ctypes.string_at(pointer, length)
+
+
+@functools.lru_cache(maxsize=1)
+def check_body_layout() -> None:
+    """Prove, once per process, that `body` reads this librocketmq's bodies whole: a message
+    made here with a body holding NUL and non-UTF-8 bytes must read back the same.
+
+    Raises:
+        ConfigError: it does not (a librocketmq built with another C++ string ABI): consuming
+            would cut binary bodies, so no consumer starts.
+    """
+    sample = b"ckit\x00body\xff\x00"
+    library = dll()
+    message = library.CreateMessage(b"ckit-body-layout-check")
+    try:
+        library.SetByteMessageBody(message, sample, len(sample))
+        try:
+            seen = body(message)
+        except TransportError:
+            seen = b""
+    finally:
+        library.DestroyMessage(message)
+    if seen != sample:
+        raise ConfigError("this librocketmq keeps message bodies in a layout consumer-kit cannot "
+                          "read whole (bodies with NUL bytes would be cut): run "
+                          "scripts/librocketmq.sh for the build consumer-kit is tested with")
 
 
 def configure_client_log(handle: Any, *, kind: str, path: str | None, level: str | None) -> None:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from consumer_kit.core.envelope import PROP_ENC, PROP_ID
+from consumer_kit.core.envelope import ENC_BASE64, PROP_ENC, PROP_ID, PROP_NAMES
 from consumer_kit.core.errors import ConfigError, EmptyBody, MessageTooLarge, TransportError
 from consumer_kit.core.messages import (
     Delivery,
@@ -63,9 +63,7 @@ from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ROCKETMQ_MAX_BODY_BYTES,
     DEFAULT_SEND_TIMEOUT,
     DEFAULT_TOPIC_QUEUES,
-    ENC_BASE64,
     ENVELOPE_PROPERTIES,
-    PROP_NAMES,
     check_property,
     delay_level,
     encode_body,
@@ -344,6 +342,7 @@ class RocketMQTransport(Transport):
             queue_id=stored.queue_id,
             queue_offset=stored.queue_offset,
             born_timestamp_ms=stored.born_timestamp_ms,
+            stored=True,
         )
 
     # --------------------------------------------------------------------------------- consuming

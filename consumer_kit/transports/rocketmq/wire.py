@@ -14,11 +14,14 @@ from consumer_kit.core.envelope import (
     PROP_BIZ,
     PROP_ENC,
     PROP_ID,
+    PROP_NAMES,
     PROP_REASON,
     PROP_SENT,
     PROP_SRC,
     PROP_TRACEPARENT,
     ROCKETMQ_PROPERTIES,
+    decode_body,
+    stored_body,
 )
 from consumer_kit.core.errors import (
     ConfigError,
@@ -41,11 +44,7 @@ DEFAULT_CLIENT_LOG_LEVEL = "warn"
 #: The broker refuses messages over 4 MiB (`maxMessageSize`, body plus headers and properties);
 #: the C++ client's own default is 128 KiB, so the producer is configured with this limit.
 DEFAULT_ROCKETMQ_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
-#: Property listing the names of a message's non-envelope properties (they cannot be enumerated
-#: on receive through the 2.0.0 API).
-PROP_NAMES = "ckit_props"
 ENVELOPE_PROPERTIES = (PROP_ID, PROP_BIZ, PROP_SRC, PROP_SENT, PROP_TRACEPARENT)
-ENC_BASE64 = "b64"
 #: Properties the broker or the client set (every one RocketMQ 4.9.7 and 5.x reserve), and the
 #: transport's own: a sender may not use them.
 RESERVED_PROPERTIES = ROCKETMQ_PROPERTIES | {PROP_ENC, PROP_NAMES}
@@ -147,12 +146,15 @@ def read_properties(lookup: Callable[[str], str], extra: Sequence[str] = (), *,
     return {name: value for name in names if (value := lookup(name))}
 
 
-def make_delivery(*, body: bytes, properties: dict[str, str], **fields: Any) -> Delivery:
+def make_delivery(*, body: bytes, properties: dict[str, str], stored: bool = False,
+                  **fields: Any) -> Delivery:
     """A `Delivery` with the transport's own properties removed (`ckit_reason` becomes
-    `last_error`) and a base64 body decoded."""
-    if properties.pop(PROP_ENC, "") == ENC_BASE64:
-        body = base64.b64decode(body)
-    properties.pop(PROP_NAMES, None)
+    `last_error`) and a base64 body decoded: `decode_body` for a received message (which raises
+    on a body marked base64 that is not), `stored_body` for one read back from the store."""
+    if stored:
+        body, properties = stored_body(body, properties)
+    else:
+        body = decode_body(body, properties)
     last_error = properties.pop(PROP_REASON, "")
     return Delivery(body=body, properties=properties, last_error=last_error, **fields)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON, decode_body, stored_body
 from consumer_kit.core.errors import (
     ConfigError,
     MessageTooLarge,
@@ -20,6 +20,7 @@ from consumer_kit.core.errors import (
     TransportUnavailable,
 )
 from consumer_kit.core.messages import Delivery
+from consumer_kit.core.urls import mask_url
 
 DEFAULT_PRODUCER_TIMEOUT = 3.0
 #: The proxy refuses bodies over 4 MiB (`maxMessageSize`); the broker counts properties too.
@@ -76,8 +77,8 @@ def parse_endpoint(url: str) -> tuple[str, dict[str, str]]:
     netloc = (parts.netloc + parts.path).rstrip("/")
     entries = [e.strip() for e in netloc.split(";") if e.strip()]
     if not entries or not all(_ADDR.match(e) for e in entries):
-        raise ConfigError(f"bad RocketMQ 5 proxy address {url!r}: use rocketmq5://host:port "
-                          "(the proxy's gRPC port, 8081 by default)")
+        raise ConfigError(f"bad RocketMQ 5 proxy address {mask_url(url)!r}: use "
+                          "rocketmq5://host:port (the proxy's gRPC port, 8081 by default)")
     options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     unknown = set(options) - {"namesrv"}
     if unknown:
@@ -128,15 +129,21 @@ def ordered_keys(keys: Iterable[str], ckit_id: str | None) -> str:
 def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None
                       ) -> Delivery:
     """Copy a received 5.x `Message` into a `Delivery`. `reason` is the one this process kept
-    for the previous RECONSUME_LATER of that message (the broker cannot carry it)."""
+    for the previous RECONSUME_LATER of that message (the broker cannot carry it). A body a
+    `rocketmq://` sender base64-encoded is decoded (`decode_body`).
+
+    Raises:
+        ValueError: a body marked base64 that is not.
+    """
     properties = dict(message.properties or {})
     for name in TRANSPORT_PROPERTIES:
         properties.pop(name, None)
+    body = decode_body(bytes(message.body or b""), properties)
     reason = properties.pop(PROP_REASON, "") or reason
     attempt = int(message.delivery_attempt or 1)
     return Delivery(
         topic=message.topic,
-        body=bytes(message.body or b""),
+        body=body,
         broker_message_id=message.message_id,
         tags=message.tag or "",
         keys=ordered_keys(message.keys or (), properties.get(PROP_ID)),
@@ -152,9 +159,12 @@ def stored_delivery(topic: str, body: bytes, properties: Mapping[str, str], *,
                     reconsume_times: int, queue_id: int, queue_offset: int,
                     born_timestamp_ms: int) -> Delivery:
     """A dead letter read from the broker's store as a `Delivery`: system properties dropped,
-    the origin topic restored, the RECONSUME_LATER reason as `last_error`."""
+    the origin topic restored, the RECONSUME_LATER reason as `last_error`, a base64 body of a
+    `rocketmq://` sender decoded (one that is not base64 is kept as it is, with its
+    `ckit_enc`: an operator reading dead letters sees what is stored)."""
     user = {k: v for k, v in properties.items()
             if not is_system_property(k) and k not in TRANSPORT_PROPERTIES}
+    body, user = stored_body(body, user)
     reason = user.pop(PROP_REASON, "")
     origin = properties.get(PROP_DLQ_TOPIC) or properties.get("RETRY_TOPIC") or topic
     keys = properties.get("KEYS", "").split()
