@@ -76,20 +76,26 @@ class WindowPart(NamedTuple):
     max_id: int
     rows: int
     oldest_sent_at: dt.datetime | None
+    #: the oldest `gmt_create` of the part: no consumer can have processed one of its messages
+    #: before that
+    oldest_created: dt.datetime | None = None
 
 
 def window_bounds(engine: sa.Engine, config: ReconcileConfig,
                   cutoff: dt.datetime) -> dict[str, WindowPart]:
-    """`{"sent": WindowPart, "sending": WindowPart}`: min/max id, row count and oldest `sent_at`
-    of each part of the window (`window_conditions`); for SENT an index-only range scan."""
+    """`{"sent": WindowPart, "sending": WindowPart}`: min/max id, row count, oldest `sent_at`
+    and oldest `gmt_create` of each part of the window (`window_conditions`; the rows the
+    window read reads next)."""
     t = outbox_table(sa.MetaData(), config.outbox_table)
     bounds: dict[str, WindowPart] = {}
     with engine.connect() as conn:
         for name, cond in window_conditions(t, cutoff).items():
-            lo, hi, count, oldest = conn.execute(
+            lo, hi, count, oldest, created = conn.execute(
                 sa.select(sa.func.min(t.c.id), sa.func.max(t.c.id), sa.func.count(),
-                          sa.func.min(t.c.sent_at)).where(cond)).one()
-            bounds[name] = WindowPart(int(lo or 0), int(hi or 0), int(count or 0), oldest)
+                          sa.func.min(t.c.sent_at), sa.func.min(t.c.gmt_create))
+                .where(cond)).one()
+            bounds[name] = WindowPart(int(lo or 0), int(hi or 0), int(count or 0), oldest,
+                                      created)
     return bounds
 
 

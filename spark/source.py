@@ -40,8 +40,8 @@ from spark.reads import (
 )
 from spark.session import build_session
 
-#: How far before the window's oldest `sent_at` a large-window range read starts (clock skew,
-#: receipts that arrive before the relay marked the row SENT).
+#: How far before the window's oldest row's creation a large-window range read starts (clock
+#: skew between the producer's and the consumers' clocks).
 RANGE_SKEW = dt.timedelta(hours=1)
 
 
@@ -151,8 +151,12 @@ class SparkSource(Source):
                 evidence = evidence.unionByName(self._driver_evidence(unsafe))
             builder.summary.details["evidence_read"] = "in_lists"
         else:
-            oldest = min((b["sent"].oldest_sent_at for _, b in parts
-                          if b["sent"].oldest_sent_at is not None), default=run.cutoff)
+            # from the first row's creation, not its last send: a re-send (the reconciler's,
+            # an operator's retry) moves `sent_at`, and the evidence of its first delivery,
+            # hours older, must still be read
+            oldest = min((part.oldest_created or part.oldest_sent_at or run.cutoff
+                          for _, b in parts for part in b.values() if part.rows),
+                         default=run.cutoff)
             evidence = read_evidence_by_range(self.spark, config, self.producers, self.groups,
                                               since=oldest - RANGE_SKEW, until=run.now)
             evidence = evidence.join(window.select("message_id"), "message_id", "left_semi")

@@ -123,6 +123,28 @@ def test_spark_large_window_range_read_matches_the_in_list_read(
 
 
 @pytest.mark.spark
+def test_spark_range_read_finds_the_evidence_of_a_first_delivery_hours_before_a_re_send(
+        world: World, spark: object) -> None:
+    # Given rows created and first delivered 3 h ago, re-sent since (their sent_at is recent):
+    # one processed then (its receipt lost), one its group refused then
+    three_hours = dt.timedelta(hours=3)
+    lost = world.add_outbox(OutboxState.SENT, retry_count=3, max_retries=3)
+    world.add_processed("inventory", lost, age=three_hours)
+    refused = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", refused, "FAILED", error="nope", age=three_hours)
+    with world.producer.begin() as conn:
+        conn.execute(world.outbox.update().values(gmt_create=world.now - three_hours))
+
+    # When the window counts as large (evidence read by time range, not IN lists)
+    summary = run_reconcile(world.config("spark", in_list_max=0))
+
+    # Then the old evidence is found: as the IN-list read and the SQL engine decide
+    assert summary.details["evidence_read"] == "range"
+    assert world.row(lost).state == OutboxState.CONSUMED
+    assert world.row(refused).state == OutboxState.REJECTED
+
+
+@pytest.mark.spark
 def test_spark_message_ids_with_quotes_go_through_bound_parameters(
         world: World, spark: object) -> None:
     # Given a message id no SQL literal may carry
