@@ -166,6 +166,13 @@ def test_every_writer_moves_rows_only_through_the_transition_table(
     applier.apply([Receipt(sent, "inventory"),
                    Receipt(rejected, "inventory", ReceiptOutcome.REJECTED, "bad")])
     step()
+    # ... and a group that rejected a message consumes a later delivery of it (consume_rejected)
+    rerun = publish("u")
+    relay.run_once()
+    applier.apply([Receipt(rerun, "inventory", ReceiptOutcome.REJECTED, "bad")])
+    applier.apply([Receipt(rerun, "inventory")])
+    assert states(db)[rerun] is OutboxState.CONSUMED
+    step()
     # and an operator acts (retry, suspend, resume)
     tables = ops.OutboxTables.from_names(names)
     ops.retry(db.engine, tables, [f"msg:{rejected}"])

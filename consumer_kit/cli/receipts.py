@@ -19,7 +19,11 @@ from outbox_producer.validation import check_producer
 
 
 def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
-    """`TOPIC=g1,g2` pairs as a mapping (the `--expect` option).
+    """`TOPIC=g1,g2` pairs as a mapping (the `--expect` option). A topic given twice gets
+    the groups of both (`--expect T=a --expect T=b` is `T=a,b`).
+
+    >>> expected_groups(["T=a", "T=b,a", "U=c"])
+    {'T': ['a', 'b'], 'U': ['c']}
 
     Raises:
         ConfigError: a pair without a topic or groups.
@@ -30,7 +34,8 @@ def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
         names = [g.strip() for g in groups.split(",") if g.strip()]
         if not sep or not topic.strip() or not names:
             raise ConfigError(f"invalid --expect {pair!r}: use TOPIC=group1,group2")
-        expected[topic.strip()] = names
+        groups_of = expected.setdefault(topic.strip(), [])
+        groups_of.extend(n for n in names if n not in groups_of)
     return expected
 
 

@@ -4,9 +4,20 @@ REJECTED through the state machine.
 A receipt names `(message_id, consumer_group, outcome)`. Receipts are stored per group, so one
 message can be tracked for several consumer groups; the outbox row becomes CONSUMED when every
 group expected for its topic sent a consumed receipt (any one group when none are configured)
-and REJECTED when a group rejects it. The row may still be PENDING or SENDING when the receipt
-arrives (it raced the relay's mark): it becomes CONSUMED all the same, and the relay's later
-mark finds nothing to change. Applying the same receipts twice changes nothing.
+and REJECTED when a group rejects it (an expected group, when the topic has them: as the
+reconciler decides). The row may still be PENDING or SENDING when the receipt arrives (it
+raced the relay's mark): it becomes CONSUMED all the same, and the relay's later mark finds
+nothing to change. Applying the same receipts twice changes nothing.
+
+A consumer's success is the truth about its group: a consumed receipt replaces that group's
+stored rejected one (the group ran the message after all: a re-send after `ckit outbox retry`
+re-runs a failed message), and a REJECTED row whose groups have all consumed it becomes
+CONSUMED. A rejection does not move a PENDING row that was sent before (`sent_at` set): it was
+put back to be sent again (an operator's retry, the reconciler's re-send) after the delivery
+that was rejected, so the answer to its re-send decides, not an older answer still on its way
+(a durable receipt owed while the producer was unreachable). The rejection stays stored, for
+the reconciler and the next receipt. A PENDING row never marked sent (a send whose answer was
+lost, a `--claim lock` send in flight) is rejected as before.
 
 It lives in the core because both halves apply receipts: the producer's `ckit receipts`
 (from the receipt topic) and a consumer configured with the producer's database URL.
@@ -32,13 +43,15 @@ from consumer_kit.core.schema import (
     outbox_table,
     receipt_table,
 )
-from consumer_kit.core.states import OPEN_STATES
+from consumer_kit.core.states import OPEN_STATES, OutboxState
 from consumer_kit.core.transitions import MessageIds, cas
 
 log = logging.getLogger(__name__)
 
 #: receipt rows per INSERT (5 bound values each: well under every database's limit)
 INSERT_CHUNK = 400
+#: unknown message ids named in the log per `apply` call (the rest are counted)
+UNKNOWN_LOGGED = 20
 
 
 @dataclasses.dataclass
@@ -97,7 +110,8 @@ class ReceiptApplier:
 
     def _record(self, conn: Connection, receipts: list[Receipt]) -> int:
         """Insert the receipt rows that are new; a row another applier inserted meanwhile is
-        skipped, not an error (the database decides, no read-then-insert race)."""
+        skipped, not an error (the database decides, no read-then-insert race). A consumed
+        receipt replaces its group's stored rejected one."""
         now = utcnow()
         rows = [{"message_id": r.message_id, "consumer_group": r.consumer_group,
                  "outcome": r.outcome.value,
@@ -110,15 +124,41 @@ class ReceiptApplier:
                 rows[start:start + INSERT_CHUNK])
             recorded += max(0, int(conn.execute(
                 stmt.execution_options(preserve_rowcount=True)).rowcount))
+        consumed: dict[str, list[str]] = {}
+        for r in receipts:
+            if r.outcome is ReceiptOutcome.CONSUMED:
+                consumed.setdefault(r.consumer_group, []).append(r.message_id)
+        a = self.receipts
+        for group, ids in consumed.items():
+            for start in range(0, len(ids), INSERT_CHUNK):
+                replaced = conn.execute(
+                    sa.update(a).where(a.c.consumer_group == group,
+                                       a.c.message_id.in_(ids[start:start + INSERT_CHUNK]),
+                                       a.c.outcome == ReceiptOutcome.REJECTED.value)
+                    .values(outcome=ReceiptOutcome.CONSUMED.value, reason=None,
+                            received_at=now)
+                    .execution_options(preserve_rowcount=True)).rowcount
+                if replaced > 0:
+                    recorded += int(replaced)
+                    log.info("%d rejected receipt(s) of group %s replaced by consumed ones",
+                             replaced, group)
         return recorded
 
     def _transition(self, conn: Connection, message_ids: set[str], result: ReceiptResult) -> None:
         t, a = self.table, self.receipts
         ids = sorted(message_ids)
         rows = conn.execute(
-            sa.select(t.c.message_id, t.c.topic, t.c.state).where(t.c.message_id.in_(ids))
+            sa.select(t.c.message_id, t.c.topic, t.c.state, t.c.sent_at)
+            .where(t.c.message_id.in_(ids))
         ).all()
         result.unknown = len(ids) - len(rows)
+        if result.unknown:
+            found = {row.message_id for row in rows}
+            missing = [mid for mid in ids if mid not in found]
+            log.warning("receipts for %d message id(s) not in %s (another producer's, or "
+                        "archived): %s%s", len(missing), t.name,
+                        ", ".join(missing[:UNKNOWN_LOGGED]),
+                        " ..." if len(missing) > UNKNOWN_LOGGED else "")
         acked: dict[str, dict[str, Any]] = {}
         for mid, group, outcome, reason in conn.execute(
             sa.select(a.c.message_id, a.c.consumer_group, a.c.outcome, a.c.reason)
@@ -126,19 +166,26 @@ class ReceiptApplier:
         ):
             acked.setdefault(mid, {})[group] = (outcome, reason)
         to_consume: list[str] = []
+        to_unreject: list[str] = []
         to_reject: list[tuple[str, str]] = []
-        for mid, topic, state in rows:
-            if state not in OPEN_STATES:
+        for mid, topic, state, sent_at in rows:
+            if state not in OPEN_STATES and state != OutboxState.REJECTED:
                 continue
             groups = acked.get(mid, {})
-            rejects = [f"{g}: {r or 'rejected'}" for g, (o, r) in groups.items()
-                       if o == ReceiptOutcome.REJECTED.value]
-            if rejects:
-                to_reject.append((mid, "; ".join(sorted(rejects))))
-                continue
             expected = self.expected.get(topic)
-            if (expected and expected <= groups.keys()) or (not expected and groups):
-                to_consume.append(mid)
+            rejects = [f"{g}: {r or 'rejected'}" for g, (o, r) in groups.items()
+                       if o == ReceiptOutcome.REJECTED.value and (not expected or g in expected)]
+            if rejects:
+                if state == OutboxState.PENDING and sent_at is not None:
+                    log.info("message %s: rejected (%s) by an earlier delivery; it was put back "
+                             "to be sent again since, so its re-send's answer decides", mid,
+                             "; ".join(sorted(rejects)))
+                elif state != OutboxState.REJECTED:
+                    to_reject.append((mid, "; ".join(sorted(rejects))))
+                continue
+            consumed = {g for g, (o, _) in groups.items() if o == ReceiptOutcome.CONSUMED.value}
+            if (expected and expected <= consumed) or (not expected and consumed):
+                (to_unreject if state == OutboxState.REJECTED else to_consume).append(mid)
         now = utcnow()
         # a receipt proves the message went out: when it beat the sender's mark (SENDING ->
         # CONSUMED), `sent_at` is set here, so a later re-send (`ckit outbox retry --force`)
@@ -150,6 +197,14 @@ class ReceiptApplier:
             # may become CONSUMED, and a terminal one never changes
             result.consumed = cas(conn, t, "consume", MessageIds(to_consume), now=now,
                                   by=self.updated_by, values={"consumed_at": now, **done})
+        if to_unreject:
+            moved = cas(conn, t, "consume_rejected", MessageIds(to_unreject), now=now,
+                        by=self.updated_by, values={"consumed_at": now, **done})
+            result.consumed += moved
+            if moved:
+                log.warning("%d REJECTED message(s) CONSUMED: the groups that rejected them "
+                            "consumed a later delivery (%s)", moved,
+                            ", ".join(to_unreject[:UNKNOWN_LOGGED]))
         for mid, reason in to_reject:
             result.rejected += cas(conn, t, "reject", MessageIds([mid]), now=now,
                                    by=self.updated_by,

@@ -126,6 +126,10 @@ TRANSITIONS: tuple[Transition, ...] = (
                meaning="every expected group sent a consumed receipt (may beat mark_sent)"),
     Transition("reject", Actor.RECEIPTS, OPEN_STATES, S.REJECTED,
                meaning="a group sent a rejected receipt"),
+    Transition("consume_rejected", Actor.RECEIPTS, (S.REJECTED,), S.CONSUMED,
+               meaning="the groups that rejected it consumed a later delivery (a re-send after "
+                       "ckit outbox retry re-runs a failed message): every expected group "
+                       "consumed it"),
     Transition("retry", Actor.OPERATOR, (S.FAILED, S.SUSPENDED, S.REJECTED), S.PENDING,
                forced=(S.SENT, S.CONSUMED),
                meaning="ckit outbox retry: re-send from scratch (SENT, CONSUMED with --force)"),

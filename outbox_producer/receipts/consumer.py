@@ -9,7 +9,7 @@ from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.core.errors import ReceiptError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Subscription
-from consumer_kit.core.receipt import decode_receipts, receipt_topic
+from consumer_kit.core.receipt import read_receipts, receipt_topic
 from consumer_kit.core.receipts_applier import ReceiptApplier, ReceiptResult
 from consumer_kit.transports.base import Consumer, Transport
 from consumer_kit.transports.running import Activity
@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 class ReceiptConsumer:
     """Applies receipt messages as they arrive. Each message carries a batch, applied in one
     transaction before the broker is acked (so a crash at any point redelivers it, and applying
-    it again changes nothing); a malformed message is logged and dropped (it can never
-    succeed); a database error asks the broker to redeliver later."""
+    it again changes nothing); a malformed message, or a malformed entry of one, is logged and
+    dropped (it can never succeed: `malformed` counts them) while the batch's valid receipts
+    are applied; a database error asks the broker to redeliver later."""
 
     def __init__(self, applier: ReceiptApplier, transport: Transport, *, producer: str) -> None:
         self.applier = applier
@@ -37,11 +38,14 @@ class ReceiptConsumer:
     def __call__(self, delivery: Delivery) -> ConsumeStatus:
         self.activity.touch()
         try:
-            receipts = decode_receipts(delivery.body)
+            receipts, errors = read_receipts(delivery.body)
         except ReceiptError as exc:
             self.malformed += 1
             log.error("receipt message %s dropped: %s", delivery.broker_message_id, exc)
             return ConsumeStatus.CONSUME_SUCCESS
+        for error in errors:
+            self.malformed += 1
+            log.error("receipt message %s: %s: dropped", delivery.broker_message_id, error)
         try:
             result = self.applier.apply(receipts)
         except DBAPIError as exc:

@@ -151,3 +151,111 @@ def test_a_row_whose_receipt_beat_its_mark_is_re_sent_as_a_resend_after_a_forced
     # (a plain duplicate would send none, and the row would wait for the reconciler)
     assert again.sent_before
     assert to_message(again).properties[PROP_RESEND] == "1"
+
+
+def test_an_old_rejection_arriving_after_an_operators_retry_leaves_the_re_send_to_decide(
+        db: Db) -> None:
+    # Given a row its group rejected, and an operator's `ckit outbox retry` of it, while the
+    # group's rejected receipt for that first delivery is still on its way (owed, redelivered)
+    from outbox_producer import ops
+
+    [mid] = publish(db)
+    relay = Relay(db.engine, RecordingTransport(), table=db.names.outbox)
+    relay.run_once()
+    old = Receipt(mid, "inventory", ReceiptOutcome.REJECTED, "price service said no")
+    acks = applier(db)
+    acks.apply([old])
+    assert ops.retry(db.engine, ops.OutboxTables.from_names(db.names), [mid]).changed
+    # When the old rejection arrives again
+    acks.apply([old])
+    # Then the re-send still goes out (the row is not rejected again before it)
+    assert state(db, mid)[0] == OutboxState.PENDING
+    relay.run_once()
+    assert state(db, mid)[0] == OutboxState.SENT
+    # and the group's answer to the re-send decides: it ran it and consumed it
+    acks.apply([Receipt(mid, "inventory")])
+    assert state(db, mid)[0] == OutboxState.CONSUMED
+
+
+def test_a_group_that_rejected_a_message_and_consumed_a_later_delivery_makes_it_consumed(
+        db: Db) -> None:
+    # Given a row REJECTED by the one group expected for its topic
+    [mid] = publish(db, topic="ORDER")
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    acks = applier(db, expected_groups={"ORDER": ["inventory", "billing"]})
+    acks.apply([Receipt(mid, "billing"),
+                Receipt(mid, "inventory", ReceiptOutcome.REJECTED, "no stock")])
+    assert state(db, mid)[0] == OutboxState.REJECTED
+    # When that group ran a later delivery of it (a re-send re-runs a failed message)
+    result = acks.apply([Receipt(mid, "inventory")])
+    # Then its success replaces its rejection, and every expected group consumed the message
+    assert state(db, mid)[0] == OutboxState.CONSUMED
+    assert result.consumed == 1
+    with db.engine.connect() as conn:
+        outcomes = dict(conn.execute(sa.text(
+            f"SELECT consumer_group, outcome FROM {db.names.receipts} WHERE message_id = :m"),
+            {"m": mid}).all())
+    assert outcomes == {"inventory": "consumed", "billing": "consumed"}
+
+
+def test_a_rejection_from_a_group_not_expected_for_the_topic_does_not_reject_the_row(
+        db: Db) -> None:
+    # Given the topic's expected group, and another subscriber of it
+    [mid] = publish(db, topic="ORDER")
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    acks = applier(db, expected_groups={"ORDER": ["inventory"]})
+    # When the other one rejects it and the expected one consumes it
+    acks.apply([Receipt(mid, "analytics", ReceiptOutcome.REJECTED, "schema v2 only")])
+    assert state(db, mid)[0] == OutboxState.SENT
+    acks.apply([Receipt(mid, "inventory")])
+    # Then the row is CONSUMED, as the reconciler decides on the same evidence
+    assert state(db, mid)[0] == OutboxState.CONSUMED
+
+
+def test_receipts_for_ids_the_outbox_does_not_hold_are_named_in_the_log(
+        db: Db, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        result = applier(db).apply([Receipt("payments-msg-1", "inventory")])
+    assert result.unknown == 1
+    assert "payments-msg-1" in caplog.text
+
+
+def test_one_bad_entry_of_a_receipt_message_is_dropped_alone_and_the_rest_applied(
+        db: Db) -> None:
+    import json
+    import threading
+
+    # Given a receipt message whose batch holds a valid receipt and entries that are not ones
+    ids = publish(db, 2)
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    body = json.dumps([
+        {"id": ids[0], "group": "inventory", "outcome": "consumed"},
+        {"id": ids[1], "group": "inventory", "outcome": "rejected", "reason": 42},
+        {"id": None, "group": "inventory"},
+        {"id": "x" * 500, "group": "inventory"},
+    ]).encode()
+    transport = MemoryTransport()
+    transport.send(OutgoingMessage(receipt_topic("orders"), body))
+    worker = ReceiptConsumer(applier(db), transport, producer="orders")
+    # When it is consumed
+    run_consumer(worker.consumer(), threading.Event(), burst=True, max_seconds=30)
+    # Then the valid receipt is applied, and each bad entry counted as malformed, none applied
+    assert state(db, ids[0])[0] == OutboxState.CONSUMED
+    assert state(db, ids[1])[0] == OutboxState.SENT
+    assert worker.malformed == 3
+
+
+def test_a_topic_given_twice_to_expect_waits_for_the_groups_of_both(db: Db) -> None:
+    from consumer_kit.cli.receipts import expected_groups
+
+    # Given `--expect ORDER=inventory --expect ORDER=billing`
+    expected = expected_groups(["ORDER=inventory", "ORDER=billing,inventory"])
+    assert expected == {"ORDER": ["inventory", "billing"]}
+    # When only billing consumed the message, Then it is not CONSUMED yet
+    [mid] = publish(db, topic="ORDER")
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    acks = applier(db, expected_groups=expected)
+    acks.apply([Receipt(mid, "billing")])
+    assert state(db, mid)[0] == OutboxState.SENT
+    acks.apply([Receipt(mid, "inventory")])
+    assert state(db, mid)[0] == OutboxState.CONSUMED
