@@ -30,7 +30,7 @@ from consumer_kit.core.db import insert_ignoring_duplicates
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.schema import outbox_table, receipt_table
 from consumer_kit.core.states import OutboxState, Transition, transition
-from consumer_kit.core.transitions import Ids, cas, per_row
+from consumer_kit.core.transitions import Versions, cas, per_row
 from consumer_kit.reconcile.model import DEFAULT_BATCH_SIZE, RECONCILER, Decision, RepairClass
 
 log = logging.getLogger(__name__)
@@ -138,13 +138,16 @@ class RepairApplier:
         t = self._outbox
         ids = [d.row.id for d in batch]
         values = self._values(klass, batch)
+        # each row by id, version and message id: a row of another database with the same id
+        # and version (a --read-url paired with the wrong --url) is a conflict, never repaired
+        guard = Versions([(i, seen_version) for i in ids], [d.row.message_id for d in batch])
         with self._engine.begin() as conn:
-            applied = cas(conn, t, TRANSITION[klass], Ids(ids, seen_version), now=self._now,
+            applied = cas(conn, t, TRANSITION[klass], guard, now=self._now,
                           by=RECONCILER, sources=[OutboxState(expected_state)], values=values)
             self.result.statements += 1
             mine = set(ids)
             if applied != len(ids):
-                mine = self._applied_ids(conn, klass, ids, seen_version)
+                mine = self._applied_ids(conn, klass, batch, seen_version)
                 applied = len(mine)
             if klass is RepairClass.RECEIPT_LOST:
                 self._insert_receipts(conn, [d for d in batch if d.row.id in mine])
@@ -153,7 +156,7 @@ class RepairApplier:
             for d in batch:
                 if d.row.id not in mine:
                     log.warning("reconcile conflict: message_id=%s id=%s class=%s moved since "
-                                "read (state/lock_version changed); left untouched",
+                                "read (its state, version or message changed); left untouched",
                                 d.row.message_id, d.row.id, klass.value)
                     if len(self.result.conflict_ids) < self._conflict_sample:
                         self.result.conflict_ids.append((klass, d.row.id, d.row.message_id))
@@ -174,17 +177,18 @@ class RepairApplier:
             values.update(next_retry_at=self._now, lease_owner=None, lease_until=None)
         return values
 
-    def _applied_ids(self, conn: sa.Connection, klass: RepairClass, ids: list[int],
+    def _applied_ids(self, conn: sa.Connection, klass: RepairClass, batch: list[Decision],
                      seen: int) -> set[int]:
         t = self._outbox
-        stmt = sa.select(t.c.id).where(
-            t.c.id.in_(ids),
+        wanted = {d.row.id: d.row.message_id for d in batch}
+        stmt = sa.select(t.c.id, t.c.message_id).where(
+            t.c.id.in_(list(wanted)),
             t.c.state == int(TRANSITION[klass].target),
             t.c.lock_version == seen + 1,
             t.c.updated_by == RECONCILER,
             t.c.gmt_modified == self._now,
         )
-        return set(conn.execute(stmt).scalars())
+        return {i for i, m in conn.execute(stmt) if wanted[i] == m}
 
     def _insert_receipts(self, conn: sa.Connection, applied: list[Decision]) -> None:
         rows = [
