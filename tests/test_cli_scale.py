@@ -67,6 +67,36 @@ def test_read_urls_must_pair_with_the_producer_urls(tmp_path: Path) -> None:
         assert "give one --read-url per --url (2), or none; got 1" in result.output
 
 
+def test_a_read_url_that_cannot_be_the_replica_is_refused_before_any_row_moves(
+        tmp_path: Path) -> None:
+    # Given two producer databases with due rows, the SQL transport, and read URLs that cannot
+    # be their replicas: a SQLite file that is not there, a database without the outbox, and
+    # the two swapped (the same ids, other messages)
+    first, second = producer_db(tmp_path / "a.db", 3), producer_db(tmp_path / "b.db", 3)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    make_engine(empty).connect().close()
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    cases = {
+        "missing file": ([first], [f"sqlite:///{tmp_path / 'typo.db'}"], "typo.db"),
+        "no outbox": ([first], [empty], "ckit_outbox missing"),
+        "swapped": ([first, second], [second, first],
+                    "--read-url number 1 is not a replica of --url number 1"),
+    }
+    for name, (urls, read_urls, expected) in cases.items():
+        args = ["relay", "--transport", f"sql+{mq}", "--once"]
+        args += [a for u in urls for a in ("--url", u)]
+        args += [a for u in read_urls for a in ("--read-url", u)]
+        # When the relay starts, Then it stops with one line naming the problem
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (name, result.output)
+        assert expected in result.output, (name, result.output)
+    # and nothing was sent, no SQLite file made
+    assert states(first) == states(second) == {OutboxState.PENDING}
+    assert not (tmp_path / "typo.db").exists()
+
+
 def test_delayed_checks_need_a_running_relay(tmp_path: Path) -> None:
     url = producer_db(tmp_path / "a.db", 0)
     result = CliRunner().invoke(app, ["relay", "--url", url, "--transport",

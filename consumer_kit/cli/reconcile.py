@@ -15,6 +15,7 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
+from consumer_kit.cli.replicas import check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
@@ -212,40 +213,11 @@ def check_databases(config: ReconcileConfig) -> None:
             check_tables(engines[url], *tables)
         for producer in config.producers:
             if producer.read_url and producer.read_url != producer.url:
-                check_replica_pair(engines[producer.url], engines[producer.read_url], outbox,
-                                   producer.index)
+                check_replica(engines[producer.url], engines[producer.read_url], outbox,
+                              producer.index)
     finally:
         for made in engines.values():
             made.dispose()
-
-
-def check_replica_pair(primary: sa.engine.Engine, replica: sa.engine.Engine,
-                       outbox: sa.Table, index: int) -> None:
-    """Refuse a `--read-url` that is not a copy of its `--url` (pairs go by position, so two
-    swapped ones are an easy slip): the replica's first and last rows must be rows of the
-    primary, holding the same message ids. A replica behind its primary passes (its rows are
-    all there); a row archived on the primary since is skipped, unless no sampled row is left.
-
-    Raises:
-        ConfigError: a sampled row holds another message on the primary, or none is there.
-    """
-    with replica.connect() as conn:
-        samples = [conn.execute(sa.select(outbox.c.id, outbox.c.message_id)
-                                .order_by(order).limit(1)).first()
-                   for order in (outbox.c.id.desc(), outbox.c.id.asc())]
-    rows = {int(r.id): r.message_id for r in samples if r is not None}
-    if not rows:
-        return
-    with primary.connect() as conn:
-        there: dict[int, str] = {int(r.id): r.message_id for r in conn.execute(
-            sa.select(outbox.c.id, outbox.c.message_id).where(outbox.c.id.in_(list(rows))))}
-    wrong = [(i, m, there[i]) for i, m in rows.items() if i in there and there[i] != m]
-    if wrong or not there:
-        i, m, other = wrong[0] if wrong else (next(iter(rows)), next(iter(rows.values())), None)
-        raise ConfigError(
-            f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
-            f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
-            "primary (the two lists pair by position: same order for both)")
 
 
 def _pair(text: str) -> tuple[str, str]:

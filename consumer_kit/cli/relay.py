@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import typer
+from sqlalchemy import exc as sa_exc
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table, print_totals
+from consumer_kit.cli.replicas import check_replica
 from consumer_kit.cli.runtime import (
     EXIT_FAILURE,
     fail,
@@ -32,6 +35,8 @@ from outbox_producer.relay import (
 )
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY
 from outbox_producer.shards import MultiRelay
+
+log = logging.getLogger(__name__)
 
 LEASE_TEXT = f"{DEFAULT_LEASE.total_seconds():g}s"
 
@@ -108,8 +113,16 @@ def relay(
     consumers: list[Consumer] = []
     try:
         relays = MultiRelay(url, target, read_urls=read_url, **relay_options)
-        for worker in relays.relays:
+        for index, worker in enumerate(relays.relays):
             check_tables(worker.engine, worker.table)
+            if worker.read_engine is not None:
+                try:
+                    check_replica(worker.engine, worker.read_engine, worker.table, index)
+                except sa_exc.OperationalError as exc:
+                    # unreachable is an outage, which the relay rides out on the primary (a
+                    # relay must start while its replica is down); a wrong one is refused
+                    log.warning("--read-url number %d does not answer (%s): scanning the "
+                                "primary until it does", index + 1, exc.orig or exc)
         target.check()
         if check_topic:
             consumers = _checkers(relays, target, check_topic)

@@ -1,0 +1,45 @@
+"""Checks of a read replica given beside its primary (`--read-url`), before any row moves."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from consumer_kit.core.db import check_sqlite_path, check_tables
+from consumer_kit.core.errors import ConfigError
+
+
+def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
+                  index: int) -> None:
+    """Refuse a `--read-url` that cannot serve as a copy of its `--url`: a SQLite file that is
+    not there, a missing outbox table, or another database's rows (pairs go by position, so two
+    swapped ones are an easy slip): the replica's first and last rows must be rows of the
+    primary holding the same message ids. A replica behind its primary passes (its rows are all
+    there); a row archived on the primary since is skipped, unless no sampled row is left.
+
+    Raises:
+        ConfigError: the replica is not there or holds other rows.
+        SchemaError: its outbox table is missing.
+    """
+    if replica.dialect.name == "sqlite":
+        try:
+            check_sqlite_path(replica.url.database, replica.url.query, must_exist=True)
+        except ConfigError as exc:
+            raise ConfigError(f"--read-url number {index + 1}: {exc}") from None
+    check_tables(replica, outbox)
+    with replica.connect() as conn:
+        samples = [conn.execute(sa.select(outbox.c.id, outbox.c.message_id)
+                                .order_by(order).limit(1)).first()
+                   for order in (outbox.c.id.desc(), outbox.c.id.asc())]
+    rows = {int(r.id): r.message_id for r in samples if r is not None}
+    if not rows:
+        return
+    with primary.connect() as conn:
+        there: dict[int, str] = {int(r.id): r.message_id for r in conn.execute(
+            sa.select(outbox.c.id, outbox.c.message_id).where(outbox.c.id.in_(list(rows))))}
+    wrong = [(i, m, there[i]) for i, m in rows.items() if i in there and there[i] != m]
+    if wrong or not there:
+        i, m, other = wrong[0] if wrong else (next(iter(rows)), next(iter(rows.values())), None)
+        raise ConfigError(
+            f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
+            f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
+            "primary (the two lists pair by position: same order for both)")
