@@ -158,3 +158,34 @@ def test_the_cli_log_follows_stderr_after_a_caller_swaps_it_and_closes_the_old_o
     out = second.getvalue()
     assert "WARNING consumer_kit.test_secrets: after the swap" in out
     assert "Logging error" not in out
+
+
+@pytest.mark.parametrize("url", [
+    "mysql+pymysql://ckit:S3cr3tWord/ckit_shard1",  # the @host forgotten: the password is "port"
+    "mysql+pymysql://ckit:S3cr3t",  # a URL split at the space of its password: first piece
+    "sp ace@127.0.0.1:3306/ckit_shard1",  # the second piece
+])
+def test_a_url_that_cannot_be_parsed_is_refused_without_any_piece_of_its_password(
+        url: str) -> None:
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        make_engine(url)
+    assert_no_secret(str(refused.value))
+    assert "invalid database URL" in str(refused.value)
+
+
+def test_several_urls_in_one_variable_split_inside_a_password_show_no_piece_of_it(
+        tmp_path: Path) -> None:
+    # Given CKIT_DB_URL (space separated for relay and reconcile) holding a password with a
+    # space, which splits the URL in two
+    spaced = "mysql+pymysql://ckit:S3cr3t sp ace@127.0.0.1:1/x"
+    mq = f"sql+sqlite:///{tmp_path / 'mq.db'}"
+    for args in (("relay", "--once", "--transport", mq),
+                 ("reconcile", "--engine", "sql", "-o", "", "--group",
+                  f"g=sqlite:///{tmp_path / 'g.db'}")):
+        result = run_ckit(*args, env={"CKIT_DB_URL": spaced})
+        # Then the command stops with one line, and no piece of the password is in it
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert_no_secret(result.stdout + result.stderr)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.errors import ConfigError, SchemaError
-from consumer_kit.core.urls import mask_url, remember_secrets
+from consumer_kit.core.urls import mask_unparsable, mask_url, remember_secrets
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -40,8 +40,12 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     try:
         parsed = sa.engine.make_url(url)
     except Exception as exc:
-        raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: "
-                          f"{mask_url(str(exc))}") from None
+        # the parser's message quotes the URL, or a piece of the password read as a port
+        raise ConfigError(f"invalid database URL {mask_unparsable(url)} ({type(exc).__name__}): "
+                          "after its scheme it needs the user, password, host and port; "
+                          "%-escape the at signs, colons, slashes, percent signs and spaces of "
+                          "a password (CKIT_DB_URL and CKIT_READ_URL hold several URLs "
+                          "separated by spaces)") from None
     if parsed.host and "@" in parsed.host:  # the password holds a raw `@`: part of it is "host"
         raise ConfigError(f"invalid database URL {mask_url(str(url))!r}: its password holds a "
                           "raw at sign; %-escape it as %40 (and a literal % as %25)")

@@ -60,6 +60,24 @@ def mask_url(url: object) -> str:
     return _QUERY_IN_URL.sub(_masked_value, text)
 
 
+def mask_unparsable(url: object) -> str:
+    """What may be shown of a URL that could not be parsed: its scheme and user only (without
+    its `@host` no one can tell where a password ends), or its length when it is not a URL (a
+    piece of one split at a space).
+
+    >>> mask_unparsable("mysql+pymysql://app:s3cret/orders"), mask_unparsable("cret@db/x")
+    ('mysql+pymysql://app:***', '<9 characters, not a URL>')
+    """
+    text = str(url)
+    remember_secrets([text])
+    match = _SCHEME.match(text.strip())
+    if not match:
+        return f"<{len(text)} characters, not a URL>"
+    rest = text.strip()[match.end():]
+    user = re.split(r"[:@/?#]", rest, maxsplit=1)[0]
+    return f"{match.group(0)}{user}:{MASK}" if ":" in rest or "@" in rest else match.group(0) + user
+
+
 def mask_text(text: object) -> str:
     """Mask every password found anywhere in `text` (error messages, driver output, logs)."""
     masked = str(text)
