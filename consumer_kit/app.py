@@ -20,7 +20,7 @@ from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, process
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.packer import client_options
-from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE
+from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE, check_redis_times
 from consumer_kit.dedupe.scripts import release_kept
 from consumer_kit.listeners import (
     DEFAULT_TIMEOUT,
@@ -28,7 +28,9 @@ from consumer_kit.listeners import (
     Handler,
     Listener,
     Router,
+    check_listener_values,
     check_options,
+    exception_types,
     parse_timeout,
     topic_from_name,
     wants_session,
@@ -107,7 +109,13 @@ class ConsumerApp:
         self.transport_config = transport
         self.receipts = receipts
         self.processed_table = validate_identifier(processed_table)
-        self.permanent_errors = tuple(permanent_errors)
+        self.permanent_errors = exception_types(permanent_errors, "permanent_errors")
+        check_redis_times(lease, done_ttl)
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ConfigError(f"threads must be a whole number of at least 1, not {threads!r}")
+        if not isinstance(local_cache, int) or isinstance(local_cache, bool) or local_cache < 0:
+            raise ConfigError(f"local_cache must be a whole number of ids (0: off), not "
+                              f"{local_cache!r}")
         self.done_ttl = done_ttl
         self.lease = lease
         self.threads = threads
@@ -166,10 +174,12 @@ class ConsumerApp:
 
     def _register(self, fn: F, topic: str | None, options: dict[str, Any]) -> F:
         session = wants_session(fn)
+        tags, dedupe_key = options.get("tags", "*"), options.get("dedupe_key")
+        check_listener_values(tags, dedupe_key)
         self.router.add(Listener(
-            topic=topic or topic_from_name(fn), tags=options.get("tags", "*") or "*", fn=fn,
-            wants_session=session, dedupe_key=options.get("dedupe_key"),
-            permanent=tuple(options.get("permanent", ())),
+            topic=topic or topic_from_name(fn), tags=tags or "*", fn=fn,
+            wants_session=session, dedupe_key=dedupe_key,
+            permanent=exception_types(options.get("permanent", ()), "permanent"),
             timeout=parse_timeout(options.get("timeout", DEFAULT_TIMEOUT)),
         ))
         return fn

@@ -85,6 +85,36 @@ def parse_timeout(value: object) -> float:
     return float(seconds)
 
 
+def exception_types(value: object, option: str) -> tuple[type[BaseException], ...]:
+    """`permanent=` / `permanent_errors=`: exception classes (one, or several in a tuple or
+    list).
+
+    Raises:
+        ConfigError: anything else (a name as text would break every failing message later).
+    """
+    items = (value,) if isinstance(value, type) else value
+    if isinstance(items, str | bytes) or not isinstance(items, tuple | list | set | frozenset):
+        raise ConfigError(f"{option} must be exception classes, not {value!r}")
+    bad = [v for v in items if not (isinstance(v, type) and issubclass(v, BaseException))]
+    if bad:
+        raise ConfigError(f"{option} must be exception classes, not {bad[0]!r}")
+    return tuple(items)
+
+
+def check_listener_values(tags: object, dedupe_key: object) -> None:
+    """Refuse a listener's `tags` that is not text and a `dedupe_key` that is not a function,
+    at decoration time (a wrong one would reject every message without a `ckit_id`).
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    if not isinstance(tags, str):
+        raise ConfigError(f"listener tags must be a RocketMQ tag expression (text), not {tags!r}")
+    if dedupe_key is not None and not callable(dedupe_key):
+        raise ConfigError(f"dedupe_key must be a function of the message (or None), not "
+                          f"{dedupe_key!r}: e.g. dedupe_key=lambda m: m.keys[0]")
+
+
 def topic_from_name(fn: Handler) -> str:
     """The topic of a bare `@app.listener`: the function name upper-cased
     (`order_created` -> `ORDER_CREATED`)."""

@@ -45,7 +45,9 @@ class ClaimSource(Protocol):
 
     def failed(self, what: str, message_id: str, exc: Exception) -> None: ...
 
-    def ok(self) -> None: ...
+    failures: int
+
+    def ok(self, since: int) -> None: ...
 
 
 #: Each thread's claim whose answer is not read yet (see `PendingClaim.__init__`), by thread
@@ -72,6 +74,7 @@ class PendingClaim:
         left = _on_wire.get(self._thread)
         if left is not None and left._conn is not None:
             left.result()
+        self._since = dedupe.failures  # before it goes out (`ClaimSource.ok`)
         self._riders: list[Call] = dedupe.writer.take()
         try:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
@@ -95,6 +98,7 @@ class PendingClaim:
         pending.dedupe, pending.message_id, pending.token = dedupe, message_id, token
         pending._answer, pending._conn, pending._riders = answer, None, []
         pending._thread = threading.get_ident()
+        pending._since = dedupe.failures
         return pending
 
     def result(self) -> Claim:
@@ -125,7 +129,7 @@ class PendingClaim:
             self.dedupe.failed("claim", self.message_id, exc)
             self._answer = Claim.UNAVAILABLE
         else:
-            self.dedupe.ok()
+            self.dedupe.ok(self._since)
             if self._riders:  # [answer, markers that failed, the first one's error]
                 answer, failed, first = raw
                 if failed:  # those markers are lost, harmlessly: the processed table decides

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import redis
 
 from consumer_kit import metrics
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.dedupe.claims import BY_ANSWER, Claim
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
@@ -28,6 +29,21 @@ log = logging.getLogger(__name__)
 DEFAULT_DONE_TTL = dt.timedelta(days=7)
 DEFAULT_LEASE = dt.timedelta(minutes=2)
 DEFAULT_RETRY_AFTER = 5.0
+#: The shortest handler lease and done-marker lifetime accepted (Redis refuses a PX of 0, and a
+#: lease renewed faster than a round trip is a busy loop).
+MIN_REDIS_TTL = dt.timedelta(seconds=1)
+
+
+def check_redis_times(lease: object, done_ttl: object) -> None:
+    """Refuse a handler lease or done-marker lifetime Redis cannot keep, before anything runs.
+
+    Raises:
+        ConfigError: not a timedelta of at least `MIN_REDIS_TTL`.
+    """
+    for name, value in (("lease", lease), ("done_ttl", done_ttl)):
+        if not isinstance(value, dt.timedelta) or value < MIN_REDIS_TTL:
+            raise ConfigError(f"{name} must be a timedelta of at least "
+                              f"{MIN_REDIS_TTL.total_seconds():g} s, not {value!r}")
 
 
 class RedisDedupe:
@@ -42,6 +58,7 @@ class RedisDedupe:
         done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
         retry_after: float = DEFAULT_RETRY_AFTER,
     ) -> None:
+        check_redis_times(lease, done_ttl)
         self.client = client
         self.group = group
         self.lease_ms = int(lease.total_seconds() * 1000)
@@ -60,9 +77,12 @@ class RedisDedupe:
         self._release = LuaScript(client, "release.lua")
         self._renew = LuaScript(client, "renew.lua")
         self._down_until = 0.0
+        #: failures recorded so far: an answer to a request sent before the last failure does
+        #: not prove Redis is back (it was read from the socket's buffer)
+        self.failures = 0
         self._lock = threading.Lock()
         self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc),
-                                  on_ok=self._ok)
+                                  on_ok=self._ok, generation=lambda: self.failures)
 
     @property
     def degraded(self) -> bool:
@@ -97,13 +117,15 @@ class RedisDedupe:
         """Redis failed: degrade to the database path for `retry_after` seconds."""
         self._failed(what, message_id, exc)
 
-    def ok(self) -> None:
-        """Redis answered: leave the degraded mode if it was on."""
-        self._ok()
+    def ok(self, since: int) -> None:
+        """Redis answered a request sent when `failures` was `since`: leave the degraded mode
+        if it was on and no failure was recorded after that request went out."""
+        self._ok(since)
 
     def _failed(self, what: str, message_id: str, exc: Exception) -> None:
         with self._lock:  # the gauge too: an `_ok` in between must not leave it at 1
             first = not self.degraded
+            self.failures += 1
             self._down_until = time.monotonic() + self.retry_after
             metrics.DEGRADED.labels(self.group).set(1)
         if first:
@@ -115,9 +137,11 @@ class RedisDedupe:
         and Redis is tried again after `retry_after`."""
         self._failed(what, "-", exc)
 
-    def _ok(self) -> None:
+    def _ok(self, since: int) -> None:
         if self._down_until:
             with self._lock:
+                if since != self.failures:  # sent before a failure: proves nothing
+                    return
                 back, self._down_until = bool(self._down_until), 0.0
                 if back:
                     metrics.DEGRADED.labels(self.group).set(0)
@@ -129,6 +153,7 @@ class RedisDedupe:
         """Take the in-flight lease unless the message is done or leased by someone else."""
         if self.degraded:
             return Claim.UNAVAILABLE
+        since = self.failures
         if threading.get_ident() == threading.main_thread().ident:
             # The main thread, the one thread a signal handler can interrupt, never joins the
             # combiner: a handler raising while it held the lead or waited for the combiner's
@@ -144,7 +169,7 @@ class RedisDedupe:
         if isinstance(answer, Exception):  # Redis is away (connection, timeout): degrade
             self._failed("claim", message_id, answer)
             return Claim.UNAVAILABLE
-        self._ok()
+        self._ok(since)
         return BY_ANSWER[answer]
 
     def _send_claims(self, claims: Sequence[tuple[str, str]]) -> list[int | Exception]:

@@ -43,14 +43,17 @@ class RedisWriter:
     """Queues Lua script calls for claims to carry; sends the rest from its own thread."""
 
     def __init__(self, client: redis.Redis, *, on_error: Callable[[Exception], None],
-                 on_ok: Callable[[], None] = lambda: None,
+                 on_ok: Callable[[int], None] = lambda since: None,
+                 generation: Callable[[], int] = lambda: 0,
                  max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self.client = client
         self.on_error = on_error
-        #: called after a batch Redis took without an error (the store leaves degraded mode:
-        #: with `redis_claims="adaptive"` no claim may come to tell it Redis is back)
+        #: called after a batch Redis took without an error, with `generation()` as it was
+        #: before the batch went out (the store leaves degraded mode unless a failure came
+        #: since: with `redis_claims="adaptive"` no claim may come to tell it Redis is back)
         self.on_ok = on_ok
+        self.generation = generation
         self.max_batch = max_batch
         self.linger = linger
         self.max_queued = max_queued
@@ -133,6 +136,7 @@ class RedisWriter:
                         self._send(batch)
 
     def _send(self, batch: list[Call]) -> None:
+        since = self.generation()
         try:
             errors = [a for a in run_pipelined(self.client, batch, alone=False)
                       if isinstance(a, Exception)]
@@ -144,6 +148,6 @@ class RedisWriter:
             if errors:
                 self.on_error(errors[0])
             else:
-                self.on_ok()
+                self.on_ok(since)
         except Exception:  # the thread must survive its callbacks too
             log.exception("redis writer: %s callback failed", "error" if errors else "ok")

@@ -201,3 +201,24 @@ def test_a_claim_after_redis_dropped_the_threads_connection_still_gets_its_answe
     # When / Then: the next claims still get their answers, and Redis is not counted down
     assert [store.claim("M1", "other"), store.claim("M2", "me")] == [Claim.BUSY, Claim.CLAIMED]
     assert not store.degraded
+
+
+def test_an_answer_to_a_claim_sent_before_redis_failed_does_not_end_the_degraded_mode(
+        real_env: Env) -> None:
+    env = real_env  # a claim on the wire needs a real Redis socket
+    # Given a claim on the wire, and Redis failing for another thread before its answer is read
+    # (the answer was already in the socket's buffer)
+    from consumer_kit.dedupe.pending import PendingClaim
+
+    store = RedisDedupe(env.redis, env.group("g"), retry_after=60.0)
+    pending = PendingClaim(store, "M1", "t")
+    store.failed("claim", "M2", redis.ConnectionError("connection reset"))
+    # When the early claim's answer is read
+    assert pending.result() is Claim.CLAIMED
+    # Then Redis still counts as down: that answer says nothing of after the failure
+    assert store.degraded
+    assert metrics.DEGRADED.labels(store.group)._value.get() == 1
+    # while an answer to a request sent after the failure ends it
+    store.ok(store.failures)
+    assert not store.degraded
+    assert metrics.DEGRADED.labels(store.group)._value.get() == 0

@@ -122,3 +122,43 @@ def test_start_up_check_names_an_unreachable_database_without_its_password() -> 
     with pytest.raises(DatabaseUnavailable, match="unreachable") as caught:
         app.check()
     assert "SECRET" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"dedupe_key": "order_id"}, "dedupe_key"),  # a field name where a function belongs
+    ({"dedupe_key": 123}, "dedupe_key"),
+    ({"permanent": ("ValueError",)}, "permanent"),  # names, not classes
+    ({"permanent": (ValueError, 3)}, "permanent"),
+    ({"permanent": "ValueError"}, "permanent"),
+    ({"tags": 123}, "tags"),
+    ({"tags": ["a", "b"]}, "tags"),
+])
+def test_listener_options_that_could_never_work_are_refused_at_decoration_time(
+        options: dict[str, Any], named: str) -> None:
+    # (a wrong dedupe_key would reject every message without a ckit_id; a permanent entry
+    # that is not a class would break every failing message)
+    app = make_app()
+    with pytest.raises(ConfigError, match=named):
+        app.listener("ORDER_CREATED", **options)(lambda msg: None)
+    assert app.router.listeners == []
+
+
+def test_one_exception_class_is_taken_as_permanent() -> None:
+    app = make_app()
+    app.listener("ORDER_CREATED", permanent=KeyError)(lambda msg: None)
+    assert app.router.listeners[0].permanent == (KeyError,)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"permanent_errors": ("ValueError",)}, "permanent_errors"),
+    ({"lease": __import__("datetime").timedelta(0)}, "lease"),
+    ({"lease": __import__("datetime").timedelta(microseconds=400)}, "lease"),
+    ({"done_ttl": __import__("datetime").timedelta(seconds=-1)}, "done_ttl"),
+    ({"done_ttl": 3600}, "done_ttl"),  # seconds where a timedelta belongs
+    ({"threads": 0}, "threads"),
+    ({"local_cache": -1}, "local_cache"),
+])
+def test_app_options_that_could_never_work_are_refused_when_it_is_made(
+        options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        make_app(**options)
