@@ -149,7 +149,7 @@ CREATE TABLE ckit_mq_queue_lease (
 -- consumer-kit transactional outbox (local message table)
 CREATE TABLE ckit_outbox (
     -- surrogate key; relays shard on MOD(id, N)
-    id INTEGER NOT NULL,
+    id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
     -- the dedupe id (ULID) carried as ckit_id and as the RocketMQ KEYS
     message_id VARCHAR(128) NOT NULL,
     -- business event type, e.g. ORDER_CREATED
@@ -198,7 +198,6 @@ CREATE TABLE ckit_outbox (
     gmt_create DATETIME NOT NULL,
     -- UTC of the last change
     gmt_modified DATETIME NOT NULL,
-    PRIMARY KEY (id),
     CONSTRAINT uk_ckit_outbox_message_id UNIQUE (message_id),
     CONSTRAINT uk_ckit_outbox_biz UNIQUE (biz_type, biz_key)
 );

@@ -120,6 +120,16 @@ def test_processed_purge_deletes_only_old_rows_of_the_group(tmp_path: Path) -> N
     assert left == ["b", "c"]
 
 
+@pytest.mark.parametrize("group", ["", "  ", "g" * 129])
+def test_processed_purge_refuses_a_group_that_names_no_consumer_group(
+        tmp_path: Path, group: str) -> None:
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    result = CliRunner().invoke(app, ["processed", "purge", "--url", url, "--group", group])
+    assert result.exit_code == 2, result.output
+    assert "--group must name a consumer group" in result.output
+    assert not (tmp_path / "inv.db").exists()
+
+
 def test_processed_purge_under_the_safety_floor_needs_force_and_keeps_owed_receipts(
         tmp_path: Path) -> None:
     # Given rows processed an hour ago, one of them still owing its receipt

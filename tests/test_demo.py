@@ -45,3 +45,16 @@ def test_the_demo_reconciles_with_spark(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_the_demo_refuses_too_few_orders_and_a_folder_a_run_already_used(
+        tmp_path: Path) -> None:
+    # Given fewer orders than the duplicates and the lost receipt it injects, Then one line
+    code, _, output = run_demo(tmp_path, "--orders", "3")
+    assert code == 2 and "--orders" in output and "Traceback" not in output, output
+    assert not (tmp_path / "orders.db").exists()
+    # Given a folder holding a previous run's databases, Then one line, nothing touched
+    (tmp_path / "orders.db").write_bytes(b"")
+    code, _, output = run_demo(tmp_path, "--engine", "sql", "--orders", "4")
+    assert code == 2 and "holds a demo run's orders.db" in output, output
+    assert (tmp_path / "orders.db").read_bytes() == b""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.core.errors import ArchiveBusy, ConfigError
+from consumer_kit.core.errors import AmbiguousTarget, ArchiveBusy, ConfigError
 from consumer_kit.core.schema import TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -130,6 +130,58 @@ def test_show_falls_back_to_the_biz_key_across_every_biz_type(db: Db) -> None:
     # Then
     assert [v.row["biz_type"] for v in views] == ["ORDER_CREATED", "ORDER_PAID"]
     assert ops.show(db.engine, tables(db), "no-such-thing") == []
+
+
+def test_a_biz_key_holding_a_colon_is_read_both_ways_and_never_picks_another_row(
+        db: Db) -> None:
+    # Given a row whose biz key holds a colon, and a row whose type and key read the same
+    tenant = insert(db, OutboxState.FAILED, biz_type="order", biz_key="tenant7:42")
+    typed = insert(db, OutboxState.FAILED, biz_type="tenant7", biz_key="42")
+    lone = insert(db, OutboxState.FAILED, biz_type="order", biz_key="id:2")
+    # When an operator names biz:tenant7:42, Then it is refused, naming both rows
+    with pytest.raises(AmbiguousTarget, match=f"ids {typed['id']}.*ids {tenant['id']}"):
+        ops.retry(db.engine, tables(db), ["biz:tenant7:42"])
+    assert {get(db, r["id"])["state"] for r in (tenant, typed)} == {int(OutboxState.FAILED)}
+    # and a key holding a colon that only one row has is found by it
+    [view] = ops.show(db.engine, tables(db), "biz:id:2")
+    assert view.row["id"] == lone["id"]
+    # and one that no row has, none
+    assert ops.show(db.engine, tables(db), "biz:tenant7:43") == []
+
+
+def test_a_row_named_twice_in_one_command_is_moved_once_and_not_reported_as_a_conflict(
+        db: Db) -> None:
+    row = insert(db, OutboxState.FAILED)
+    result = ops.retry(db.engine, tables(db), [row["id"], f"id:{row['id']}"])
+    assert result.changed == [row["id"]] and result.refused == []
+
+
+def test_only_ascii_digits_name_a_row_id(db: Db) -> None:
+    insert(db, OutboxState.FAILED)
+    with pytest.raises(AmbiguousTarget, match="digits 0-9"):
+        ops.show(db.engine, tables(db), "id:\u0664")
+    with pytest.raises(AmbiguousTarget, match="digits 0-9"):
+        ops.show(db.engine, tables(db), "id:" + "9" * 30)
+
+
+def test_an_sqlite_outbox_never_hands_an_archived_rows_id_out_again(tmp_path: Any) -> None:
+    # Given a SQLite outbox whose newest rows were archived
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.ddl import init_db
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'o.db'}")
+    init_db(engine)
+    names = TableNames()
+    db = Db(engine, names, "sqlite", str(engine.url))
+    old = NOW - dt.timedelta(days=40)
+    first = [insert(db, OutboxState.CONSUMED, gmt_create=old)["id"] for _ in range(2)]
+    assert archive.archive(engine, tables(db), dt.timedelta(days=30), now=NOW).moved == 2
+    # When new rows are written and archived in their turn
+    later = [insert(db, OutboxState.CONSUMED, gmt_create=old)["id"] for _ in range(2)]
+    # Then their ids are new ones, and archiving them again works
+    assert min(later) > max(first)
+    assert archive.archive(engine, tables(db), dt.timedelta(days=30), now=NOW).moved == 2
+    engine.dispose()
 
 
 # ----------------------------------------------------------------------------------- transitions

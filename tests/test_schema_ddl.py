@@ -24,6 +24,7 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import TableNames
 from consumer_kit.core.states import OutboxState
 from tests import services
+from tests.conftest import Db
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
@@ -193,3 +194,58 @@ def test_init_db_creates_every_table_once_and_is_a_no_op_the_second_time(
         assert second == []
     finally:
         metadata.drop_all(any_engine, checkfirst=True)
+
+
+def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_what_it_lacks(
+        db: Db) -> None:
+    from consumer_kit.core.db import check_tables
+    from consumer_kit.core.ddl import init_db, schema_metadata
+    from consumer_kit.core.errors import SchemaError
+    from consumer_kit.core.schema import processed_table
+
+    # Given a processed table as 0.1.0 made it: without the receipt columns and their index
+    name = db.names.processed
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP INDEX ix_{name}_receipt_due"
+                             + (f" ON {name}" if db.kind == "mariadb" else ""))
+        for column in ("receipt_due_at", "receipt_attempts"):
+            conn.exec_driver_sql(f"ALTER TABLE {name} DROP COLUMN {column}")
+    table = processed_table(sa.MetaData(), name)
+    try:
+        # When a consumer starts, or `db init` runs, Then each names what is missing
+        with pytest.raises(SchemaError, match="lacks receipt_due_at, receipt_attempts"):
+            check_tables(db.engine, table)
+        with pytest.raises(SchemaError, match="db init --upgrade"):
+            init_db(db.engine, db.names)
+        # and `db init --upgrade` adds the columns and the index, the rows kept
+        init_db(db.engine, db.names, upgrade=True)
+        check_tables(db.engine, table)
+        inspector = sa.inspect(db.engine)
+        assert {"receipt_due_at", "receipt_attempts"} <= {
+            c["name"] for c in inspector.get_columns(name)}
+        assert f"ix_{name}_receipt_due" in {i["name"] for i in inspector.get_indexes(name)}
+    finally:
+        schema_metadata(db.names).drop_all(db.engine)
+
+
+def test_table_names_whose_index_names_would_be_too_long_are_refused_before_any_ddl(
+        tmp_path: Path) -> None:
+    from consumer_kit.core.ddl import init_db
+    from consumer_kit.core.errors import ConfigError
+    from consumer_kit.core.schema import TableNames
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(ConfigError, match="choose a shorter table name"):
+        init_db(engine, TableNames(outbox="o" * 50))
+    assert sa.inspect(engine).get_table_names() == []
+
+
+def test_db_init_refuses_an_in_memory_sqlite_database_it_could_not_keep() -> None:
+    from typer.testing import CliRunner
+
+    from consumer_kit.cli.main import app
+
+    for url in ("sqlite://", "sqlite:///:memory:"):
+        result = CliRunner().invoke(app, ["db", "init", "--url", url])
+        assert result.exit_code == 2, result.output
+        assert "in-memory SQLite" in result.output

@@ -9,6 +9,7 @@ from consumer_kit.cli.output import print_json
 from consumer_kit.cli.runtime import friendly_errors, require
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.ddl import DIALECTS, init_db, render_ddl, schema_metadata
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import (
     TableNames,
 )
@@ -34,14 +35,22 @@ def init_cmd(
     receipt_table: str = options.receipt_table(),
     processed_table: str = options.processed_table(),
     mq_prefix: str = options.mq_prefix(),
+    upgrade: bool = typer.Option(False, "--upgrade", help="add the columns and indexes a table "
+                                 "made by an older consumer-kit lacks"),
     as_json: bool = options.json_output(),
 ) -> None:
-    """Create every missing table and index (idempotent: existing tables are left alone)."""
+    """Create every missing table and index (idempotent: existing tables are left alone). A
+    table made by an older version that lacks columns is refused, naming them; `--upgrade`
+    adds them."""
     url = require(url, "--url", "CKIT_DB_URL")
     names = table_names(outbox_table, receipt_table, processed_table, mq_prefix)
     engine = make_engine(url)
+    if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
+        engine.dispose()
+        raise ConfigError("an in-memory SQLite database ends with this command: give a file "
+                          "(sqlite:///path.db)")
     try:
-        created = init_db(engine, names)
+        created = init_db(engine, names, upgrade=upgrade)
     finally:
         engine.dispose()
     every = sorted(schema_metadata(names).tables)

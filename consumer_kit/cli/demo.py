@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from consumer_kit.cli.demo_facts import DEMO_FILES, MIN_ORDERS
 from consumer_kit.cli.output import print_table
 from consumer_kit.cli.runtime import friendly_errors, writable_folder
 from consumer_kit.core.errors import ConfigError
@@ -18,7 +19,8 @@ REDIS_CHECK_TIMEOUT = 3.0
 
 @friendly_errors
 def demo(
-    orders: int = typer.Option(20, "--orders", min=2, help="orders the order service places"),
+    orders: int = typer.Option(20, "--orders", min=MIN_ORDERS,
+                               help="orders the order service places"),
     workdir: Path | None = typer.Option(None, "--dir", help="keep the SQLite files here"),
     redis: str | None = typer.Option(None, "--redis", envvar="CKIT_REDIS_URL",
                                      help="Redis URL for the fast path (default: database only)"),
@@ -31,6 +33,10 @@ def demo(
     chosen = check_engine(engine)
     if workdir is not None:
         writable_folder(workdir, option="--dir")
+        held = [name for name in DEMO_FILES if (workdir / name).exists()]
+        if held:
+            raise ConfigError(f"--dir {str(workdir)!r} holds a demo run's {', '.join(held)}: "
+                              "give an empty folder, or remove them first")
     if redis:
         check_redis(redis)
     from consumer_kit.cli.demo_flow import run_demo

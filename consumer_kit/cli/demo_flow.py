@@ -20,6 +20,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from consumer_kit.cli.demo_facts import DEMO_FILES, DUPLICATES
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.messages import retry_topic
 from consumer_kit.core.receipt import Receipt
@@ -31,7 +32,6 @@ from consumer_kit.transports.running import run_consumer
 from consumer_kit.transports.sql import SqlTransport
 
 DEFAULT_ORDERS = 20
-DUPLICATES = 3
 GROUP = "inventory"
 #: the consumer's whole run, redeliveries included
 CONSUME_SECONDS = 120.0
@@ -98,12 +98,13 @@ def _run(root: Path, *, orders: int, redis_url: str | None, engine: str,
     from outbox_producer.receipts.consumer import ReceiptConsumer
 
     root.mkdir(parents=True, exist_ok=True)
-    orders_url = f"sqlite:///{root / 'orders.db'}"
-    inventory_url = f"sqlite:///{root / 'inventory.db'}"
+    orders_file, inventory_file, mq_file = DEMO_FILES
+    orders_url = f"sqlite:///{root / orders_file}"
+    inventory_url = f"sqlite:///{root / inventory_file}"
     orders_db, inventory_db = make_engine(orders_url), make_engine(inventory_url)
     order_service.setup(orders_db)
     inventory.setup(inventory_db)
-    transport = SqlTransport(f"sqlite:///{root / 'mq.db'}", create_tables=True,
+    transport = SqlTransport(f"sqlite:///{root / mq_file}", create_tables=True,
                              retry_delays=(0.2,))
     say(f"demo folder: {root}  (orders.db, inventory.db, mq.db: SQLite, no server)")
 

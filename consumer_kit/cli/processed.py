@@ -10,6 +10,7 @@ from consumer_kit.cli.runtime import friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import check_tables, make_engine
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import GROUP_LEN
 from consumer_kit.processed import PURGE_FLOOR, ProcessedStore
 
 processed_app = typer.Typer(help="the consumer's processed-messages table", no_args_is_help=True)
@@ -38,6 +39,9 @@ def purge(
     Redis done TTL, well past RocketMQ's redelivery horizon of about 5 hours and the relay's
     retries) is refused unless --force.
     """
+    if not group.strip() or len(group) > GROUP_LEN:
+        raise ConfigError(f"--group must name a consumer group (1-{GROUP_LEN} characters), "
+                          f"not {group!r}")
     window = parse_duration(older_than, option="--older-than")
     if window < PURGE_FLOOR and not force:
         raise ConfigError(

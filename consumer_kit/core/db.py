@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,9 @@ def supports_skip_locked(bind: Engine | sa.engine.Connection) -> bool:
 
 
 def check_tables(engine: Engine, *tables: sa.Table) -> None:
-    """Raise `SchemaError` naming `ckit db init` when any of `tables` is missing."""
+    """Raise `SchemaError` naming `ckit db init` when any of `tables` is missing, or lacks a
+    column this version writes (a table made by an older consumer-kit: every write would fail,
+    and a consumer would retry each message into the dead-letter queue)."""
     inspector = sa.inspect(engine)
     missing = [t.name for t in tables if not inspector.has_table(t.name)]
     if missing:
@@ -167,6 +170,32 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
             f"run `ckit db init --url <that url>` first"
         )
+    lacking = missing_columns(engine, tables)
+    if lacking:
+        raise SchemaError(
+            f"table(s) made by an older consumer-kit in {mask_url(str(engine.url))}: "
+            f"{describe_missing(lacking)}: run `ckit db init --upgrade --url <that url>` "
+            "(README, Upgrading from 0.1.0)")
+
+
+def missing_columns(engine: Engine, tables: Sequence[sa.Table]
+                    ) -> list[tuple[sa.Table, list[sa.Column[Any]]]]:
+    """For each of `tables` that exists, the columns of its definition the database lacks."""
+    inspector = sa.inspect(engine)
+    found = []
+    for table in tables:
+        if not inspector.has_table(table.name):
+            continue
+        there = {c["name"].lower() for c in inspector.get_columns(table.name)}
+        lacking = [c for c in table.columns if c.name.lower() not in there]
+        if lacking:
+            found.append((table, lacking))
+    return found
+
+
+def describe_missing(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]) -> str:
+    """`table lacks a, b; other lacks c`."""
+    return "; ".join(f"{t.name} lacks {', '.join(c.name for c in cols)}" for t, cols in lacking)
 
 
 def read_committed(engine: Engine) -> Engine:

@@ -22,7 +22,8 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTableComment
 
-from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.db import describe_missing, missing_columns
+from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.states import MEANINGS, OutboxState
 
@@ -170,19 +171,79 @@ def split_statements(ddl: str) -> list[str]:
     return statements
 
 
-def init_db(engine: Engine, names: TableNames | None = None) -> list[str]:
+#: The longest table, index or constraint name every supported database takes (PostgreSQL's 63
+#: bytes; MySQL's 64)
+MAX_NAME_LEN = 63
+
+
+def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = False
+            ) -> list[str]:
     """Create every missing consumer-kit table and index; return the names of the tables created.
 
     Idempotent (`create_all(checkfirst=True)`): a second call creates nothing and returns `[]`.
+    A table made by an older version that lacks columns is refused, naming them, unless
+    `upgrade`: then the columns are added (nullable or with their default, as the definition
+    says) and its missing indexes created.
 
     Raises:
-        ConfigError: invalid table name in `names`.
+        ConfigError: invalid table name in `names`, or one whose index names would be too long
+            (checked before any DDL).
+        SchemaError: an existing table lacks columns and `upgrade` is false.
         sqlalchemy.exc.SQLAlchemyError: the database refused the DDL or cannot be reached.
     """
     metadata = schema_metadata(names or TableNames())
+    check_name_lengths(metadata)
     existing = set(sa.inspect(engine).get_table_names())
+    lacking = missing_columns(engine, list(metadata.tables.values()))
+    if lacking and not upgrade:
+        raise SchemaError(f"{describe_missing(lacking)} (made by an older consumer-kit): run "
+                          "`ckit db init --upgrade` to add them (README, Upgrading from 0.1.0)")
     metadata.create_all(engine, checkfirst=True)
+    with engine.begin() as conn:
+        for table, columns in lacking:
+            for column in columns:
+                conn.exec_driver_sql(upgrade_statement(table, column, engine.dialect))
+        inspector = sa.inspect(conn)
+        for name in existing & set(metadata.tables):
+            table = metadata.tables[name]
+            there = {i["name"] for i in inspector.get_indexes(name)}
+            for index in table.indexes:
+                if index.name not in there:
+                    index.create(conn)
     return sorted(name for name in metadata.tables if name not in existing)
+
+
+def upgrade_statement(table: sa.Table, column: sa.Column[object], dialect: Dialect) -> str:
+    """`ALTER TABLE ... ADD COLUMN ...` for a column an older table lacks, as `dialect` writes
+    it (type, NULL, default and comment from the definition).
+
+    Raises:
+        ConfigError: the column is NOT NULL without a default (existing rows could not take
+            it): no column of the schema is.
+    """
+    if not column.nullable and column.server_default is None:
+        raise ConfigError(f"{table.name}.{column.name} is NOT NULL without a default: it cannot "
+                          "be added to a table that has rows")
+    preparer = dialect.identifier_preparer
+    spec = str(sa.schema.CreateColumn(column).compile(dialect=dialect)).strip()
+    return f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {spec}"
+
+
+def check_name_lengths(metadata: sa.MetaData) -> None:
+    """Refuse table names whose tables, indexes or constraints would exceed `MAX_NAME_LEN`, before
+    any DDL (MariaDB would create the table, then refuse its index, leaving it half made).
+
+    Raises:
+        ConfigError: naming the first name too long.
+    """
+    for table in metadata.tables.values():
+        names = [table.name, *(i.name for i in table.indexes),
+                 *(c.name for c in table.constraints if isinstance(c.name, str))]
+        for name in names:
+            if name and len(name) > MAX_NAME_LEN:
+                raise ConfigError(f"table name {table.name!r} makes the name {name!r} "
+                                  f"({len(name)} characters), over the {MAX_NAME_LEN} every "
+                                  "database takes: choose a shorter table name")
 
 
 def _md_cell(text: object) -> str:

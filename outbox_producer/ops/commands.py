@@ -104,12 +104,16 @@ def _move(
     with engine.connect() as conn:
         rows = {t: one(conn, table, f"id:{t}" if isinstance(t, int) else str(t), cols)
                 for t in wanted}
+    seen: set[int] = set()
     with engine.begin() as conn:
         for target in wanted:
             row = rows[target]
             if row is None:
                 result.refused.append(Refusal(target, None, "not found"))
                 continue
+            if row.id in seen:  # named twice (`4 id:4`): moved once, not a conflict
+                continue
+            seen.add(row.id)
             state = OutboxState(row.state)
             why = refuse(row, state, now) if refuse else None
             if why is None and state not in allowed:

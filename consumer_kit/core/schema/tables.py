@@ -106,6 +106,9 @@ def outbox_table(metadata: sa.MetaData, name: str = DEFAULT_OUTBOX_TABLE) -> sa.
         sa.Index(f"ix_{name}_topic", "topic"),
         sa.Index(f"ix_{name}_gmt_create", "gmt_create"),
         comment="consumer-kit transactional outbox (local message table)",
+        # SQLite hands a deleted row's id out again without AUTOINCREMENT: an archived row's id
+        # would clash in the archive, and an id would name two messages over time
+        sqlite_autoincrement=True,
     )
 
 
