@@ -15,9 +15,15 @@ wants the partitioning column in every unique key; keying on `message_id` keeps 
 
 `rotate` adds the coming days' partitions (splitting the empty `pmax`: no rows move) and
 retires old days: a partition goes only when every row in it is CONSUMED (REJECTED too with
-`include_rejected`), after its rows are copied to the archive in small key-ordered batches and
-its receipt and key rows are deleted the same way; then `DROP PARTITION`, a metadata change
-instead of millions of row deletes. One run per table at a time (the archive's lock).
+`include_rejected`), after its rows are copied to the archive in small key-ordered batches;
+then `DROP PARTITION`, a metadata change instead of millions of row deletes, and only after it
+the day's receipt and key rows are deleted in the same small batches. A day kept by the last
+check is left as it was: deleting its key rows first would let a key still in the outbox be
+published a second time. A run that dies between the drop and those deletes leaves key rows
+whose publish fails with a duplicate key (never a second send) until the next run deletes
+them: a dropped day's range joins the next partition's, and each run deletes the receipt and
+key rows of such ranges whose message is not in the outbox. One run per table at a time (the
+archive's lock).
 """
 
 from __future__ import annotations
@@ -200,6 +206,7 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
             raise ConfigError(f"table {name} is not a partitioned outbox (ckit outbox "
                               "partitions create)")
         result.added = _add_days(engine, name, found, now.date(), days_ahead)
+        _sweep_absorbed(engine, tables, found, batch, pause)
         horizon = ulid_floor(now - older_than)
         done = {int(OutboxState.CONSUMED)}
         if include_rejected:
@@ -235,7 +242,8 @@ def _add_days(engine: Engine, name: str, found: list[Partition], today: dt.date,
 
 def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, done: set[int],
             batch: int, pause: float, result: RotateResult) -> str | None:
-    """Archive, clean and drop one partition; return why it was kept instead, or None."""
+    """Archive and drop one partition, then delete its receipt and key rows; return why it was
+    kept instead (untouched but for the archive copies), or None."""
     name = tables.outbox.name
     if _open_rows(engine, name, part.name, done):
         return "rows not yet CONSUMED"
@@ -249,15 +257,44 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     if int(archived or 0) < int(held or 0):
         raise OutboxError(f"partition {part.name}: {held} rows but only {archived} archived; "
                           "not dropped")
-    keys = key_table(sa.MetaData(), name)
-    for table in (tables.receipts, keys):
-        _delete_range(engine, table, lower, part.upper, batch, pause)
     if _open_rows(engine, name, part.name, done):  # an operator moved a row meanwhile
         return "a row left CONSUMED while it was archived"
     with engine.begin() as conn:
         conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
     result.dropped.append(part.name)
+    # only now: a key row deleted while its row is still in the outbox lets the key be
+    # published again. Dying here leaves key rows whose publish fails (a duplicate key, never
+    # a second send) until the next run's `_sweep_absorbed` deletes them.
+    _delete_orphans(engine, tables, lower, part.upper, batch, pause)
     return None
+
+
+def _day_start(part: Partition) -> str | None:
+    """The first ULID of the day a `pYYYYMMDD` partition was made for (None for another name)."""
+    try:
+        day = dt.datetime.strptime(part.name, "p%Y%m%d")
+    except ValueError:
+        return None
+    return ulid_floor(day)
+
+
+def _sweep_absorbed(engine: Engine, tables: OutboxTables, found: list[Partition], batch: int,
+                    pause: float) -> None:
+    """Delete the receipt and key rows left in the ranges of dropped days: a dropped day's
+    range joins the next partition's, below the first id of that partition's own day."""
+    lower = ""
+    for part in found[:-1]:
+        start = _day_start(part)
+        if start is not None and lower < start:
+            _delete_orphans(engine, tables, lower, start, batch, pause)
+        lower = part.upper
+
+
+def _delete_orphans(engine: Engine, tables: OutboxTables, lower: str, upper: str, batch: int,
+                    pause: float) -> None:
+    """Delete the receipt and key rows in [lower, upper) whose message is not in the outbox."""
+    for table in (tables.receipts, key_table(sa.MetaData(), tables.outbox.name)):
+        _delete_range(engine, table, tables.outbox, lower, upper, batch, pause)
 
 
 def _open_rows(engine: Engine, table: str, part: str, done: set[int]) -> bool:
@@ -299,14 +336,18 @@ def _insert_missing(conn: Connection, outbox: str, archive: str, columns: str, p
         f"(SELECT 1 FROM {archive} a WHERE a.message_id = o.message_id)").rowcount)
 
 
-def _delete_range(engine: Engine, table: sa.Table, lower: str, upper: str, batch: int,
-                  pause: float) -> None:
-    """Delete `table`'s rows whose message_id is in [lower, upper), in message_id order."""
+def _delete_range(engine: Engine, table: sa.Table, outbox: sa.Table, lower: str, upper: str,
+                  batch: int, pause: float) -> None:
+    """Delete `table`'s rows whose message_id is in [lower, upper) and not in the outbox (a
+    message published into the range meanwhile keeps its rows), in message_id order."""
     m = table.c.message_id
-    key = [c for c in table.primary_key.columns]
+    key = list(dict.fromkeys([*table.primary_key.columns, m]))
+    # the message id's range lets the server read only the partition that holds it
+    gone = ~sa.exists().where(outbox.c.message_id == m, outbox.c.message_id >= lower,
+                              outbox.c.message_id < upper)
     while True:
         with engine.begin() as conn:
-            rows = conn.execute(sa.select(*key).where(m >= lower, m < upper)
+            rows = conn.execute(sa.select(*key).where(m >= lower, m < upper, gone)
                                 .order_by(m).limit(batch)).all()
             if not rows:
                 return

@@ -241,3 +241,71 @@ def test_partitions_show_and_refusals_are_one_line(
         on_sqlite = runner.invoke(app, ["outbox", "partitions", command, "--url",
                                         sqlite_db.url])
         assert on_sqlite.exit_code == 2 and "needs MySQL or MariaDB" in on_sqlite.output
+
+
+def consumed_day(db: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch, days_ago: int,
+                 keys: tuple[str, ...]) -> list[str]:
+    """A partitioned outbox made `days_ago` days ago, `keys` published at noon that day, sent
+    and consumed: their message ids."""
+    today = utcnow().date()
+    parts.create(db.engine, ops.OutboxTables.from_names(names), days_ahead=days_ago,
+                 today=today - dt.timedelta(days=days_ago))
+    noon = dt.datetime.combine(today - dt.timedelta(days=days_ago), dt.time(12))
+    ids = [publish_at(db, names, noon, key, monkeypatch) for key in keys]
+    Relay(db.engine, RecordingTransport(), table=names.outbox).run_once()
+    consume(db, [Receipt(m, "inventory") for m in ids], names=names)
+    return ids
+
+
+@pytest.mark.mariadb
+def test_a_day_the_last_check_keeps_keeps_its_key_and_receipt_rows(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    first, second = consumed_day(db, names, monkeypatch, 3, ("order-1", "order-2"))
+    day = parts.day_name(utcnow().date() - dt.timedelta(days=3))
+    # Given an operator re-sends order-2 while rotate copies its day to the archive
+    copy = parts._copy_to_archive
+
+    def copy_then_retry(*args: Any) -> int:
+        copied = copy(*args)
+        if args[2] == day:
+            assert ops.retry(db.engine, tables, [f"msg:{second}"], force=True).changed
+        return copied
+
+    monkeypatch.setattr(parts, "_copy_to_archive", copy_then_retry)
+    # When the day is rotated
+    result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(days=1))
+    # Then it is kept with its rows, its key rows and order-1's receipt
+    assert day in result.kept and day not in result.dropped
+    assert count(db, names.outbox) == 2
+    assert count(db, f"{names.outbox}_key") == 2 and count(db, names.receipts) == 1
+    # and order-1, still in the outbox, is not published a second time
+    assert publish_at(db, names, utcnow(), "order-1", monkeypatch) == first
+
+
+@pytest.mark.mariadb
+def test_rotate_deletes_the_key_and_receipt_rows_a_dropped_day_left_behind(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    (first,) = consumed_day(db, names, monkeypatch, 3, ("order-1",))
+    today = utcnow().date()
+    # Given the next day kept by a PENDING row
+    publish_at(db, names, dt.datetime.combine(today - dt.timedelta(days=2), dt.time(12)),
+               "order-2", monkeypatch)
+    # and the day before dropped with its key and receipt rows left (a rotate that died
+    # between its DROP PARTITION and its deletes)
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {names.outbox} DROP PARTITION "
+                             f"{parts.day_name(today - dt.timedelta(days=3))}")
+    # Then publishing its key again fails on the key table: never a second send
+    with pytest.raises(sa.exc.IntegrityError):
+        publish_at(db, names, utcnow(), "order-1", monkeypatch)
+    # When rotate runs again
+    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=0,
+                          older_than=dt.timedelta(days=1))
+    # Then the rows left behind are gone, the kept day's key row stays, and the key publishes
+    # as a new event
+    assert result.kept == {parts.day_name(today - dt.timedelta(days=2)): "rows not yet CONSUMED"}
+    assert count(db, f"{names.outbox}_key") == 1 and count(db, names.receipts) == 0
+    assert publish_at(db, names, utcnow(), "order-1", monkeypatch) != first
