@@ -24,13 +24,28 @@ whose publish fails with a duplicate key (never a second send) until the next ru
 them: a dropped day's range joins the next partition's, and each run deletes the receipt and
 key rows of such ranges whose message is not in the outbox. One run per table at a time (the
 archive's lock).
+
+The last check and the drop run under `LOCK TABLES <outbox> WRITE`. Plain reads neither see nor
+wait for a publish still in its transaction, and DROP PARTITION waits for that transaction and
+then drops the row it committed (a publish open across midnight, or one that starts between a
+check and the drop). The lock is granted once every transaction that touched the outbox has
+ended and admits none until the drop is done, so the check and the row count under it see
+every row the partition will hold. `EXCHANGE PARTITION` into an empty copy would not close the
+gap by itself: the emptied partition takes new rows until it is dropped, a second check and
+exchange back need the same exclusive lock, and meanwhile the day's rows are missing from the
+outbox (`publish` of one of their keys finds the key row but not the message). The cost is the
+moment DROP PARTITION already imposed: publishes, the relay and the operator commands wait for
+the check (an index read), a count of the day's rows and the drop, once per retired day; the
+publish path is unchanged otherwise. The database user needs the LOCK TABLES privilege.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -245,21 +260,25 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     """Archive and drop one partition, then delete its receipt and key rows; return why it was
     kept instead (untouched but for the archive copies), or None."""
     name = tables.outbox.name
-    if _open_rows(engine, name, part.name, done):
-        return "rows not yet CONSUMED"
-    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
     with engine.connect() as conn:
-        held = conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
-        archived = conn.scalar(
+        if _open_rows(conn, name, part.name, done):
+            return "rows not yet CONSUMED"
+    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
+    with engine.connect() as conn:  # only this run writes the archive (the archive's lock)
+        archived = int(conn.scalar(
             sa.select(sa.func.count()).select_from(tables.archive)
             .where(tables.archive.c.message_id >= lower,
-                   tables.archive.c.message_id < part.upper))
-    if int(archived or 0) < int(held or 0):
-        raise OutboxError(f"partition {part.name}: {held} rows but only {archived} archived; "
-                          "not dropped")
-    if _open_rows(engine, name, part.name, done):  # an operator moved a row meanwhile
-        return "a row left CONSUMED while it was archived"
-    with engine.begin() as conn:
+                   tables.archive.c.message_id < part.upper)) or 0)
+    with _write_locked(engine, name) as conn:
+        # every transaction that wrote the outbox has ended, and none starts before the drop:
+        # these checks see every row the partition will ever hold
+        if _open_rows(conn, name, part.name, done):
+            return "a row arrived or left CONSUMED while it was archived"
+        held = int(conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
+                   or 0)
+        if archived < held:
+            raise OutboxError(f"partition {part.name}: {held} rows but only {archived} "
+                              "archived; not dropped")
         conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
     result.dropped.append(part.name)
     # only now: a key row deleted while its row is still in the outbox lets the key be
@@ -267,6 +286,20 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     # a second send) until the next run's `_sweep_absorbed` deletes them.
     _delete_orphans(engine, tables, lower, part.upper, batch, pause)
     return None
+
+
+@contextlib.contextmanager
+def _write_locked(engine: Engine, table: str) -> Iterator[Connection]:
+    """A connection holding `LOCK TABLES table WRITE` (the tables of its trigger with it)."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"LOCK TABLES {table} WRITE")
+        try:
+            yield conn
+        finally:
+            try:
+                conn.exec_driver_sql("UNLOCK TABLES")
+            except sa.exc.DBAPIError:
+                conn.invalidate()  # a closed session holds no lock
 
 
 def _day_start(part: Partition) -> str | None:
@@ -297,11 +330,10 @@ def _delete_orphans(engine: Engine, tables: OutboxTables, lower: str, upper: str
         _delete_range(engine, table, tables.outbox, lower, upper, batch, pause)
 
 
-def _open_rows(engine: Engine, table: str, part: str, done: set[int]) -> bool:
+def _open_rows(conn: Connection, table: str, part: str, done: set[int]) -> bool:
     states = ", ".join(str(s) for s in sorted(done))
-    with engine.connect() as conn:
-        return conn.execute(sa.text(f"SELECT 1 FROM {table} PARTITION ({part}) "
-                                    f"WHERE state NOT IN ({states}) LIMIT 1")).first() is not None
+    return conn.execute(sa.text(f"SELECT 1 FROM {table} PARTITION ({part}) "
+                                f"WHERE state NOT IN ({states}) LIMIT 1")).first() is not None
 
 
 def _copy_to_archive(engine: Engine, tables: OutboxTables, part: str, batch: int,
@@ -341,18 +373,18 @@ def _delete_range(engine: Engine, table: sa.Table, outbox: sa.Table, lower: str,
     """Delete `table`'s rows whose message_id is in [lower, upper) and not in the outbox (a
     message published into the range meanwhile keeps its rows), in message_id order."""
     m = table.c.message_id
-    key = list(dict.fromkeys([*table.primary_key.columns, m]))
     # the message id's range lets the server read only the partition that holds it
     gone = ~sa.exists().where(outbox.c.message_id == m, outbox.c.message_id >= lower,
                               outbox.c.message_id < upper)
     while True:
         with engine.begin() as conn:
-            rows = conn.execute(sa.select(*key).where(m >= lower, m < upper, gone)
-                                .order_by(m).limit(batch)).all()
-            if not rows:
+            ids = list(conn.execute(sa.select(m).where(m >= lower, m < upper, gone).distinct()
+                                    .order_by(m).limit(batch)).scalars())
+            if not ids:
                 return
-            conn.execute(sa.delete(table).where(sa.tuple_(*key).in_([tuple(r) for r in rows])))
-        if len(rows) < batch:
+            # by the message_id index: a statement that scans locks rows of publishes in flight
+            conn.execute(sa.delete(table).where(m.in_(ids)))
+        if len(ids) < batch:
             return
         if pause:
             time.sleep(pause)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.core.schema import TableNames
+from consumer_kit.core.states import OutboxState
 from outbox_producer import Outbox, Relay, ops
 from outbox_producer.ops import partitions as parts
 from tests.cli import error_line
@@ -282,6 +284,112 @@ def test_a_day_the_last_check_keeps_keeps_its_key_and_receipt_rows(
     assert count(db, f"{names.outbox}_key") == 2 and count(db, names.receipts) == 1
     # and order-1, still in the outbox, is not published a second time
     assert publish_at(db, names, utcnow(), "order-1", monkeypatch) == first
+
+
+def metadata_lock_waited(db: Db, table: str) -> bool:
+    """Whether a session waits for `table`'s metadata lock (DROP PARTITION, LOCK TABLES, or a
+    publish behind them)."""
+    with db.engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE STATE LIKE "
+            "'Waiting for table metadata lock%' AND INFO LIKE :t"),
+            {"t": f"%{table}%"}).first() is not None
+
+
+def poll(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Return once `condition()` holds, or after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def late_publisher(db: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch,
+                   commit_when: Callable[[], bool]) -> tuple[threading.Thread, threading.Event,
+                                                             list[str]]:
+    """A business transaction that publishes `k-late` at yesterday's last second and commits
+    once `commit_when()` holds: its thread (not started), an event set once its row is
+    inserted, and the list its message id goes into."""
+    last_second = dt.datetime.combine(utcnow().date(), dt.time()) - dt.timedelta(seconds=1)
+    monkeypatch.setattr("outbox_producer.outbox.new_message_id", lambda: ulid_at(last_second))
+    inserted, late = threading.Event(), []
+
+    def business_transaction() -> None:
+        outbox = Outbox(db.engine, producer="orders", table=names.outbox)
+        with db.engine.begin() as conn:
+            late.append(outbox.publish(conn, "T", {"key": "k-late"}, biz_type="t",
+                                       biz_key="k-late"))
+            inserted.set()
+            poll(commit_when)
+
+    return threading.Thread(target=business_transaction), inserted, late
+
+
+def pending(db: Db, names: TableNames, message_id: str) -> bool:
+    t = ops.OutboxTables.from_names(names).outbox
+    with db.engine.connect() as conn:
+        state = conn.execute(sa.select(t.c.state).where(t.c.message_id == message_id)).scalar()
+    return state == int(OutboxState.PENDING)
+
+
+@pytest.mark.mariadb
+def test_a_publish_open_when_rotate_retires_its_day_keeps_the_day_and_its_keys(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    yesterday = parts.day_name(utcnow().date() - dt.timedelta(days=1))
+    # Given a publish at yesterday's last second whose transaction, open while rotate copies
+    # the day, commits only once rotate waits for the outbox's metadata lock
+    business, inserted, late = late_publisher(
+        db, names, monkeypatch, lambda: metadata_lock_waited(db, names.outbox))
+    copy = parts._copy_to_archive
+
+    def copy_then_publish(*args: Any) -> int:
+        copied = copy(*args)
+        business.start()
+        assert inserted.wait(10)
+        return copied
+
+    monkeypatch.setattr(parts, "_copy_to_archive", copy_then_publish)
+    # When rotate retires yesterday (--older-than 0)
+    result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    business.join(20)
+    # Then the day is kept with the late PENDING row and both key rows
+    assert yesterday in result.kept and result.dropped == []
+    assert pending(db, names, late[0])
+    assert count(db, f"{names.outbox}_key") == 2
+
+
+@pytest.mark.mariadb
+def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    # Given a publish at yesterday's last second that starts right after rotate's final check
+    # of the day and commits once rotate waits for the outbox (or is done)
+    rotated = threading.Event()
+    business, inserted, late = late_publisher(
+        db, names, monkeypatch,
+        lambda: rotated.is_set() or metadata_lock_waited(db, names.outbox))
+    check, checks = parts._open_rows, []
+
+    def check_then_publish(*args: Any) -> bool:
+        found = check(*args)
+        checks.append(found)
+        if len(checks) == 2:  # the final check: the publish inserts, or waits for rotate
+            business.start()
+            poll(lambda: inserted.is_set() or metadata_lock_waited(db, names.outbox))
+        return found
+
+    monkeypatch.setattr(parts, "_open_rows", check_then_publish)
+    # When rotate retires yesterday (--older-than 0)
+    parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    rotated.set()
+    business.join(20)
+    # Then the late row is in the outbox, PENDING, with its key row
+    assert pending(db, names, late[0])
+    assert count(db, f"{names.outbox}_key") == 1
 
 
 @pytest.mark.mariadb
