@@ -58,12 +58,15 @@ from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import ulid_floor
-from outbox_producer.ops.archiving import single_instance
+from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
 from outbox_producer.ops.tables import OutboxTables
 
 MAX = "MAXVALUE"
 DEFAULT_DAYS_AHEAD = 3
 DEFAULT_BATCH = 1000
+#: A dropped day's keys can be published again: the archive's safety floor (`ckit outbox
+#: partitions rotate` refuses a shorter horizon without --force, as `ckit outbox archive` does).
+DEFAULT_OLDER_THAN = ARCHIVE_FLOOR
 
 
 def day_name(day: dt.date) -> str:
@@ -196,7 +199,7 @@ def partitions(engine: Engine, table: str) -> list[Partition]:
 
 
 def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DAYS_AHEAD,
-           older_than: dt.timedelta = dt.timedelta(days=1), batch: int = DEFAULT_BATCH,
+           older_than: dt.timedelta = DEFAULT_OLDER_THAN, batch: int = DEFAULT_BATCH,
            pause: float = 0.0, include_rejected: bool = False,
            now: dt.datetime | None = None, max_drops: int | None = None) -> RotateResult:
     """Add the partitions of the next `days_ahead` days; archive and drop each day partition

@@ -210,8 +210,9 @@ def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_day
     kept_all = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
                             older_than=dt.timedelta(days=36525))
     assert kept_all.dropped == [] and kept_all.archived == 0
-    # When the partitions rotate
-    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2)
+    # When the partitions rotate, retiring days that ended a day ago
+    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
+                          older_than=dt.timedelta(days=1))
     # Then the day whose rows are all CONSUMED was archived and dropped, the day with a SENT
     # row kept, and partitions exist two days ahead
     assert result.dropped == [parts.day_name(today - dt.timedelta(days=3))]
@@ -223,7 +224,8 @@ def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_day
     # and the dropped day's receipt and key rows are gone, the others kept
     assert count(db, names.receipts) == 2 and count(db, f"{names.outbox}_key") == 3
     # and a rotation again changes nothing
-    assert parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2).dropped == []
+    assert parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
+                        older_than=dt.timedelta(days=1)).dropped == []
 
 
 @pytest.mark.mariadb
@@ -390,6 +392,31 @@ def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
     # Then the late row is in the outbox, PENDING, with its key row
     assert pending(db, names, late[0])
     assert count(db, f"{names.outbox}_key") == 1
+
+
+@pytest.mark.mariadb
+def test_rotating_under_the_safety_floor_needs_force_and_drops_nothing_without_it(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    (first,) = consumed_day(db, names, monkeypatch, 3, ("order-42",))
+    day = parts.day_name(utcnow().date() - dt.timedelta(days=3))
+    args = ["outbox", "partitions", "rotate", "--url", db.url, "--outbox-table", names.outbox,
+            "--receipt-table", names.receipts, "--days-ahead", "0"]
+    runner = CliRunner()
+    # When rotated with the defaults, the 3-day-old day stays (the default is the 7-day floor)
+    by_default = runner.invoke(app, args)
+    assert by_default.exit_code == 0, by_default.output
+    assert "dropped none" in by_default.output
+    # When rotated 1 day back without --force: one line, nothing dropped
+    refused = runner.invoke(app, [*args, "--older-than", "1d"])
+    assert refused.exit_code == 2
+    assert "safety floor of 7 days" in error_line(refused.output)
+    assert day in [p.name for p in parts.partitions(db.engine, names.outbox)]
+    assert publish_at(db, names, utcnow(), "order-42", monkeypatch) == first
+    # And --force drops the day
+    forced = runner.invoke(app, [*args, "--older-than", "1d", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert day in forced.output.split(";")[1]
 
 
 @pytest.mark.mariadb
