@@ -59,7 +59,7 @@ from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
-from outbox_producer.ops.tables import OutboxTables
+from outbox_producer.ops.tables import OutboxTables, key_table
 
 MAX = "MAXVALUE"
 DEFAULT_DAYS_AHEAD = 3
@@ -77,22 +77,6 @@ def day_name(day: dt.date) -> str:
 def _day_bound(day: dt.date) -> str:
     """The upper bound of `day`'s partition: the first ULID of the next day."""
     return ulid_floor(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()))
-
-
-def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
-    """`<outbox>_key`: the publish-once key of a partitioned outbox."""
-    name = validate_identifier(f"{outbox}_key")
-    outbox_cols = outbox_table(sa.MetaData(), outbox).c
-    return sa.Table(
-        name, metadata,
-        sa.Column("biz_type", outbox_cols.biz_type.type, primary_key=True),
-        sa.Column("biz_key", outbox_cols.biz_key.type, primary_key=True),
-        sa.Column("message_id", outbox_cols.message_id.type, nullable=False),
-        sa.Column("gmt_create", outbox_cols.gmt_create.type, nullable=False),
-        sa.Index(f"ix_{name}_message_id", "message_id"),
-        comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
-        mysql_engine="InnoDB", mysql_charset="utf8mb4",
-    )
 
 
 def key_trigger(outbox: str) -> str:

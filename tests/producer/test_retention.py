@@ -420,6 +420,28 @@ def test_rotating_under_the_safety_floor_needs_force_and_drops_nothing_without_i
 
 
 @pytest.mark.mariadb
+def test_archiving_a_partitioned_outbox_frees_the_keys_of_the_rows_it_moved(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    moved, kept = consumed_day(db, names, monkeypatch, 10, ("order-9", "order-10"))
+    # Given order-9 consumed 10 days ago and order-10 retried since
+    assert ops.retry(db.engine, tables, [f"msg:{kept}"], force=True).changed
+    ten_days_ago = utcnow() - dt.timedelta(days=10)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(tables.outbox).where(tables.outbox.c.message_id == moved)
+                     .values(gmt_create=ten_days_ago, gmt_modified=ten_days_ago))
+    # When the outbox is archived at the floor
+    assert ops.archive(db.engine, tables, ops.ARCHIVE_FLOOR).moved == 1
+    # Then order-9's key row went with its row, and order-9 publishes again as it would on an
+    # unpartitioned outbox (not an IntegrityError on the key table)
+    assert count(db, f"{names.outbox}_key") == 1
+    assert publish_at(db, names, utcnow(), "order-9", monkeypatch) != moved
+    # while order-10, still in the outbox, answers its first message id
+    assert publish_at(db, names, utcnow(), "order-10", monkeypatch) == kept
+
+
+@pytest.mark.mariadb
 def test_rotate_deletes_the_key_and_receipt_rows_a_dropped_day_left_behind(
         partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
     db, names = partitioned
