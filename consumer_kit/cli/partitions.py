@@ -10,8 +10,9 @@ from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.runtime import friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import TableNames
-from outbox_producer.ops import OutboxTables
+from outbox_producer.ops import ARCHIVE_FLOOR, OutboxTables
 from outbox_producer.ops import partitions as parts
 
 partitions_app = typer.Typer(
@@ -43,7 +44,7 @@ def create_cmd(
 def rotate_cmd(
     days_ahead: int = typer.Option(parts.DEFAULT_DAYS_AHEAD, "--days-ahead", min=0,
                                    help="make sure partitions exist this many days ahead"),
-    older_than: str = typer.Option("1d", "--older-than",
+    older_than: str = typer.Option(f"{parts.DEFAULT_OLDER_THAN.days}d", "--older-than",
                                    help="retire day partitions that ended this long ago"),
     batch: int = typer.Option(parts.DEFAULT_BATCH, "--batch", min=1,
                               help="rows per archive copy and per receipt/key delete"),
@@ -53,16 +54,26 @@ def rotate_cmd(
     url: str | None = options.url(),
     outbox_table: str = options.outbox_table(),
     receipt_table: str = options.receipt_table(),
+    force: bool = typer.Option(False, "--force", help="allow --older-than under the safety "
+                               f"floor of {ARCHIVE_FLOOR.days} days"),
     as_json: bool = options.json_output(),
 ) -> None:
     """Add the coming days' partitions; archive and drop old days whose rows are all CONSUMED.
 
-    Run it daily from cron. A partition with other rows is kept and named in the output.
+    Run it daily from cron. A partition with other rows is kept and named in the output. A
+    dropped day's keys can be published again: a horizon under the safety floor (7 days, as
+    for archive) is refused unless --force.
     """
+    horizon = parse_duration(older_than, option="--older-than")
+    if horizon < ARCHIVE_FLOOR and not force:
+        raise ConfigError(
+            f"--older-than {older_than} is under the safety floor of {ARCHIVE_FLOOR.days} "
+            "days: publish is idempotent on (biz_type, biz_key) only while the row is in the "
+            "outbox, so the same business event published again would go out again (--force "
+            "to rotate anyway)")
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
     result = parts.rotate(engine, _tables(outbox_table, receipt_table), days_ahead=days_ahead,
-                          older_than=parse_duration(older_than, option="--older-than"),
-                          batch=batch,
+                          older_than=horizon, batch=batch,
                           pause=parse_duration(pause, option="--pause").total_seconds(),
                           include_rejected=include_rejected)
     if as_json:

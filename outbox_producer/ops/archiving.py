@@ -12,6 +12,12 @@ with `pause` seconds between them so the server's purge and replication keep up.
 Receipt-driven archiving (`expect`): a CONSUMED row is archivable once every group expected for
 its topic has its consumed receipt stored, checked against the receipt rows themselves in the
 batch's own statements.
+
+On a partitioned outbox (`ckit outbox partitions`) the moved rows' `<outbox>_key` rows are
+deleted in the same batch: as on a plain outbox, where the row carries the unique key, a key
+whose row was archived can be published again (the safety floor is why), instead of failing
+for ever on a key row left behind. Archiving stays allowed there: it retires terminal rows
+`rotate` keeps (a day held by one REJECTED row, or receipt-driven with `expect`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.states import TERMINAL_STATES, OutboxState
 from consumer_kit.core.transitions import OPTION
-from outbox_producer.ops.tables import OutboxTables
+from outbox_producer.ops.tables import OutboxTables, key_table
 
 #: What archiving moves: the terminal states (core/states.py).
 ARCHIVE_STATES: tuple[OutboxState, ...] = TERMINAL_STATES
@@ -81,10 +87,12 @@ def archive(
 
     Each batch is one transaction: pick up to `batch` ids (keyset on `id`), lock them (`FOR
     UPDATE` on MySQL/PostgreSQL), `INSERT INTO archive SELECT ... WHERE id IN (...)`, then `DELETE`
-    the same ids under the same guard; the two row counts must agree or the batch rolls back. The
-    archive table is created when missing. One run per outbox table at a time: `GET_LOCK` on
-    MySQL/MariaDB, `pg_try_advisory_lock` on PostgreSQL; on SQLite each batch holds the database's
-    single write lock, so concurrent runs interleave batches but never move a row twice.
+    the same ids under the same guard; the two row counts must agree or the batch rolls back.
+    The moved messages' receipt rows, and on a partitioned outbox their `<outbox>_key` rows,
+    are deleted in the same transaction. The archive table is created when missing. One run
+    per outbox table at a time: `GET_LOCK` on MySQL/MariaDB, `pg_try_advisory_lock` on
+    PostgreSQL; on SQLite each batch holds the database's single write lock, so concurrent runs
+    interleave batches but never move a row twice.
 
     Raises:
         ConfigError: `older_than` is not positive, `batch`/`max_batches` < 1, `pause` < 0,
@@ -121,6 +129,7 @@ def archive(
     # its range scan passes (REPEATABLE READ's next-key locks reach the due rows the relay
     # claims and the end of the table where publish inserts)
     batches_engine = read_committed(engine)
+    keys = _partition_keys(engine, tables)
     moved = batches = 0
     last_id = 0
     more = False
@@ -129,7 +138,8 @@ def archive(
             if max_batches is not None and batches >= max_batches:
                 more = True
                 break
-            count, last_id = _archive_batch(batches_engine, tables, guard, last_id, batch)
+            count, last_id = _archive_batch(batches_engine, tables, keys, guard, last_id,
+                                            batch)
             if count == 0 and last_id == 0:
                 break
             moved += count
@@ -163,8 +173,17 @@ def receipts_complete(tables: OutboxTables, expect: Mapping[str, Sequence[str]]
     return sa.or_(*parts)
 
 
+def _partition_keys(engine: Engine, tables: OutboxTables) -> sa.Table | None:
+    """The key table of a partitioned outbox (`<outbox>_key`), or None for a plain outbox."""
+    name = f"{tables.outbox.name}_key"
+    if dialect_name(engine) != "mysql" or not sa.inspect(engine).has_table(name):
+        return None
+    return key_table(sa.MetaData(), tables.outbox.name)
+
+
 def _archive_batch(
-    engine: Engine, tables: OutboxTables, guard: Any, after_id: int, batch: int
+    engine: Engine, tables: OutboxTables, keys: sa.Table | None, guard: Any, after_id: int,
+    batch: int
 ) -> tuple[int, int]:
     """Move one batch; return (rows moved, id to continue after, or 0 when the scan is done)."""
     outbox, c = tables.outbox, tables.outbox.c
@@ -196,9 +215,9 @@ def _archive_batch(
                 f"archive batch after id {after_id}: copied {inserted} rows but deleted {deleted};"
                 " rolled back"
             )
-        receipts = tables.receipts
-        conn.execute(sa.delete(receipts).where(
-            receipts.c.message_id.in_([r.message_id for r in picked])))
+        moved = [r.message_id for r in picked]
+        for table in (tables.receipts, *([keys] if keys is not None else [])):
+            conn.execute(sa.delete(table).where(table.c.message_id.in_(moved)))
         return deleted, (ids[-1] if len(ids) == batch else 0)
 
 

@@ -15,16 +15,37 @@ wants the partitioning column in every unique key; keying on `message_id` keeps 
 
 `rotate` adds the coming days' partitions (splitting the empty `pmax`: no rows move) and
 retires old days: a partition goes only when every row in it is CONSUMED (REJECTED too with
-`include_rejected`), after its rows are copied to the archive in small key-ordered batches and
-its receipt and key rows are deleted the same way; then `DROP PARTITION`, a metadata change
-instead of millions of row deletes. One run per table at a time (the archive's lock).
+`include_rejected`), after its rows are copied to the archive in small key-ordered batches;
+then `DROP PARTITION`, a metadata change instead of millions of row deletes, and only after it
+the day's receipt and key rows are deleted in the same small batches. A day kept by the last
+check is left as it was: deleting its key rows first would let a key still in the outbox be
+published a second time. A run that dies between the drop and those deletes leaves key rows
+whose publish fails with a duplicate key (never a second send) until the next run deletes
+them: a dropped day's range joins the next partition's, and each run deletes the receipt and
+key rows of such ranges whose message is not in the outbox. One run per table at a time (the
+archive's lock).
+
+The last check and the drop run under `LOCK TABLES <outbox> WRITE`. Plain reads neither see nor
+wait for a publish still in its transaction, and DROP PARTITION waits for that transaction and
+then drops the row it committed (a publish open across midnight, or one that starts between a
+check and the drop). The lock is granted once every transaction that touched the outbox has
+ended and admits none until the drop is done, so the check and the row count under it see
+every row the partition will hold. `EXCHANGE PARTITION` into an empty copy would not close the
+gap by itself: the emptied partition takes new rows until it is dropped, a second check and
+exchange back need the same exclusive lock, and meanwhile the day's rows are missing from the
+outbox (`publish` of one of their keys finds the key row but not the message). The cost is the
+moment DROP PARTITION already imposed: publishes, the relay and the operator commands wait for
+the check (an index read), a count of the day's rows and the drop, once per retired day; the
+publish path is unchanged otherwise. The database user needs the LOCK TABLES privilege.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,12 +58,15 @@ from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import ulid_floor
-from outbox_producer.ops.archiving import single_instance
-from outbox_producer.ops.tables import OutboxTables
+from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
+from outbox_producer.ops.tables import OutboxTables, key_table
 
 MAX = "MAXVALUE"
 DEFAULT_DAYS_AHEAD = 3
 DEFAULT_BATCH = 1000
+#: A dropped day's keys can be published again: the archive's safety floor (`ckit outbox
+#: partitions rotate` refuses a shorter horizon without --force, as `ckit outbox archive` does).
+DEFAULT_OLDER_THAN = ARCHIVE_FLOOR
 
 
 def day_name(day: dt.date) -> str:
@@ -53,22 +77,6 @@ def day_name(day: dt.date) -> str:
 def _day_bound(day: dt.date) -> str:
     """The upper bound of `day`'s partition: the first ULID of the next day."""
     return ulid_floor(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()))
-
-
-def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
-    """`<outbox>_key`: the publish-once key of a partitioned outbox."""
-    name = validate_identifier(f"{outbox}_key")
-    outbox_cols = outbox_table(sa.MetaData(), outbox).c
-    return sa.Table(
-        name, metadata,
-        sa.Column("biz_type", outbox_cols.biz_type.type, primary_key=True),
-        sa.Column("biz_key", outbox_cols.biz_key.type, primary_key=True),
-        sa.Column("message_id", outbox_cols.message_id.type, nullable=False),
-        sa.Column("gmt_create", outbox_cols.gmt_create.type, nullable=False),
-        sa.Index(f"ix_{name}_message_id", "message_id"),
-        comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
-        mysql_engine="InnoDB", mysql_charset="utf8mb4",
-    )
 
 
 def key_trigger(outbox: str) -> str:
@@ -175,7 +183,7 @@ def partitions(engine: Engine, table: str) -> list[Partition]:
 
 
 def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DAYS_AHEAD,
-           older_than: dt.timedelta = dt.timedelta(days=1), batch: int = DEFAULT_BATCH,
+           older_than: dt.timedelta = DEFAULT_OLDER_THAN, batch: int = DEFAULT_BATCH,
            pause: float = 0.0, include_rejected: bool = False,
            now: dt.datetime | None = None, max_drops: int | None = None) -> RotateResult:
     """Add the partitions of the next `days_ahead` days; archive and drop each day partition
@@ -200,6 +208,7 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
             raise ConfigError(f"table {name} is not a partitioned outbox (ckit outbox "
                               "partitions create)")
         result.added = _add_days(engine, name, found, now.date(), days_ahead)
+        _sweep_absorbed(engine, tables, found, batch, pause)
         horizon = ulid_floor(now - older_than)
         done = {int(OutboxState.CONSUMED)}
         if include_rejected:
@@ -235,36 +244,83 @@ def _add_days(engine: Engine, name: str, found: list[Partition], today: dt.date,
 
 def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, done: set[int],
             batch: int, pause: float, result: RotateResult) -> str | None:
-    """Archive, clean and drop one partition; return why it was kept instead, or None."""
+    """Archive and drop one partition, then delete its receipt and key rows; return why it was
+    kept instead (untouched but for the archive copies), or None."""
     name = tables.outbox.name
-    if _open_rows(engine, name, part.name, done):
-        return "rows not yet CONSUMED"
-    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
     with engine.connect() as conn:
-        held = conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
-        archived = conn.scalar(
+        if _open_rows(conn, name, part.name, done):
+            return "rows not yet CONSUMED"
+    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
+    with engine.connect() as conn:  # only this run writes the archive (the archive's lock)
+        archived = int(conn.scalar(
             sa.select(sa.func.count()).select_from(tables.archive)
             .where(tables.archive.c.message_id >= lower,
-                   tables.archive.c.message_id < part.upper))
-    if int(archived or 0) < int(held or 0):
-        raise OutboxError(f"partition {part.name}: {held} rows but only {archived} archived; "
-                          "not dropped")
-    keys = key_table(sa.MetaData(), name)
-    for table in (tables.receipts, keys):
-        _delete_range(engine, table, lower, part.upper, batch, pause)
-    if _open_rows(engine, name, part.name, done):  # an operator moved a row meanwhile
-        return "a row left CONSUMED while it was archived"
-    with engine.begin() as conn:
+                   tables.archive.c.message_id < part.upper)) or 0)
+    with _write_locked(engine, name) as conn:
+        # every transaction that wrote the outbox has ended, and none starts before the drop:
+        # these checks see every row the partition will ever hold
+        if _open_rows(conn, name, part.name, done):
+            return "a row arrived or left CONSUMED while it was archived"
+        held = int(conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
+                   or 0)
+        if archived < held:
+            raise OutboxError(f"partition {part.name}: {held} rows but only {archived} "
+                              "archived; not dropped")
         conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
     result.dropped.append(part.name)
+    # only now: a key row deleted while its row is still in the outbox lets the key be
+    # published again. Dying here leaves key rows whose publish fails (a duplicate key, never
+    # a second send) until the next run's `_sweep_absorbed` deletes them.
+    _delete_orphans(engine, tables, lower, part.upper, batch, pause)
     return None
 
 
-def _open_rows(engine: Engine, table: str, part: str, done: set[int]) -> bool:
-    states = ", ".join(str(s) for s in sorted(done))
+@contextlib.contextmanager
+def _write_locked(engine: Engine, table: str) -> Iterator[Connection]:
+    """A connection holding `LOCK TABLES table WRITE` (the tables of its trigger with it)."""
     with engine.connect() as conn:
-        return conn.execute(sa.text(f"SELECT 1 FROM {table} PARTITION ({part}) "
-                                    f"WHERE state NOT IN ({states}) LIMIT 1")).first() is not None
+        conn.exec_driver_sql(f"LOCK TABLES {table} WRITE")
+        try:
+            yield conn
+        finally:
+            try:
+                conn.exec_driver_sql("UNLOCK TABLES")
+            except sa.exc.DBAPIError:
+                conn.invalidate()  # a closed session holds no lock
+
+
+def _day_start(part: Partition) -> str | None:
+    """The first ULID of the day a `pYYYYMMDD` partition was made for (None for another name)."""
+    try:
+        day = dt.datetime.strptime(part.name, "p%Y%m%d")
+    except ValueError:
+        return None
+    return ulid_floor(day)
+
+
+def _sweep_absorbed(engine: Engine, tables: OutboxTables, found: list[Partition], batch: int,
+                    pause: float) -> None:
+    """Delete the receipt and key rows left in the ranges of dropped days: a dropped day's
+    range joins the next partition's, below the first id of that partition's own day."""
+    lower = ""
+    for part in found[:-1]:
+        start = _day_start(part)
+        if start is not None and lower < start:
+            _delete_orphans(engine, tables, lower, start, batch, pause)
+        lower = part.upper
+
+
+def _delete_orphans(engine: Engine, tables: OutboxTables, lower: str, upper: str, batch: int,
+                    pause: float) -> None:
+    """Delete the receipt and key rows in [lower, upper) whose message is not in the outbox."""
+    for table in (tables.receipts, key_table(sa.MetaData(), tables.outbox.name)):
+        _delete_range(engine, table, tables.outbox, lower, upper, batch, pause)
+
+
+def _open_rows(conn: Connection, table: str, part: str, done: set[int]) -> bool:
+    states = ", ".join(str(s) for s in sorted(done))
+    return conn.execute(sa.text(f"SELECT 1 FROM {table} PARTITION ({part}) "
+                                f"WHERE state NOT IN ({states}) LIMIT 1")).first() is not None
 
 
 def _copy_to_archive(engine: Engine, tables: OutboxTables, part: str, batch: int,
@@ -299,19 +355,23 @@ def _insert_missing(conn: Connection, outbox: str, archive: str, columns: str, p
         f"(SELECT 1 FROM {archive} a WHERE a.message_id = o.message_id)").rowcount)
 
 
-def _delete_range(engine: Engine, table: sa.Table, lower: str, upper: str, batch: int,
-                  pause: float) -> None:
-    """Delete `table`'s rows whose message_id is in [lower, upper), in message_id order."""
+def _delete_range(engine: Engine, table: sa.Table, outbox: sa.Table, lower: str, upper: str,
+                  batch: int, pause: float) -> None:
+    """Delete `table`'s rows whose message_id is in [lower, upper) and not in the outbox (a
+    message published into the range meanwhile keeps its rows), in message_id order."""
     m = table.c.message_id
-    key = [c for c in table.primary_key.columns]
+    # the message id's range lets the server read only the partition that holds it
+    gone = ~sa.exists().where(outbox.c.message_id == m, outbox.c.message_id >= lower,
+                              outbox.c.message_id < upper)
     while True:
         with engine.begin() as conn:
-            rows = conn.execute(sa.select(*key).where(m >= lower, m < upper)
-                                .order_by(m).limit(batch)).all()
-            if not rows:
+            ids = list(conn.execute(sa.select(m).where(m >= lower, m < upper, gone).distinct()
+                                    .order_by(m).limit(batch)).scalars())
+            if not ids:
                 return
-            conn.execute(sa.delete(table).where(sa.tuple_(*key).in_([tuple(r) for r in rows])))
-        if len(rows) < batch:
+            # by the message_id index: a statement that scans locks rows of publishes in flight
+            conn.execute(sa.delete(table).where(m.in_(ids)))
+        if len(ids) < batch:
             return
         if pause:
             time.sleep(pause)

@@ -1,4 +1,5 @@
-"""The tables the operator commands work on: the outbox, its receipts and its archive."""
+"""The tables the operator commands work on: the outbox, its receipts and its archive, and the
+key table of a partitioned outbox."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import sqlalchemy as sa
 
 from consumer_kit.core.ddl import apply_table_options
+from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import (
     TableNames,
     outbox_archive_table,
@@ -35,3 +37,19 @@ class OutboxTables:
         )
         apply_table_options(metadata)
         return tables
+
+
+def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
+    """`<outbox>_key`: the publish-once key of a partitioned outbox."""
+    name = validate_identifier(f"{outbox}_key")
+    outbox_cols = outbox_table(sa.MetaData(), outbox).c
+    return sa.Table(
+        name, metadata,
+        sa.Column("biz_type", outbox_cols.biz_type.type, primary_key=True),
+        sa.Column("biz_key", outbox_cols.biz_key.type, primary_key=True),
+        sa.Column("message_id", outbox_cols.message_id.type, nullable=False),
+        sa.Column("gmt_create", outbox_cols.gmt_create.type, nullable=False),
+        sa.Index(f"ix_{name}_message_id", "message_id"),
+        comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
+        mysql_engine="InnoDB", mysql_charset="utf8mb4",
+    )

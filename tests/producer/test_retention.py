@@ -6,8 +6,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.core.schema import TableNames
+from consumer_kit.core.states import OutboxState
 from outbox_producer import Outbox, Relay, ops
 from outbox_producer.ops import partitions as parts
 from tests.cli import error_line
@@ -208,8 +210,9 @@ def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_day
     kept_all = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
                             older_than=dt.timedelta(days=36525))
     assert kept_all.dropped == [] and kept_all.archived == 0
-    # When the partitions rotate
-    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2)
+    # When the partitions rotate, retiring days that ended a day ago
+    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
+                          older_than=dt.timedelta(days=1))
     # Then the day whose rows are all CONSUMED was archived and dropped, the day with a SENT
     # row kept, and partitions exist two days ahead
     assert result.dropped == [parts.day_name(today - dt.timedelta(days=3))]
@@ -221,7 +224,8 @@ def test_a_partitioned_outbox_publishes_once_per_key_and_drops_only_consumed_day
     # and the dropped day's receipt and key rows are gone, the others kept
     assert count(db, names.receipts) == 2 and count(db, f"{names.outbox}_key") == 3
     # and a rotation again changes nothing
-    assert parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2).dropped == []
+    assert parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=2,
+                        older_than=dt.timedelta(days=1)).dropped == []
 
 
 @pytest.mark.mariadb
@@ -241,3 +245,224 @@ def test_partitions_show_and_refusals_are_one_line(
         on_sqlite = runner.invoke(app, ["outbox", "partitions", command, "--url",
                                         sqlite_db.url])
         assert on_sqlite.exit_code == 2 and "needs MySQL or MariaDB" in on_sqlite.output
+
+
+def consumed_day(db: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch, days_ago: int,
+                 keys: tuple[str, ...]) -> list[str]:
+    """A partitioned outbox made `days_ago` days ago, `keys` published at noon that day, sent
+    and consumed: their message ids."""
+    today = utcnow().date()
+    parts.create(db.engine, ops.OutboxTables.from_names(names), days_ahead=days_ago,
+                 today=today - dt.timedelta(days=days_ago))
+    noon = dt.datetime.combine(today - dt.timedelta(days=days_ago), dt.time(12))
+    ids = [publish_at(db, names, noon, key, monkeypatch) for key in keys]
+    Relay(db.engine, RecordingTransport(), table=names.outbox).run_once()
+    consume(db, [Receipt(m, "inventory") for m in ids], names=names)
+    return ids
+
+
+@pytest.mark.mariadb
+def test_a_day_the_last_check_keeps_keeps_its_key_and_receipt_rows(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    first, second = consumed_day(db, names, monkeypatch, 3, ("order-1", "order-2"))
+    day = parts.day_name(utcnow().date() - dt.timedelta(days=3))
+    # Given an operator re-sends order-2 while rotate copies its day to the archive
+    copy = parts._copy_to_archive
+
+    def copy_then_retry(*args: Any) -> int:
+        copied = copy(*args)
+        if args[2] == day:
+            assert ops.retry(db.engine, tables, [f"msg:{second}"], force=True).changed
+        return copied
+
+    monkeypatch.setattr(parts, "_copy_to_archive", copy_then_retry)
+    # When the day is rotated
+    result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(days=1))
+    # Then it is kept with its rows, its key rows and order-1's receipt
+    assert day in result.kept and day not in result.dropped
+    assert count(db, names.outbox) == 2
+    assert count(db, f"{names.outbox}_key") == 2 and count(db, names.receipts) == 1
+    # and order-1, still in the outbox, is not published a second time
+    assert publish_at(db, names, utcnow(), "order-1", monkeypatch) == first
+
+
+def metadata_lock_waited(db: Db, table: str) -> bool:
+    """Whether a session waits for `table`'s metadata lock (DROP PARTITION, LOCK TABLES, or a
+    publish behind them)."""
+    with db.engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE STATE LIKE "
+            "'Waiting for table metadata lock%' AND INFO LIKE :t"),
+            {"t": f"%{table}%"}).first() is not None
+
+
+def poll(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Return once `condition()` holds, or after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def late_publisher(db: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch,
+                   commit_when: Callable[[], bool]) -> tuple[threading.Thread, threading.Event,
+                                                             list[str]]:
+    """A business transaction that publishes `k-late` at yesterday's last second and commits
+    once `commit_when()` holds: its thread (not started), an event set once its row is
+    inserted, and the list its message id goes into."""
+    last_second = dt.datetime.combine(utcnow().date(), dt.time()) - dt.timedelta(seconds=1)
+    monkeypatch.setattr("outbox_producer.outbox.new_message_id", lambda: ulid_at(last_second))
+    inserted, late = threading.Event(), []
+
+    def business_transaction() -> None:
+        outbox = Outbox(db.engine, producer="orders", table=names.outbox)
+        with db.engine.begin() as conn:
+            late.append(outbox.publish(conn, "T", {"key": "k-late"}, biz_type="t",
+                                       biz_key="k-late"))
+            inserted.set()
+            poll(commit_when)
+
+    return threading.Thread(target=business_transaction), inserted, late
+
+
+def pending(db: Db, names: TableNames, message_id: str) -> bool:
+    t = ops.OutboxTables.from_names(names).outbox
+    with db.engine.connect() as conn:
+        state = conn.execute(sa.select(t.c.state).where(t.c.message_id == message_id)).scalar()
+    return state == int(OutboxState.PENDING)
+
+
+@pytest.mark.mariadb
+def test_a_publish_open_when_rotate_retires_its_day_keeps_the_day_and_its_keys(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    yesterday = parts.day_name(utcnow().date() - dt.timedelta(days=1))
+    # Given a publish at yesterday's last second whose transaction, open while rotate copies
+    # the day, commits only once rotate waits for the outbox's metadata lock
+    business, inserted, late = late_publisher(
+        db, names, monkeypatch, lambda: metadata_lock_waited(db, names.outbox))
+    copy = parts._copy_to_archive
+
+    def copy_then_publish(*args: Any) -> int:
+        copied = copy(*args)
+        business.start()
+        assert inserted.wait(10)
+        return copied
+
+    monkeypatch.setattr(parts, "_copy_to_archive", copy_then_publish)
+    # When rotate retires yesterday (--older-than 0)
+    result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    business.join(20)
+    # Then the day is kept with the late PENDING row and both key rows
+    assert yesterday in result.kept and result.dropped == []
+    assert pending(db, names, late[0])
+    assert count(db, f"{names.outbox}_key") == 2
+
+
+@pytest.mark.mariadb
+def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    # Given a publish at yesterday's last second that starts right after rotate's final check
+    # of the day and commits once rotate waits for the outbox (or is done)
+    rotated = threading.Event()
+    business, inserted, late = late_publisher(
+        db, names, monkeypatch,
+        lambda: rotated.is_set() or metadata_lock_waited(db, names.outbox))
+    check, checks = parts._open_rows, []
+
+    def check_then_publish(*args: Any) -> bool:
+        found = check(*args)
+        checks.append(found)
+        if len(checks) == 2:  # the final check: the publish inserts, or waits for rotate
+            business.start()
+            poll(lambda: inserted.is_set() or metadata_lock_waited(db, names.outbox))
+        return found
+
+    monkeypatch.setattr(parts, "_open_rows", check_then_publish)
+    # When rotate retires yesterday (--older-than 0)
+    parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    rotated.set()
+    business.join(20)
+    # Then the late row is in the outbox, PENDING, with its key row
+    assert pending(db, names, late[0])
+    assert count(db, f"{names.outbox}_key") == 1
+
+
+@pytest.mark.mariadb
+def test_rotating_under_the_safety_floor_needs_force_and_drops_nothing_without_it(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    (first,) = consumed_day(db, names, monkeypatch, 3, ("order-42",))
+    day = parts.day_name(utcnow().date() - dt.timedelta(days=3))
+    args = ["outbox", "partitions", "rotate", "--url", db.url, "--outbox-table", names.outbox,
+            "--receipt-table", names.receipts, "--days-ahead", "0"]
+    runner = CliRunner()
+    # When rotated with the defaults, the 3-day-old day stays (the default is the 7-day floor)
+    by_default = runner.invoke(app, args)
+    assert by_default.exit_code == 0, by_default.output
+    assert "dropped none" in by_default.output
+    # When rotated 1 day back without --force: one line, nothing dropped
+    refused = runner.invoke(app, [*args, "--older-than", "1d"])
+    assert refused.exit_code == 2
+    assert "safety floor of 7 days" in error_line(refused.output)
+    assert day in [p.name for p in parts.partitions(db.engine, names.outbox)]
+    assert publish_at(db, names, utcnow(), "order-42", monkeypatch) == first
+    # And --force drops the day
+    forced = runner.invoke(app, [*args, "--older-than", "1d", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert day in forced.output.split(";")[1]
+
+
+@pytest.mark.mariadb
+def test_archiving_a_partitioned_outbox_frees_the_keys_of_the_rows_it_moved(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    moved, kept = consumed_day(db, names, monkeypatch, 10, ("order-9", "order-10"))
+    # Given order-9 consumed 10 days ago and order-10 retried since
+    assert ops.retry(db.engine, tables, [f"msg:{kept}"], force=True).changed
+    ten_days_ago = utcnow() - dt.timedelta(days=10)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(tables.outbox).where(tables.outbox.c.message_id == moved)
+                     .values(gmt_create=ten_days_ago, gmt_modified=ten_days_ago))
+    # When the outbox is archived at the floor
+    assert ops.archive(db.engine, tables, ops.ARCHIVE_FLOOR).moved == 1
+    # Then order-9's key row went with its row, and order-9 publishes again as it would on an
+    # unpartitioned outbox (not an IntegrityError on the key table)
+    assert count(db, f"{names.outbox}_key") == 1
+    assert publish_at(db, names, utcnow(), "order-9", monkeypatch) != moved
+    # while order-10, still in the outbox, answers its first message id
+    assert publish_at(db, names, utcnow(), "order-10", monkeypatch) == kept
+
+
+@pytest.mark.mariadb
+def test_rotate_deletes_the_key_and_receipt_rows_a_dropped_day_left_behind(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    (first,) = consumed_day(db, names, monkeypatch, 3, ("order-1",))
+    today = utcnow().date()
+    # Given the next day kept by a PENDING row
+    publish_at(db, names, dt.datetime.combine(today - dt.timedelta(days=2), dt.time(12)),
+               "order-2", monkeypatch)
+    # and the day before dropped with its key and receipt rows left (a rotate that died
+    # between its DROP PARTITION and its deletes)
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {names.outbox} DROP PARTITION "
+                             f"{parts.day_name(today - dt.timedelta(days=3))}")
+    # Then publishing its key again fails on the key table: never a second send
+    with pytest.raises(sa.exc.IntegrityError):
+        publish_at(db, names, utcnow(), "order-1", monkeypatch)
+    # When rotate runs again
+    result = parts.rotate(db.engine, ops.OutboxTables.from_names(names), days_ahead=0,
+                          older_than=dt.timedelta(days=1))
+    # Then the rows left behind are gone, the kept day's key row stays, and the key publishes
+    # as a new event
+    assert result.kept == {parts.day_name(today - dt.timedelta(days=2)): "rows not yet CONSUMED"}
+    assert count(db, f"{names.outbox}_key") == 1 and count(db, names.receipts) == 0
+    assert publish_at(db, names, utcnow(), "order-1", monkeypatch) != first
