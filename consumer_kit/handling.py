@@ -161,9 +161,11 @@ class Handling:
         if isinstance(exc, Retry):
             wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
             return Result(Outcome.RETRY, exc.reason + wish)
-        if isinstance(exc, DBAPIError):
-            return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
         name = listener.name if listener else "?"
+        if isinstance(exc, DBAPIError):  # an outage, or the handler's own SQL (a missing table)
+            log.warning("message %s: handler %s: database error, reconsume later: %s", msg.id,
+                        name, exc.orig or exc)
+            return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
         log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, name,
                     "".join(traceback.format_exception(exc)).rstrip())
         return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")

@@ -8,6 +8,7 @@ publishes loads no consumer module, no Redis client and no consumer metric.
 
 from __future__ import annotations
 
+from consumer_kit.core.errors import OutboxError, PayloadError, PublishConflict
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome, receipt_topic
 from consumer_kit.core.states import OutboxState
 from outbox_producer.backoff import Backoff
@@ -21,7 +22,10 @@ __all__ = [
     "Backoff",
     "Dispatcher",
     "Outbox",
+    "OutboxError",
     "OutboxState",
+    "PayloadError",
+    "PublishConflict",
     "Receipt",
     "ReceiptApplier",
     "ReceiptConsumer",

@@ -99,13 +99,15 @@ BODY_PREVIEW = 200
 @outbox_app.command("show")
 @friendly_errors
 def show_cmd(
-    ident: str = typer.Argument(..., metavar="MESSAGE_ID|BIZ_KEY"),
+    ident: str = typer.Argument(..., metavar="id:N|msg:MESSAGE_ID|biz:KEY"),
     url: str | None = options.url(),
     outbox_table: str = options.outbox_table(),
     receipt_table: str = options.receipt_table(),
     as_json: bool = options.json_output(),
 ) -> None:
-    """One message by message id, else every message with that biz key, with its ack rows."""
+    """One message, or every message with a biz key, with its ack rows: id:N, msg:MESSAGE_ID,
+    biz:KEY (any biz type) or biz:TYPE:KEY; a bare value is taken when it matches one way
+    only."""
     views = ops.show(_engine(url), _tables(outbox_table, receipt_table), ident)
     if not views:
         fail(f"no message with message_id or biz_key {ident!r}", code=1)
