@@ -142,12 +142,12 @@ def _statements(table: sa.Table, move: Transition | str, guard: Guard, *, now: d
 def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
     c = table.c
     if isinstance(guard, Versions):
+        columns: tuple[sa.ColumnElement[Any], ...] = (c.id, c.lock_version)
+        rows: list[tuple[Any, ...]] = list(guard.pairs)
         if guard.message_ids is not None:
+            columns += (c.message_id,)
             rows = [(i, v, m) for (i, v), m in zip(guard.pairs, guard.message_ids, strict=True)]
-            return [sa.tuple_(c.id, c.lock_version, c.message_id).in_(rows[i:i + CHUNK])
-                    for i in range(0, len(rows), CHUNK)]
-        return [sa.tuple_(c.id, c.lock_version).in_(list(guard.pairs[i:i + CHUNK]))
-                for i in range(0, len(guard.pairs), CHUNK)]
+        return [_rows_in(columns, rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK)]
     if isinstance(guard, Ids):
         out = []
         for i in range(0, len(guard.ids), CHUNK):
@@ -161,6 +161,16 @@ def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
         return [c.message_id.in_(list(guard.message_ids[i:i + CHUNK]))
                 for i in range(0, len(guard.message_ids), CHUNK)]
     return [sa.and_(*guard.clauses)]
+
+
+def _rows_in(columns: tuple[sa.ColumnElement[Any], ...], rows: Sequence[tuple[Any, ...]]
+             ) -> sa.ColumnElement[bool]:
+    """`(a, b) IN ((..), (..))`, or plain equalities for one row: MariaDB reads a one-row
+    row-constructor IN as a scan of the whole primary key (an UPDATE then locks every row),
+    where the equalities are one primary-key lookup."""
+    if len(rows) == 1:
+        return sa.and_(*(column == value for column, value in zip(columns, rows[0], strict=True)))
+    return sa.tuple_(*columns).in_(list(rows))
 
 
 def per_row(id_column: sa.ColumnElement[Any], by_id: Mapping[int, Any]) -> Any:
