@@ -21,7 +21,6 @@ from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import fail, friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -254,12 +253,7 @@ def archive_cmd(
     --force.
     """
     horizon = parse_duration(older_than, option="--older-than")
-    if horizon < ops.ARCHIVE_FLOOR and not force and not dry_run:
-        raise ConfigError(
-            f"--older-than {older_than} is under the safety floor of {ops.ARCHIVE_FLOOR.days} "
-            "days: publish is idempotent on (biz_type, biz_key) only while the row is in the "
-            "outbox, so the same business event published again would go out again (--force "
-            "to archive anyway)")
+    ops.check_archive_floor(horizon, option=older_than, force=force or dry_run, verb="archive")
     wait = parse_duration(pause, option="--pause").total_seconds()
     engine = _engine(url)
     tables = _tables(outbox_table, receipt_table)

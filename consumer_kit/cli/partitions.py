@@ -10,9 +10,8 @@ from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.runtime import friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import TableNames
-from outbox_producer.ops import ARCHIVE_FLOOR, OutboxTables
+from outbox_producer.ops import ARCHIVE_FLOOR, OutboxTables, check_archive_floor
 from outbox_producer.ops import partitions as parts
 
 partitions_app = typer.Typer(
@@ -65,12 +64,7 @@ def rotate_cmd(
     for archive) is refused unless --force.
     """
     horizon = parse_duration(older_than, option="--older-than")
-    if horizon < ARCHIVE_FLOOR and not force:
-        raise ConfigError(
-            f"--older-than {older_than} is under the safety floor of {ARCHIVE_FLOOR.days} "
-            "days: publish is idempotent on (biz_type, biz_key) only while the row is in the "
-            "outbox, so the same business event published again would go out again (--force "
-            "to rotate anyway)")
+    check_archive_floor(horizon, option=older_than, force=force, verb="rotate")
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
     result = parts.rotate(engine, _tables(outbox_table, receipt_table), days_ahead=days_ahead,
                           older_than=horizon, batch=batch,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.errors import ConfigError, SchemaError
+from consumer_kit.core.schema.check import describe_missing, missing_columns
 from consumer_kit.core.urls import mask_unparsable, mask_url, remember_secrets
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -176,26 +176,6 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) made by an older consumer-kit in {mask_url(str(engine.url))}: "
             f"{describe_missing(lacking)}: run `ckit db init --upgrade --url <that url>` "
             "(README, Upgrading from 0.1.0)")
-
-
-def missing_columns(engine: Engine, tables: Sequence[sa.Table]
-                    ) -> list[tuple[sa.Table, list[sa.Column[Any]]]]:
-    """For each of `tables` that exists, the columns of its definition the database lacks."""
-    inspector = sa.inspect(engine)
-    found = []
-    for table in tables:
-        if not inspector.has_table(table.name):
-            continue
-        there = {c["name"].lower() for c in inspector.get_columns(table.name)}
-        lacking = [c for c in table.columns if c.name.lower() not in there]
-        if lacking:
-            found.append((table, lacking))
-    return found
-
-
-def describe_missing(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]) -> str:
-    """`table lacks a, b; other lacks c`."""
-    return "; ".join(f"{t.name} lacks {', '.join(c.name for c in cols)}" for t, cols in lacking)
 
 
 def read_committed(engine: Engine) -> Engine:

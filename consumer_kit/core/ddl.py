@@ -22,9 +22,9 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTableComment
 
-from consumer_kit.core.db import describe_missing, missing_columns
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.schema import TableNames, build_metadata
+from consumer_kit.core.schema.check import describe_missing, missing_columns
 from consumer_kit.core.states import MEANINGS, OutboxState
 
 DIALECTS: tuple[str, ...] = ("mysql", "postgresql", "sqlite")
@@ -183,7 +183,8 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     Idempotent (`create_all(checkfirst=True)`): a second call creates nothing and returns `[]`.
     A table made by an older version that lacks columns is refused, naming them, unless
     `upgrade`: then the columns are added (nullable or with their default, as the definition
-    says) and its missing indexes created.
+    says) and the missing indexes of existing tables created. Without `upgrade` an existing
+    table is left as it is.
 
     Raises:
         ConfigError: invalid table name in `names`, or one whose index names would be too long
@@ -199,6 +200,8 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
         raise SchemaError(f"{describe_missing(lacking)} (made by an older consumer-kit): run "
                           "`ckit db init --upgrade` to add them (README, Upgrading from 0.1.0)")
     metadata.create_all(engine, checkfirst=True)
+    if not upgrade:  # an index built on a large existing table is the operator's decision
+        return sorted(name for name in metadata.tables if name not in existing)
     with engine.begin() as conn:
         for table, columns in lacking:
             for column in columns:

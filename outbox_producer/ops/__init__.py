@@ -11,6 +11,7 @@ from outbox_producer.ops.archiving import (
     DEFAULT_ARCHIVE_MAX_BATCHES,
     ArchiveResult,
     archive,
+    check_archive_floor,
 )
 from outbox_producer.ops.commands import (
     DEFAULT_BULK_LIMIT,
@@ -41,6 +42,7 @@ __all__ = [
     "Refusal",
     "TransitionResult",
     "archive",
+    "check_archive_floor",
     "resolve",
     "resume",
     "retry",

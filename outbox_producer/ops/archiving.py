@@ -48,6 +48,21 @@ DEFAULT_ARCHIVE_BATCH = 1000
 #: (biz_type, biz_key) only while the first row is in the outbox table, so a business event
 #: published again after its row moved would go out again (as the processed purge's floor).
 ARCHIVE_FLOOR = dt.timedelta(days=7)
+
+
+def check_archive_floor(horizon: dt.timedelta, *, option: str, force: bool, verb: str) -> None:
+    """Refuse a horizon under `ARCHIVE_FLOOR` without `force` (`ckit outbox archive` and
+    `partitions rotate`: rows leaving the outbox free their (biz_type, biz_key)).
+
+    Raises:
+        ConfigError: one line naming `option`, why, and --force.
+    """
+    if horizon < ARCHIVE_FLOOR and not force:
+        raise ConfigError(
+            f"--older-than {option} is under the safety floor of {ARCHIVE_FLOOR.days} days: "
+            "publish is idempotent on (biz_type, biz_key) only while the row is in the outbox, "
+            f"so the same business event published again would go out again (--force to {verb} "
+            "anyway)")
 DEFAULT_ARCHIVE_MAX_BATCHES = 1000
 
 
