@@ -35,8 +35,11 @@ gap by itself: the emptied partition takes new rows until it is dropped, a secon
 exchange back need the same exclusive lock, and meanwhile the day's rows are missing from the
 outbox (`publish` of one of their keys finds the key row but not the message). The cost is the
 moment DROP PARTITION already imposed: publishes, the relay and the operator commands wait for
-the check (an index read), a count of the day's rows and the drop, once per retired day; the
-publish path is unchanged otherwise. The database user needs the LOCK TABLES privilege.
+the checks (index reads: no row left open, none newer than the count taken before the lock)
+and the drop, once per retired day; the publish path is unchanged otherwise. The lock is waited
+for at most `LOCK_WAIT_SECONDS` (a long transaction on the outbox would hold every publish
+queued behind the pending lock): then the day is kept for the next run. The database user
+needs the LOCK TABLES privilege.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ DEFAULT_BATCH = 1000
 #: A dropped day's keys can be published again: the archive's safety floor (`ckit outbox
 #: partitions rotate` refuses a shorter horizon without --force, as `ckit outbox archive` does).
 DEFAULT_OLDER_THAN = ARCHIVE_FLOOR
+#: How long `rotate` waits for the outbox's write lock before keeping the day for the next run
+LOCK_WAIT_SECONDS = 10
+#: MySQL/MariaDB: "Lock wait timeout exceeded"
+ER_LOCK_WAIT_TIMEOUT = 1205
 
 
 def day_name(day: dt.date) -> str:
@@ -256,17 +263,27 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
             sa.select(sa.func.count()).select_from(tables.archive)
             .where(tables.archive.c.message_id >= lower,
                    tables.archive.c.message_id < part.upper)) or 0)
-    with _write_locked(engine, name) as conn:
-        # every transaction that wrote the outbox has ended, and none starts before the drop:
-        # these checks see every row the partition will ever hold
-        if _open_rows(conn, name, part.name, done):
-            return "a row arrived or left CONSUMED while it was archived"
-        held = int(conn.scalar(sa.text(f"SELECT COUNT(*) FROM {name} PARTITION ({part.name})"))
-                   or 0)
-        if archived < held:
-            raise OutboxError(f"partition {part.name}: {held} rows but only {archived} "
-                              "archived; not dropped")
-        conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
+        # counted before the lock: a day of rows is not read while every writer waits
+        held, last_id = conn.execute(sa.text(
+            f"SELECT COUNT(*), MAX(id) FROM {name} PARTITION ({part.name})")).one()
+    if archived < int(held or 0):
+        raise OutboxError(f"partition {part.name}: {held} rows but only {archived} archived; "
+                          "not dropped")
+    try:
+        with _write_locked(engine, name) as conn:
+            # every transaction that wrote the outbox has ended, and none starts before the
+            # drop (they queue behind the lock): a row committed since the count is PENDING
+            # (publish writes no other state, and the relay waits too) or has a higher id
+            if _open_rows(conn, name, part.name, done):
+                return "a row arrived or left CONSUMED while it was archived"
+            if conn.execute(sa.text(f"SELECT 1 FROM {name} PARTITION ({part.name}) "
+                                    "WHERE id > :last LIMIT 1"),
+                            {"last": int(last_id or 0)}).first() is not None:
+                return "a row arrived while it was archived"
+            conn.exec_driver_sql(f"ALTER TABLE {name} DROP PARTITION {part.name}")
+    except LockBusy:
+        return (f"the outbox stayed busy for {LOCK_WAIT_SECONDS} s (a long transaction on it): "
+                "the next run tries again")
     result.dropped.append(part.name)
     # only now: a key row deleted while its row is still in the outbox lets the key be
     # published again. Dying here leaves key rows whose publish fails (a duplicate key, never
@@ -275,18 +292,34 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     return None
 
 
+class LockBusy(Exception):
+    """`LOCK TABLES` waited `LOCK_WAIT_SECONDS` in vain."""
+
+
 @contextlib.contextmanager
 def _write_locked(engine: Engine, table: str) -> Iterator[Connection]:
-    """A connection holding `LOCK TABLES table WRITE` (the tables of its trigger with it)."""
+    """A connection holding `LOCK TABLES table WRITE` (the tables of its trigger with it),
+    waited for at most `LOCK_WAIT_SECONDS` (publishes queue behind a pending lock: a long
+    transaction on the outbox must not hold them all for MariaDB's default of a year).
+
+    Raises:
+        LockBusy: the lock was not granted in time.
+    """
     with engine.connect() as conn:
-        conn.exec_driver_sql(f"LOCK TABLES {table} WRITE")
+        try:
+            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}")
+            conn.exec_driver_sql(f"LOCK TABLES {table} WRITE")
+        except sa.exc.OperationalError as exc:
+            conn.invalidate()  # its session variable goes with it
+            if getattr(exc.orig, "args", [None])[0] == ER_LOCK_WAIT_TIMEOUT:
+                raise LockBusy(str(exc.orig)) from None
+            raise
         try:
             yield conn
         finally:
-            try:
+            with contextlib.suppress(sa.exc.DBAPIError):
                 conn.exec_driver_sql("UNLOCK TABLES")
-            except sa.exc.DBAPIError:
-                conn.invalidate()  # a closed session holds no lock
+            conn.invalidate()  # its session's lock_wait_timeout goes with it
 
 
 def _day_start(part: Partition) -> str | None:

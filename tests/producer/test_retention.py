@@ -363,6 +363,31 @@ def test_a_publish_open_when_rotate_retires_its_day_keeps_the_day_and_its_keys(
 
 
 @pytest.mark.mariadb
+def test_rotate_waits_a_bounded_time_for_a_busy_outbox_and_keeps_the_day_for_the_next_run(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    tables = ops.OutboxTables.from_names(names)
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    yesterday = parts.day_name(utcnow().date() - dt.timedelta(days=1))
+    monkeypatch.setattr(parts, "LOCK_WAIT_SECONDS", 1)
+    # Given a long transaction that read the outbox and stays open
+    with db.engine.connect() as long_tx:
+        long_tx.exec_driver_sql(f"SELECT COUNT(*) FROM {names.outbox}").all()
+        started = time.monotonic()
+        # When rotate retires yesterday
+        result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+        waited = time.monotonic() - started
+        long_tx.rollback()
+    # Then it waited about the bound, not for ever, and kept the day, saying why
+    assert waited < 30
+    assert result.dropped == [] and yesterday in result.kept
+    assert "stayed busy" in result.kept[yesterday]
+    # and the next run, the transaction gone, drops it
+    assert yesterday in parts.rotate(db.engine, tables, days_ahead=0,
+                                     older_than=dt.timedelta(0)).dropped
+
+
+@pytest.mark.mariadb
 def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
         partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
     db, names = partitioned
