@@ -233,7 +233,7 @@ class ReceiptApplier:
                 "sent_at": sa.func.coalesce(t.c.sent_at, now)}
         if to_consume:
             # the decision rests on the receipt rows alone (which only grow), so any open state
-            # may become CONSUMED, and a terminal one never changes
+            # may become CONSUMED; of the terminal ones only REJECTED may, by `consume_rejected`
             result.consumed = cas(conn, t, "consume", MessageIds(to_consume), now=now,
                                   by=self.updated_by, values={"consumed_at": now, **done})
         if to_unreject:

@@ -58,7 +58,8 @@ OPEN_STATES: tuple[OutboxState, ...] = (
     OutboxState.PENDING, OutboxState.SENDING, OutboxState.SENT, OutboxState.FAILED,
     OutboxState.SUSPENDED,
 )
-#: Terminal until an operator acts; `ckit outbox archive` moves them out of the table.
+#: Terminal until an operator acts (but a REJECTED row whose groups all consume a later delivery
+#: becomes CONSUMED: `consume_rejected`); `ckit outbox archive` moves them out of the table.
 TERMINAL_STATES: tuple[OutboxState, ...] = (OutboxState.CONSUMED, OutboxState.REJECTED)
 
 STATE_COMMENT = ", ".join(f"{s.value} {s.name}" for s in OutboxState)
