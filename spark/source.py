@@ -157,10 +157,16 @@ class SparkSource(Source):
             oldest = min((part.oldest_created or part.oldest_sent_at or run.cutoff
                           for _, b in parts for part in b.values() if part.rows),
                          default=run.cutoff)
+            since = oldest - RANGE_SKEW
+            # a row re-sent long after it was created (an operator's retry) widens the read:
+            # say how far it reaches back
+            run.progress(f"evidence read from {since:%Y-%m-%d %H:%M} (the window's oldest row "
+                         f"created {oldest:%Y-%m-%d %H:%M})")
             evidence = read_evidence_by_range(self.spark, config, self.producers, self.groups,
-                                              since=oldest - RANGE_SKEW, until=run.now)
+                                              since=since, until=run.now)
             evidence = evidence.join(window.select("message_id"), "message_id", "left_semi")
             builder.summary.details["evidence_read"] = "range"
+            builder.summary.details["evidence_since"] = str(since)
         evidence = self._keep(evidence)
         for r in evidence.groupBy("grp", F.col("receipt_outcome").isNotNull().alias("rc")) \
                 .count().collect():
