@@ -251,6 +251,8 @@ class RocketMQConsumer(Consumer):
         try:
             try:
                 delivery = self._copy(handle)
+            except ValueError as exc:  # a body it cannot decode: no delivery can ever succeed
+                return self._dead_letter(handle, f"undecodable body: {exc}")
             except BaseException:
                 log.exception("consumer %s: cannot read a message; reconsume later", self.group)
                 return int(ConsumeStatus.RECONSUME_LATER)
@@ -300,8 +302,33 @@ class RocketMQConsumer(Consumer):
                         reason or "no reason given")
         return int(ConsumeStatus.CONSUME_SUCCESS)
 
-    def _copy(self, handle: Any) -> Delivery:
-        """Copy everything out of the C message (valid only during the callback)."""
+    def _dead_letter(self, handle: Any, reason: str) -> int:
+        """A message no handler can be given (a body marked base64 that is not): moved to the
+        dead-letter queue at once, as stored, with `reason`, and acked. An ordered consumer
+        cannot skip it: it is retried in place, as its queue requires."""
+        if self.orderly:
+            log.error("consumer %s: %s; an ordered queue cannot skip it: reconsume later",
+                      self.group, reason)
+            return int(ConsumeStatus.RECONSUME_LATER)
+        try:
+            raw = self._copy(handle, stored=True)
+            sent = self.send_back.send_back(raw, native.commit_log_offset(handle), reason,
+                                            dead=True, until=self._stopping.is_set)
+        except Exception as exc:
+            log.error("consumer %s: %s; could not move it to the dead letters (%s): "
+                      "reconsume later", self.group, reason, exc)
+            return int(ConsumeStatus.RECONSUME_LATER)
+        log.error("consumer %s: message %s moved to %s at once: %s", self.group,
+                  raw.broker_message_id, sent.topic, reason)
+        return int(ConsumeStatus.CONSUME_SUCCESS)
+
+    def _copy(self, handle: Any, *, stored: bool = False) -> Delivery:
+        """Copy everything out of the C message (valid only during the callback); `stored`:
+        its body as it travelled, not decoded (`make_delivery`).
+
+        Raises:
+            ValueError: a body marked base64 that is not (unless `stored`).
+        """
         msg = native.client().ReceivedMessage(handle)
         reconsume_times = int(msg.reconsume_times)
         values = read_properties(lambda name: text(msg.get_property(name)),
@@ -318,6 +345,7 @@ class RocketMQConsumer(Consumer):
             queue_offset=int(msg.queue_offset),
             born_timestamp_ms=int(msg.born_timestamp),
             max_reconsume_times=None if self.orderly else self.send_back.limit(),
+            stored=stored,
         )
 
     def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:

@@ -89,10 +89,10 @@ class SentBack:
 
 
 def plan_copy(stored: StoredMessage, delivery: Delivery, *, limit: int, levels: int,
-              reason: str, spend: bool = True) -> Copy:
+              reason: str, spend: bool = True, dead: bool = False) -> Copy:
     """The retry copy (or dead letter) of `stored`, which failed with `reason`. With `spend`
     False (a busy answer: the message was not tried) the copy keeps the reconsume count and is
-    never a dead letter.
+    never a dead letter; with `dead` it is one whatever its count (it can never succeed).
 
     >>> s = StoredMessage("T", b"{}", {"UNIQ_KEY": "U1", "x": "1", "DELAY": "3"}, 0, 5, 1, 0, 0)
     >>> d = Delivery("T", b"{}", "U1", reconsume_times=1)
@@ -112,8 +112,8 @@ def plan_copy(stored: StoredMessage, delivery: Delivery, *, limit: int, levels: 
     if text := clip_reason(reason):
         props[PROP_REASON] = text
     count = stored.reconsume_times
-    if spend and count >= limit:
-        return Copy(props, count + 1, limit, 0, True)
+    if dead or (spend and count >= limit):
+        return Copy(props, max(count, limit) + 1, limit, 0, True)
     level = min(FIRST_RETRY_LEVEL + count, levels)
     props["DELAY"] = str(level)
     after = count + 1 if spend else count
@@ -185,9 +185,10 @@ class SendBack:
         return self._limit
 
     def send_back(self, delivery: Delivery, commit_log_offset: int, reason: str, *,
-                  spend: bool = True, until: Callable[[], bool] | None = None) -> SentBack:
+                  spend: bool = True, dead: bool = False,
+                  until: Callable[[], bool] | None = None) -> SentBack:
         """Store the retry copy (or dead letter) of `delivery`, which failed with `reason`
-        (`spend` False: a busy answer, see `plan_copy`).
+        (`spend` False: a busy answer; `dead`: a dead letter at once; see `plan_copy`).
 
         Retries an unreachable or busy broker for `patience` seconds or, given `until`, until
         `until()` is true (a consumer passes "I am stopping": the native send-back it would fall
@@ -204,7 +205,7 @@ class SendBack:
         warned = False
         while True:
             try:
-                return self._send_back(delivery, commit_log_offset, reason, spend)
+                return self._send_back(delivery, commit_log_offset, reason, spend, dead)
             except TransportUnavailable as exc:
                 waited = time.monotonic() - started
                 if until is None:
@@ -220,13 +221,13 @@ class SendBack:
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    def _send_back(self, delivery: Delivery, offset: int, reason: str, spend: bool
-                   ) -> SentBack:
+    def _send_back(self, delivery: Delivery, offset: int, reason: str, spend: bool,
+                   dead: bool = False) -> SentBack:
         broker, stored = self.locate(delivery, offset)
         limit = self._group_limit(broker)
         levels = self._cache.get(f"levels@{broker}", lambda: self._delay_levels(broker))
         copy = plan_copy(stored, delivery, limit=limit, levels=levels, reason=reason,
-                         spend=spend)
+                         spend=spend, dead=dead)
         body = stored.body
         if stored.compressed:
             body = zlib.compress(body)

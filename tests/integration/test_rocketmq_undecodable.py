@@ -1,0 +1,59 @@
+"""A message whose body says it is base64 (`ckit_enc=b64`) and is not can never reach a handler:
+the `rocketmq://` consumer moves it to the dead-letter queue at once, as it travelled, with the
+reason, and acks it (it was retried with its batch for hours before, and no row recorded it)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from consumer_kit.testing.harness import unique, wait_for_dead_letters
+from consumer_kit.transports import ConsumeStatus, Delivery, Subscription
+from consumer_kit.transports.rocketmq import RocketMQTransport
+from tests import services
+from tests.integration.foreign import RawProducer
+
+pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
+
+
+@pytest.fixture
+def transport() -> Iterator[RocketMQTransport]:
+    services.require("rocketmq", services.ping_rocketmq)
+    made = RocketMQTransport(services.rocketmq_addr(), producer_group=unique("undecodable-p"),
+                             create_topics=True)
+    yield made
+    made.close()
+
+
+def test_a_body_marked_base64_that_is_not_goes_to_the_dead_letters_at_once(
+        transport: RocketMQTransport) -> None:
+    topic, group = unique("undecodable"), unique("undecodable-g")
+    transport.ensure_topic(topic)
+    seen: list[Delivery] = []
+    healthy = threading.Event()
+
+    def handler(delivery: Delivery) -> ConsumeStatus:
+        seen.append(delivery)
+        healthy.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = transport.consumer(group, [Subscription(topic)], handler, threads=1)
+    consumer.start()
+    try:
+        # Given a foreign producer's message marked base64 whose body is JSON, then a healthy one
+        with RawProducer(services.rocketmq_addr()) as producer:
+            bad = producer.send(topic, {"order": 1}, keys="k-bad",
+                                properties={"ckit_enc": "b64"})
+            producer.send(topic, {"order": 2}, keys="k-good")
+            # When the consumer meets them
+            assert healthy.wait(60), "the healthy message did not arrive"
+        # Then the handler saw only the healthy one, and the other is a dead letter with why
+        [letter] = wait_for_dead_letters(lambda: transport.dead_letters(group), expect=1,
+                                         timeout=60, interval=0.5)
+        assert letter.broker_message_id == bad
+        assert "undecodable body" in letter.last_error and "base64" in letter.last_error
+        assert [d.keys for d in seen] == ["k-good"]
+    finally:
+        consumer.shutdown(10)
