@@ -15,11 +15,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from consumer_kit.transports import ConsumeStatus, Delivery
 from consumer_kit.transports.rocketmq import native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +126,16 @@ class CkitConsume:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+class Collected:
+    """A consume callback that keeps what it gets and acks it; `arrived` is set at the first."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.arrived = threading.Event()
+
+    def __call__(self, delivery: Delivery) -> ConsumeStatus:
+        self.deliveries.append(delivery)
+        self.arrived.set()
+        return ConsumeStatus.CONSUME_SUCCESS

@@ -9,18 +9,18 @@ which ends at the first NUL byte.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from consumer_kit.testing.harness import unique
-from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
+from consumer_kit.transports import Delivery, OutgoingMessage, Subscription
 from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from tests import services
 from tests.harnesses.rocketmq5 import transport as rocketmq5_transport
+from tests.integration.foreign import Collected
 
 pytestmark = [pytest.mark.rocketmq5, pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -38,33 +38,28 @@ def clients() -> Iterator[tuple[RocketMQTransport, RocketMQ5Transport]]:
     v5.close()
 
 
-def receive_one(receiver: Transport, sender: Transport, topic: str,
-                send: Callable[[], None]) -> Delivery:
-    got: list[Delivery] = []
-    arrived = threading.Event()
-
-    def handler(delivery: Delivery) -> ConsumeStatus:
-        got.append(delivery)
-        arrived.set()
-        return ConsumeStatus.CONSUME_SUCCESS
-
-    consumer = receiver.consumer(unique("cross-g"), [Subscription(topic)], handler, threads=1)
+def receive_one(receiver: Transport, v5: RocketMQ5Transport, stem: str,
+                send: Callable[[str], object]) -> Delivery:
+    """Make a NORMAL topic on the 5.x cluster, consume it with `receiver`, `send(topic)`, and
+    return the one delivery."""
+    assert v5.admin is not None
+    topic = unique(stem)
+    v5.admin.create_typed_topic(topic, message_type="NORMAL", queues=1)
+    seen = Collected()
+    consumer = receiver.consumer(unique("cross-g"), [Subscription(topic)], seen, threads=1)
     consumer.start()
     try:
-        send()
-        assert arrived.wait(60), "the message did not arrive within 60 s"
+        send(topic)
+        assert seen.arrived.wait(60), "the message did not arrive within 60 s"
     finally:
         consumer.shutdown(10)
-    return got[0]
+    return seen.deliveries[0]
 
 
 def test_a_binary_body_sent_by_the_4x_client_reaches_a_5x_handler_decoded(
         clients: tuple[RocketMQTransport, RocketMQ5Transport]) -> None:
     v4, v5 = clients
-    assert v5.admin is not None
-    topic = unique("cross-b64")
-    v5.admin.create_typed_topic(topic, message_type="NORMAL", queues=1)
-    delivery = receive_one(v5, v4, topic, lambda: v4.send(OutgoingMessage(
+    delivery = receive_one(v5, v5, "cross-b64", lambda topic: v4.send(OutgoingMessage(
         topic, BINARY, keys=("k-b64",), properties={"region": "eu"})))
     assert delivery.body == BINARY
     assert delivery.properties == {"region": "eu"}  # no ckit_enc, no ckit_props
@@ -73,9 +68,6 @@ def test_a_binary_body_sent_by_the_4x_client_reaches_a_5x_handler_decoded(
 def test_a_body_with_nul_bytes_sent_by_the_5x_client_reaches_a_4x_handler_whole(
         clients: tuple[RocketMQTransport, RocketMQ5Transport]) -> None:
     v4, v5 = clients
-    assert v5.admin is not None
-    topic = unique("cross-nul")
-    v5.admin.create_typed_topic(topic, message_type="NORMAL", queues=1)
-    delivery = receive_one(v4, v5, topic, lambda: v5.send(OutgoingMessage(
+    delivery = receive_one(v4, v5, "cross-nul", lambda topic: v5.send(OutgoingMessage(
         topic, BINARY, keys=("k-nul",))))
     assert delivery.body == BINARY

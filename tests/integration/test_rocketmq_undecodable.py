@@ -4,16 +4,15 @@ reason, and acks it (it was retried with its batch for hours before, and no row 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from consumer_kit.testing.harness import unique, wait_for_dead_letters
-from consumer_kit.transports import ConsumeStatus, Delivery, Subscription
+from consumer_kit.transports import Subscription
 from consumer_kit.transports.rocketmq import RocketMQTransport
 from tests import services
-from tests.integration.foreign import RawProducer
+from tests.integration.foreign import Collected, RawProducer
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -31,15 +30,8 @@ def test_a_body_marked_base64_that_is_not_goes_to_the_dead_letters_at_once(
         transport: RocketMQTransport) -> None:
     topic, group = unique("undecodable"), unique("undecodable-g")
     transport.ensure_topic(topic)
-    seen: list[Delivery] = []
-    healthy = threading.Event()
-
-    def handler(delivery: Delivery) -> ConsumeStatus:
-        seen.append(delivery)
-        healthy.set()
-        return ConsumeStatus.CONSUME_SUCCESS
-
-    consumer = transport.consumer(group, [Subscription(topic)], handler, threads=1)
+    seen = Collected()
+    consumer = transport.consumer(group, [Subscription(topic)], seen, threads=1)
     consumer.start()
     try:
         # Given a foreign producer's message marked base64 whose body is JSON, then a healthy one
@@ -48,12 +40,12 @@ def test_a_body_marked_base64_that_is_not_goes_to_the_dead_letters_at_once(
                                 properties={"ckit_enc": "b64"})
             producer.send(topic, {"order": 2}, keys="k-good")
             # When the consumer meets them
-            assert healthy.wait(60), "the healthy message did not arrive"
+            assert seen.arrived.wait(60), "the healthy message did not arrive"
         # Then the handler saw only the healthy one, and the other is a dead letter with why
         [letter] = wait_for_dead_letters(lambda: transport.dead_letters(group), expect=1,
                                          timeout=60, interval=0.5)
         assert letter.broker_message_id == bad
         assert "undecodable body" in letter.last_error and "base64" in letter.last_error
-        assert [d.keys for d in seen] == ["k-good"]
+        assert [d.keys for d in seen.deliveries] == ["k-good"]
     finally:
         consumer.shutdown(10)

@@ -3,6 +3,7 @@ receipt-driven archiving, and a day-partitioned outbox on MariaDB whose old days
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -333,13 +334,34 @@ def pending(db: Db, names: TableNames, message_id: str) -> bool:
     return state == int(OutboxState.PENDING)
 
 
+@dataclasses.dataclass
+class ConsumedYesterday:
+    """A partitioned outbox whose yesterday holds one CONSUMED row (`k-consumed`)."""
+
+    db: Db
+    names: TableNames
+    tables: ops.OutboxTables
+    day: str  # yesterday's partition
+
+    def rotate(self) -> parts.RotateResult:
+        """`rotate --older-than 0`: retire yesterday, add no day."""
+        return parts.rotate(self.db.engine, self.tables, days_ahead=0,
+                            older_than=dt.timedelta(0))
+
+
+@pytest.fixture
+def yesterday(partitioned: tuple[Db, TableNames],
+              monkeypatch: pytest.MonkeyPatch) -> ConsumedYesterday:
+    db, names = partitioned
+    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+    return ConsumedYesterday(db, names, ops.OutboxTables.from_names(names),
+                             parts.day_name(utcnow().date() - dt.timedelta(days=1)))
+
+
 @pytest.mark.mariadb
 def test_a_publish_open_when_rotate_retires_its_day_keeps_the_day_and_its_keys(
-        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
-    db, names = partitioned
-    tables = ops.OutboxTables.from_names(names)
-    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
-    yesterday = parts.day_name(utcnow().date() - dt.timedelta(days=1))
+        yesterday: ConsumedYesterday, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = yesterday.db, yesterday.names
     # Given a publish at yesterday's last second whose transaction, open while rotate copies
     # the day, commits only once rotate waits for the outbox's metadata lock
     business, inserted, late = late_publisher(
@@ -353,46 +375,38 @@ def test_a_publish_open_when_rotate_retires_its_day_keeps_the_day_and_its_keys(
         return copied
 
     monkeypatch.setattr(parts, "_copy_to_archive", copy_then_publish)
-    # When rotate retires yesterday (--older-than 0)
-    result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    # When rotate retires yesterday
+    result = yesterday.rotate()
     business.join(20)
     # Then the day is kept with the late PENDING row and both key rows
-    assert yesterday in result.kept and result.dropped == []
+    assert yesterday.day in result.kept and result.dropped == []
     assert pending(db, names, late[0])
     assert count(db, f"{names.outbox}_key") == 2
 
 
 @pytest.mark.mariadb
 def test_rotate_waits_a_bounded_time_for_a_busy_outbox_and_keeps_the_day_for_the_next_run(
-        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
-    db, names = partitioned
-    tables = ops.OutboxTables.from_names(names)
-    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
-    yesterday = parts.day_name(utcnow().date() - dt.timedelta(days=1))
+        yesterday: ConsumedYesterday, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parts, "LOCK_WAIT_SECONDS", 1)
     # Given a long transaction that read the outbox and stays open
-    with db.engine.connect() as long_tx:
-        long_tx.exec_driver_sql(f"SELECT COUNT(*) FROM {names.outbox}").all()
+    with yesterday.db.engine.connect() as long_tx:
+        long_tx.exec_driver_sql(f"SELECT COUNT(*) FROM {yesterday.names.outbox}").all()
         started = time.monotonic()
         # When rotate retires yesterday
-        result = parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+        result = yesterday.rotate()
         waited = time.monotonic() - started
         long_tx.rollback()
     # Then it waited about the bound, not for ever, and kept the day, saying why
     assert waited < 30
-    assert result.dropped == [] and yesterday in result.kept
-    assert "stayed busy" in result.kept[yesterday]
+    assert result.dropped == [] and "stayed busy" in result.kept[yesterday.day]
     # and the next run, the transaction gone, drops it
-    assert yesterday in parts.rotate(db.engine, tables, days_ahead=0,
-                                     older_than=dt.timedelta(0)).dropped
+    assert yesterday.day in yesterday.rotate().dropped
 
 
 @pytest.mark.mariadb
 def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
-        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
-    db, names = partitioned
-    tables = ops.OutboxTables.from_names(names)
-    consumed_day(db, names, monkeypatch, 1, ("k-consumed",))
+        yesterday: ConsumedYesterday, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = yesterday.db, yesterday.names
     # Given a publish at yesterday's last second that starts right after rotate's final check
     # of the day and commits once rotate waits for the outbox (or is done)
     rotated = threading.Event()
@@ -410,8 +424,8 @@ def test_a_publish_racing_the_final_check_is_never_dropped_with_the_day(
         return found
 
     monkeypatch.setattr(parts, "_open_rows", check_then_publish)
-    # When rotate retires yesterday (--older-than 0)
-    parts.rotate(db.engine, tables, days_ahead=0, older_than=dt.timedelta(0))
+    # When rotate retires yesterday
+    yesterday.rotate()
     rotated.set()
     business.join(20)
     # Then the late row is in the outbox, PENDING, with its key row
