@@ -16,7 +16,6 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from consumer_kit import metrics
-from consumer_kit.core.clock import utcnow
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
@@ -291,11 +290,9 @@ def _listener_key(dedupe_key: DedupeKey, msg: Message) -> str:
 
 def _receipt(group: str, message_id: str, status: ProcessedStatus, reason: str | None
              ) -> Receipt:
-    """The receipt answering a delivery now: a rejection carries its time (a rejection older
-    than the message's last send is taken for an answer to an earlier delivery)."""
     if status is ProcessedStatus.SUCCEEDED:
         return Receipt(message_id, group)
-    return Receipt(message_id, group, ReceiptOutcome.REJECTED, reason, at=utcnow())
+    return Receipt(message_id, group, ReceiptOutcome.REJECTED, reason)
 
 
 _OUTCOME_COUNTERS = {

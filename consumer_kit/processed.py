@@ -70,8 +70,6 @@ class OwedReceipt:
     status: ProcessedStatus
     error: str | None
     due_at: dt.datetime
-    #: when the group answered last (`processed_at`: the run, or the re-send answered)
-    answered_at: dt.datetime | None = None
 
 
 class ProcessedStore:
@@ -94,11 +92,8 @@ class ProcessedStore:
                        .values(status=sa.bindparam("b_status"), error=sa.bindparam("b_error"),
                                attempts=t.c.attempts + 1, processed_at=sa.bindparam("b_now"),
                                receipt_due_at=sa.bindparam("b_due"), receipt_attempts=0))
-        # a re-send answered again: owed from now, and `processed_at` says when it was answered
-        # (a receipt's time; its rejection must not read as an answer to an earlier delivery)
         self._requeue = (sa.update(t).where(mine, t.c.src.is_not(None))
-                         .values(receipt_due_at=sa.bindparam("b_now"),
-                                 processed_at=sa.bindparam("b_now")))
+                         .values(receipt_due_at=sa.bindparam("b_now")))
 
     def _row(self, msg: Message, status: ProcessedStatus, error: str | None,
              receipt: bool) -> dict[str, Any]:
@@ -200,11 +195,11 @@ class ProcessedStore:
                 t.c.consumer_group == self.group, t.c.message_id.in_(list(ids)),
                 t.c.receipt_due_at <= due_before).values(receipt_due_at=mine))
             rows = conn.execute(
-                sa.select(t.c.message_id, t.c.src, t.c.status, t.c.error, t.c.processed_at)
+                sa.select(t.c.message_id, t.c.src, t.c.status, t.c.error)
                 .where(t.c.consumer_group == self.group, t.c.message_id.in_(list(ids)),
                        t.c.receipt_due_at == mine)).all()
-        return [OwedReceipt(r.message_id, r.src, ProcessedStatus(r.status), r.error, mine,
-                            r.processed_at) for r in rows if r.src]
+        return [OwedReceipt(r.message_id, r.src, ProcessedStatus(r.status), r.error, mine)
+                for r in rows if r.src]
 
     def receipts_sent(self, message_ids: Sequence[str]) -> int:
         """Nothing is owed for these any more (one UPDATE)."""

@@ -104,8 +104,7 @@ def receipt_of(group: str, owed: OwedReceipt) -> Receipt:
     FAILED."""
     if owed.status is ProcessedStatus.SUCCEEDED:
         return Receipt(owed.message_id, group)
-    return Receipt(owed.message_id, group, ReceiptOutcome.REJECTED, owed.error,
-                   at=owed.answered_at)
+    return Receipt(owed.message_id, group, ReceiptOutcome.REJECTED, owed.error)
 
 
 class ReceiptSender:

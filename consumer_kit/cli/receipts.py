@@ -73,8 +73,7 @@ def receipts(
         target.close()
     totals = {"receipts": worker.totals.received, "recorded": worker.totals.recorded,
               "consumed": worker.totals.consumed, "rejected": worker.totals.rejected,
-              "unknown": worker.totals.unknown, "stale": worker.totals.stale,
-              "malformed": worker.malformed}
+              "unknown": worker.totals.unknown, "malformed": worker.malformed}
     print_totals(totals, as_json)
 
 

@@ -38,15 +38,6 @@ def to_epoch_ms(value: dt.datetime) -> int:
     return (value - _EPOCH) // _MILLISECOND
 
 
-def from_epoch_ms(value: int) -> dt.datetime:
-    """Epoch milliseconds as a naive-UTC datetime (`to_epoch_ms` back).
-
-    >>> from_epoch_ms(to_epoch_ms(dt.datetime(2026, 1, 2, 3, 4, 5, 6000)))
-    datetime.datetime(2026, 1, 2, 3, 4, 5, 6000)
-    """
-    return _EPOCH + value * _MILLISECOND
-
-
 def parse_duration(text: str, *, option: str | None = None) -> dt.timedelta:
     """Parse `30d`, `12h`, `10m`, `45s`, `250ms`, `2w` or a bare number of seconds (>= 0).
 

@@ -10,12 +10,10 @@ the `Receipt` type and this wire format.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import enum
 import json
 from collections.abc import Iterable
 
-from consumer_kit.core.clock import from_epoch_ms, to_epoch_ms
 from consumer_kit.core.errors import ReceiptError
 from consumer_kit.core.schema.types import GROUP_LEN, MESSAGE_ID_LEN
 
@@ -46,10 +44,6 @@ class Receipt:
     consumer_group: str
     outcome: ReceiptOutcome = ReceiptOutcome.CONSUMED
     reason: str | None = None
-    #: when the group answered (naive UTC; the processed row's time): a rejection older than
-    #: the message's last send answers an earlier delivery (`ReceiptApplier`); None: unknown
-    #: (a consumer before this version)
-    at: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.message_id, str) or not isinstance(self.consumer_group, str):
@@ -57,8 +51,6 @@ class Receipt:
                                f"{self.consumer_group!r}")
         if self.reason is not None and not isinstance(self.reason, str):
             raise ReceiptError(f"receipt reason must be text, got {self.reason!r}")
-        if self.at is not None and not isinstance(self.at, dt.datetime):
-            raise ReceiptError(f"receipt time must be a datetime, got {self.at!r}")
         if not self.message_id or len(self.message_id) > MESSAGE_ID_LEN:
             raise ReceiptError(f"receipt has an invalid message id {_shown(self.message_id)} "
                                f"({len(self.message_id)} characters, 1-{MESSAGE_ID_LEN})")
@@ -69,19 +61,6 @@ class Receipt:
             object.__setattr__(self, "outcome", ReceiptOutcome(self.outcome))
         except ValueError:
             raise ReceiptError(f"receipt has an unknown outcome {self.outcome!r}") from None
-
-
-def _time(value: object) -> dt.datetime | None:
-    """A receipt's `at` (epoch milliseconds) as naive UTC.
-
-    Raises:
-        ReceiptError: not a whole number of milliseconds.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ReceiptError(f"receipt time must be epoch milliseconds, got {value!r}")
-    return from_epoch_ms(value)
 
 
 def _shown(value: str) -> str:
@@ -97,8 +76,7 @@ def encode_receipts(receipts: Iterable[Receipt]) -> bytes:
     """
     return json.dumps([
         {"id": r.message_id, "group": r.consumer_group, "outcome": r.outcome.value,
-         **({"reason": r.reason} if r.reason else {}),
-         **({"at": to_epoch_ms(r.at)} if r.at is not None else {})}
+         **({"reason": r.reason} if r.reason else {})}
         for r in receipts
     ], separators=(",", ":")).encode()
 
@@ -139,8 +117,7 @@ def read_receipts(body: bytes) -> tuple[list[Receipt], list[str]]:
             if not isinstance(item, dict):
                 raise ReceiptError(f"not an object: {item!r}"[:200])
             receipts.append(Receipt(item.get("id"), item.get("group"),  # type: ignore[arg-type]
-                                    item.get("outcome", "consumed"), item.get("reason"),
-                                    _time(item.get("at"))))
+                                    item.get("outcome", "consumed"), item.get("reason")))
         except ReceiptError as exc:
             errors.append(f"entry {number}: {exc}")
     return receipts, errors

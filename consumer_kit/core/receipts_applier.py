@@ -26,7 +26,6 @@ It lives in the core because both halves apply receipts: the producer's `ckit re
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,10 +52,6 @@ log = logging.getLogger(__name__)
 INSERT_CHUNK = 400
 #: unknown message ids named in the log per `apply` call (the rest are counted)
 UNKNOWN_LOGGED = 20
-#: A rejection answered more than this before the message's last send (`sent_at`) answers an
-#: earlier delivery (room for the consumer's and the relay's clocks, and for a consumer that
-#: answers before the relay marks the row SENT)
-STALE_AFTER = dt.timedelta(seconds=60)
 
 
 @dataclasses.dataclass
@@ -68,8 +63,6 @@ class ReceiptResult:
     consumed: int = 0
     rejected: int = 0
     unknown: int = 0
-    #: rejections older than the message's last send (answers to an earlier delivery)
-    stale: int = 0
 
     def add(self, other: ReceiptResult) -> None:
         """Accumulate another call's counts."""
@@ -111,39 +104,9 @@ class ReceiptApplier:
         for receipt in receipts:
             latest[(receipt.message_id, receipt.consumer_group)] = receipt
         with self.engine.begin() as conn:
-            for key in self._stale(conn, list(latest.values())):
-                del latest[key]
-                result.stale += 1
-            if not latest:
-                return result
             result.recorded = self._record(conn, list(latest.values()))
             self._transition(conn, {a.message_id for a in latest.values()}, result)
         return result
-
-    def _stale(self, conn: Connection, receipts: list[Receipt]) -> list[tuple[str, str]]:
-        """The rejections answered before the message's last send (`at` older than `sent_at`
-        by `STALE_AFTER`): a delivery before an operator's retry or a reconciler's re-send,
-        whose answer arrives late (owed while the producer was unreachable). The re-send's
-        answer decides; these are left out, logged. Rejections only: a consumed receipt is
-        the truth whenever it was made."""
-        dated = {r.message_id: r for r in receipts
-                 if r.outcome is ReceiptOutcome.REJECTED and r.at is not None}
-        if not dated:
-            return []
-        t = self.table
-        sent: dict[str, dt.datetime | None] = {
-            row.message_id: row.sent_at for row in conn.execute(
-                sa.select(t.c.message_id, t.c.sent_at).where(t.c.message_id.in_(sorted(dated))))}
-        stale = []
-        for r in receipts:
-            sent_at = sent.get(r.message_id)
-            if (r.outcome is ReceiptOutcome.REJECTED and r.at is not None
-                    and sent_at is not None and r.at < sent_at - STALE_AFTER):
-                log.info("message %s: the rejection of group %s (answered %s) is older than "
-                         "its last send (%s): an earlier delivery's; the re-send's answer "
-                         "decides", r.message_id, r.consumer_group, r.at, sent_at)
-                stale.append((r.message_id, r.consumer_group))
-        return stale
 
     def _record(self, conn: Connection, receipts: list[Receipt]) -> int:
         """Insert the receipt rows that are new; a row another applier inserted meanwhile is

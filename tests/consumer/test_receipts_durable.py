@@ -235,26 +235,3 @@ def test_receipts_of_concurrent_consumers_arrive_once_each(env: Env, threads: in
     app.close()
     assert {outbox_state(env, m)[0] for m in ids} == {int(OutboxState.CONSUMED)}
     assert sum(env.effects().values()) == 40
-
-
-def test_an_owed_rejection_is_shipped_with_the_time_its_group_answered(env: Env) -> None:
-    # Given a rejection owed since an hour ago (its producer was unreachable), and a re-send
-    # answered again now
-    from consumer_kit.receipts import receipt_of
-
-    store = ProcessedStore(env.db.engine, "inventory", table=env.db.names.processed)
-    hour_ago = utcnow() - dt.timedelta(hours=1)
-    with env.db.engine.begin() as conn:
-        for mid in ("old", "again"):
-            conn.execute(sa.insert(store.table).values(
-                consumer_group="inventory", message_id=mid, topic="T", src="orders",
-                status="FAILED", error="bad", attempts=1, first_seen_at=hour_ago,
-                processed_at=hour_ago, receipt_due_at=hour_ago, receipt_attempts=0))
-    assert store.requeue_receipt("again") is ProcessedStatus.FAILED
-    # When the scan takes them
-    owed = {o.message_id: receipt_of("inventory", o)
-            for o in store.claim_owed(due_before=utcnow() + dt.timedelta(seconds=1),
-                                      hold=dt.timedelta(minutes=1), limit=10)}
-    # Then each carries when it was answered: an hour ago, and now
-    assert owed["old"].at is not None and abs(owed["old"].at - hour_ago) < dt.timedelta(seconds=1)
-    assert owed["again"].at is not None and owed["again"].at > hour_ago + dt.timedelta(minutes=59)
