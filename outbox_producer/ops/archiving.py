@@ -49,6 +49,8 @@ DEFAULT_ARCHIVE_BATCH = 1000
 #: published again after its row moved would go out again (as the processed purge's floor).
 ARCHIVE_FLOOR = dt.timedelta(days=7)
 
+DEFAULT_ARCHIVE_MAX_BATCHES = 1000
+
 
 def check_archive_floor(horizon: dt.timedelta, *, option: str, force: bool, verb: str) -> None:
     """Refuse a horizon under `ARCHIVE_FLOOR` without `force` (`ckit outbox archive` and
@@ -63,7 +65,6 @@ def check_archive_floor(horizon: dt.timedelta, *, option: str, force: bool, verb
             "publish is idempotent on (biz_type, biz_key) only while the row is in the outbox, "
             f"so the same business event published again would go out again (--force to {verb} "
             "anyway)")
-DEFAULT_ARCHIVE_MAX_BATCHES = 1000
 
 
 @dataclasses.dataclass(frozen=True)
