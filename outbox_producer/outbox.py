@@ -30,6 +30,10 @@ from outbox_producer import validation
 from outbox_producer.ids import new_message_id
 from outbox_producer.insert import OutboxInsert
 from outbox_producer.payload import encode_payload
+from outbox_producer.validation import UNSENDABLE
+
+#: The largest `max_retries` its INT column holds
+MAX_RETRIES_LIMIT = 2**31 - 1
 
 if TYPE_CHECKING:
     from outbox_producer.dispatcher import Dispatcher
@@ -80,8 +84,10 @@ class Outbox:
         self.engine = make_engine(engine)
         self.producer = validation.check_producer(producer)
         self.table = outbox_table(sa.MetaData(), table)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries must be an integer >= 0, not {max_retries!r}")
+        if (isinstance(max_retries, bool) or not isinstance(max_retries, int)
+                or not 0 <= max_retries <= MAX_RETRIES_LIMIT):
+            raise ConfigError(f"max_retries must be an integer from 0 to {MAX_RETRIES_LIMIT} "
+                              f"(the column's INT), not {max_retries!r}")
         self.max_retries = max_retries
         self.dispatcher = dispatcher
         transport = dispatcher.sender.transport if dispatcher is not None else None
@@ -293,6 +299,10 @@ _KNOWN_MAX = 4096
 
 
 def _control_characters(name: str, value: str) -> None:
-    if "\x00" in value or "\x01" in value or "\x02" in value:
-        raise PayloadError(f"{name} {value!r} has NUL, \\x01 or \\x02, which RocketMQ "
-                           "cannot carry (it travels in the ckit_biz property)")
+    """Refuse what the `ckit_biz` property cannot carry (control characters: RocketMQ 5 refuses
+    them; a lone surrogate: no encoding can) and what a key comparison would lose (leading or
+    trailing whitespace, which MariaDB's binary collation ignores)."""
+    if UNSENDABLE.search(value) or value != value.strip():
+        raise PayloadError(f"{name} {value!r} has control characters, a lone surrogate, or "
+                           "leading or trailing whitespace (it travels in the ckit_biz "
+                           "property, and is a unique key)")

@@ -43,10 +43,54 @@ def encode_payload(payload: Any) -> bytes:
     """
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload)
-    if isinstance(payload, str):
-        return payload.encode("utf-8")
     try:
-        text = _ENCODER.encode(payload)
+        if isinstance(payload, str):
+            return payload.encode("utf-8")
+        if isinstance(payload, dict | list):
+            _check_keys(payload)
+        return _ENCODER.encode(payload).encode("utf-8")
+    except PayloadError:
+        raise
+    except UnicodeEncodeError as exc:
+        raise PayloadError(f"payload has text no encoding can carry (a lone surrogate at "
+                           f"{exc.start}): {exc.reason}") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not serializable: {exc}") from None
-    return text.encode("utf-8")
+
+
+def _check_keys(value: Any) -> None:
+    """Refuse dict keys that become one key in JSON (`{1: "a", "1": "b"}`: JSON keys are text,
+    and the reader keeps the last). Keys that are already text cost one pass over them.
+
+    Raises:
+        PayloadError: naming the key.
+    """
+    if isinstance(value, dict):
+        if not all(type(k) is str for k in value):
+            seen: set[str] = set()
+            for key in value:
+                text = _json_key(key)
+                if text in seen:
+                    raise PayloadError(f"payload keys collide once made JSON text: {key!r} "
+                                       f"is {text!r}, which another key is too")
+                seen.add(text)
+        for item in value.values():
+            if isinstance(item, dict | list):
+                _check_keys(item)
+    else:
+        for item in value:
+            if isinstance(item, dict | list):
+                _check_keys(item)
+
+
+def _json_key(key: Any) -> str:
+    """The text JSON makes of a dict key (`json.dumps({key: 0})`)."""
+    if isinstance(key, str):
+        return key
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    return json.dumps(key)

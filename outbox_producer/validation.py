@@ -3,8 +3,11 @@ a bad message fails inside the caller's transaction (which can roll back) instea
 found by the relay later (FAILED after its retries) or dropped on the way.
 
 The rules are RocketMQ's (apache/rocketmq 4.9.7: `TopicValidator`, `Validators.checkTopic`,
-`MessageConst`, the broker's `msgContentCheck`), applied whatever the transport, so that a
-producer can move from the SQL transport to RocketMQ without surprises.
+`MessageConst`, the broker's `msgContentCheck`; and the 5.x proxy's: no control characters in
+tags, keys and properties, no `|` in a tag, at most 128 properties of 16 KiB in all, the 5.x
+broker's own property names), applied whatever the transport, so that a producer can move from
+the SQL transport to either RocketMQ without surprises. Text that no encoding can carry (a lone
+surrogate) is refused everywhere.
 
 Cost, for whoever optimises publish: no check makes a database round trip. Per publish they
 are a handful of regex scans over short strings (topic <= 127 characters, tags, keys, header
@@ -21,7 +24,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from consumer_kit.core.envelope import RESERVED_PROPERTIES, ROCKETMQ_PROPERTIES
+from consumer_kit.core.envelope import RESERVED_PROPERTIES, is_rocketmq_property
 from consumer_kit.core.errors import ConfigError, PayloadError
 from consumer_kit.core.receipt import RECEIPT_TOPIC_PREFIX, receipt_topic
 
@@ -39,12 +42,15 @@ SYSTEM_TOPICS = frozenset({
 RESERVED_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%", "%LMQ%", "rmq_sys_", RECEIPT_TOPIC_PREFIX)
 #: consumer-kit's own property names start with this (the envelope, and what transports add).
 RESERVED_HEADER_PREFIX = "ckit_"
-#: The broker refuses a message whose properties (ours, the client's and these) exceed 32767
-#: characters; the envelope, keys and tags take at most about 2 KiB of it.
-HEADERS_MAX_CHARS = 30 * 1024
-#: RocketMQ separates property names and values with \x01 and pairs with \x02; \x00 ends a C
-#: string in the C++ client.
-_SEPARATORS = re.compile("[\x00\x01\x02]")
+#: The RocketMQ 5 proxy refuses user properties over 16 KiB in all (UTF-8 bytes, names and
+#: values); the envelope takes at most about 1 KiB of it. (The 4.x broker's limit, 32767
+#: characters of every property, is higher.)
+HEADERS_MAX_BYTES = 15 * 1024
+#: The proxy's most user properties, 128, less the envelope's and the transports' own
+MAX_HEADERS = 120
+#: What RocketMQ 5 refuses in tags, keys and properties (C0 and C1 control characters), and
+#: lone surrogates, which no encoding can carry
+UNSENDABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f,]")
 _WHITESPACE = re.compile(r"\s")
 
@@ -98,10 +104,11 @@ def check_tags(tags: object) -> None:
         return
     if not isinstance(tags, str) or not tags:
         raise PayloadError(f"tags must be a non-empty string or None, got {tags!r}")
-    if "||" in tags:
-        raise PayloadError(f"tags {tags!r} contains '||', which separates tags in a "
-                           "subscription: a message carries one tag")
-    if tags != tags.strip() or _SEPARATORS.search(tags):
+    if "|" in tags:
+        raise PayloadError(f"tags {tags!r} contains '|': '||' separates tags in a "
+                           "subscription, and RocketMQ 5 refuses '|' in a tag: a message "
+                           "carries one tag")
+    if tags != tags.strip() or UNSENDABLE.search(tags):
         raise PayloadError(f"tags {tags!r} has leading or trailing whitespace or control "
                            "characters")
 
@@ -126,7 +133,7 @@ def keys_text(keys: Sequence[str] | str | None) -> str | None:
     for key in items:
         if not isinstance(key, str) or not key:
             raise PayloadError(f"keys must be non-empty strings, got {key!r}")
-        if _WHITESPACE.search(key) or _SEPARATORS.search(key):
+        if _WHITESPACE.search(key) or UNSENDABLE.search(key):
             raise PayloadError(f"key {key!r} contains whitespace or control characters (keys "
                                "are stored space-separated): pass several keys as a list")
     return " ".join(str(k) for k in items) or None
@@ -140,33 +147,39 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             whitespace, a comma or a control character, collides with the envelope
             (`consumer_kit.core.envelope.RESERVED_PROPERTIES`, any `ckit_` name) or with a
             property RocketMQ sets itself; a value with RocketMQ's separators; or more than
-            `HEADERS_MAX_CHARS` in all.
+            `HEADERS_MAX_BYTES` in all, more than `MAX_HEADERS`, an empty value.
     """
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
         raise PayloadError(f"headers must be a mapping of strings, got {type(headers).__name__}")
+    if len(headers) > MAX_HEADERS:
+        raise PayloadError(f"{len(headers)} headers; RocketMQ 5 carries at most {MAX_HEADERS} "
+                           "besides the envelope")
     size = 0
     for name, value in headers.items():
-        if not isinstance(name, str) or not name or _CONTROL_OR_SPACE.search(name):
+        if (not isinstance(name, str) or not name or _CONTROL_OR_SPACE.search(name)
+                or UNSENDABLE.search(name)):
             raise PayloadError(f"header name {name!r} must be a non-empty string without "
                                "whitespace, commas or control characters")
         if name in RESERVED_PROPERTIES or name.startswith(RESERVED_HEADER_PREFIX):
             raise PayloadError(f"header {name!r} collides with the envelope (names starting "
                                f"with {RESERVED_HEADER_PREFIX!r} and "
                                f"{', '.join(sorted(RESERVED_PROPERTIES))} are reserved)")
-        if name in ROCKETMQ_PROPERTIES:
-            raise PayloadError(f"header {name!r} is a property RocketMQ sets itself")
+        if is_rocketmq_property(name):
+            raise PayloadError(f"header {name!r} is a property RocketMQ keeps for itself (a "
+                               "5.x broker acts on some of them: TIMER_DELAY_SEC delays)")
         if not isinstance(value, str):
             raise PayloadError(f"header {name!r} must have a string value, got "
                                f"{type(value).__name__}")
-        if _SEPARATORS.search(value):
-            raise PayloadError(f"header {name!r} has a value with NUL, \\x01 or \\x02, which "
-                               "RocketMQ cannot carry")
-        size += len(name) + len(value) + 2
-    if size > HEADERS_MAX_CHARS:
-        raise PayloadError(f"headers take {size} characters; RocketMQ carries at most "
-                           f"{HEADERS_MAX_CHARS} besides the envelope")
+        if not value or UNSENDABLE.search(value):
+            raise PayloadError(f"header {name!r} has an empty value or control characters, "
+                               "which RocketMQ does not carry (the 4.x client drops an empty "
+                               "property; RocketMQ 5 refuses both)")
+        size += len(name.encode("utf-8")) + len(value.encode("utf-8"))
+    if size > HEADERS_MAX_BYTES:
+        raise PayloadError(f"headers take {size} bytes; RocketMQ 5 carries at most "
+                           f"{HEADERS_MAX_BYTES} besides the envelope")
     return dict(headers)
 
 

@@ -28,7 +28,7 @@ CREATE TABLE ckit_mq_dlq (
     reason VARCHAR(2000) COMMENT 'why',
     moved_at DATETIME(6) NOT NULL COMMENT 'UTC',
     PRIMARY KEY (id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: dead letters';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: dead letters' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_mq_dlq_group_moved ON ckit_mq_dlq (consumer_group, moved_at);
 
@@ -38,7 +38,7 @@ CREATE TABLE ckit_mq_member (
     alive_until DATETIME(6) NOT NULL COMMENT 'UTC; the member counts for rebalancing until then',
     started_at DATETIME(6) NOT NULL COMMENT 'UTC',
     PRIMARY KEY (consumer_group, member_id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: consumer heartbeats';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: consumer heartbeats' COLLATE utf8mb4_bin;
 
 CREATE TABLE ckit_mq_message (
     id BIGINT NOT NULL COMMENT 'row id' AUTO_INCREMENT,
@@ -57,7 +57,7 @@ CREATE TABLE ckit_mq_message (
     origin_topic VARCHAR(255) COMMENT 'NULL, or the real topic of a %RETRY%group copy',
     PRIMARY KEY (id),
     CONSTRAINT uk_ckit_mq_message_queue UNIQUE (topic, queue_id, queue_offset)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: message log';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: message log' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_mq_message_born_at ON ckit_mq_message (born_at);
 
@@ -72,7 +72,7 @@ CREATE TABLE ckit_mq_offset (
     committed_offset BIGINT NOT NULL COMMENT 'every message below this offset is done for the group' DEFAULT '0',
     updated_at DATETIME(6) NOT NULL COMMENT 'UTC of the last commit',
     PRIMARY KEY (consumer_group, topic, queue_id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: committed consume offsets';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: committed consume offsets' COLLATE utf8mb4_bin;
 
 CREATE TABLE ckit_mq_queue (
     topic VARCHAR(255) NOT NULL COMMENT 'topic',
@@ -80,7 +80,7 @@ CREATE TABLE ckit_mq_queue (
     next_offset BIGINT NOT NULL COMMENT 'offset the next message gets (row locked while assigning)' DEFAULT '0',
     created_at DATETIME(6) NOT NULL COMMENT 'UTC',
     PRIMARY KEY (topic, queue_id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: queues of each topic';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: queues of each topic' COLLATE utf8mb4_bin;
 
 CREATE TABLE ckit_mq_queue_lease (
     consumer_group VARCHAR(128) NOT NULL COMMENT 'group',
@@ -91,7 +91,7 @@ CREATE TABLE ckit_mq_queue_lease (
     lock_version INTEGER NOT NULL COMMENT 'optimistic lock: each change is a CAS on it' DEFAULT '0',
     updated_at DATETIME(6) NOT NULL COMMENT 'UTC',
     PRIMARY KEY (consumer_group, topic, queue_id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: queue ownership leases';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit SQL transport: queue ownership leases' COLLATE utf8mb4_bin;
 
 CREATE TABLE ckit_outbox (
     id BIGINT NOT NULL COMMENT 'surrogate key; relays shard on MOD(id, N)' AUTO_INCREMENT,
@@ -122,7 +122,7 @@ CREATE TABLE ckit_outbox (
     PRIMARY KEY (id),
     CONSTRAINT uk_ckit_outbox_message_id UNIQUE (message_id),
     CONSTRAINT uk_ckit_outbox_biz UNIQUE (biz_type, biz_key)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit transactional outbox (local message table)';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit transactional outbox (local message table)' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_outbox_gmt_create ON ckit_outbox (gmt_create);
 
@@ -159,7 +159,7 @@ CREATE TABLE ckit_outbox_archive (
     gmt_create DATETIME(6) NOT NULL COMMENT 'UTC of the commit',
     gmt_modified DATETIME(6) NOT NULL COMMENT 'UTC of the last change',
     PRIMARY KEY (id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit outbox archive (terminal rows moved by ckit outbox archive)';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit outbox archive (terminal rows moved by ckit outbox archive)' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_outbox_archive_message_id ON ckit_outbox_archive (message_id);
 
@@ -170,7 +170,7 @@ CREATE TABLE ckit_outbox_receipt (
     reason VARCHAR(2000) COMMENT 'rejection reason',
     received_at DATETIME(6) NOT NULL COMMENT 'UTC when applied',
     PRIMARY KEY (message_id, consumer_group)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit per-group receipts of outbox messages';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit per-group receipts of outbox messages' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_outbox_receipt_group_received ON ckit_outbox_receipt (consumer_group, received_at);
 
@@ -189,7 +189,7 @@ CREATE TABLE ckit_processed (
     receipt_due_at DATETIME(6) COMMENT 'UTC from when the receipt to the producer (src) is due; NULL: none owed (sent, or no src). The processed row is the receipt outbox',
     receipt_attempts INTEGER NOT NULL COMMENT 'failed attempts to deliver the receipt (back-off)' DEFAULT '0',
     PRIMARY KEY (consumer_group, message_id)
-)ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit processed messages (dedupe truth)';
+)ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit processed messages (dedupe truth)' COLLATE utf8mb4_bin;
 
 CREATE INDEX ix_ckit_processed_processed_at ON ckit_processed (processed_at);
 

@@ -55,10 +55,12 @@ def test_rendering_is_deterministic_and_headed_with_the_state_codes() -> None:
         assert f"--   {state.value}  {state.name}" in first
 
 
-def test_mysql_ddl_carries_engine_charset_and_comments() -> None:
+def test_mysql_ddl_carries_engine_charset_binary_collation_and_comments() -> None:
     ddl = render_ddl("mysql")
-    assert ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='consumer-kit transactional outbox" \
-        in ddl.replace(")ENGINE", ") ENGINE")
+    assert (") ENGINE=InnoDB CHARSET=utf8mb4 COMMENT='consumer-kit transactional outbox "
+            "(local message table)' COLLATE utf8mb4_bin;") in ddl.replace(")ENGINE", ") ENGINE")
+    # every table: ids, keys, topics and groups differing in case are different
+    assert ddl.count("CREATE TABLE") == ddl.count("COLLATE utf8mb4_bin;")
     assert "COMMENT '0 PENDING, 1 SENDING" in ddl
     assert "%%" not in ddl  # a literal % in a comment must not be escaped for a DBAPI
 
@@ -202,6 +204,7 @@ def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_wha
     from consumer_kit.core.ddl import init_db, schema_metadata
     from consumer_kit.core.errors import SchemaError
     from consumer_kit.core.schema import processed_table
+    from consumer_kit.core.schema.check import case_folding_tables
 
     # Given a processed table as 0.1.0 made it: without the receipt columns and their index
     name = db.names.processed
@@ -210,7 +213,11 @@ def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_wha
                              + (f" ON {name}" if db.kind == "mariadb" else ""))
         for column in ("receipt_due_at", "receipt_attempts"):
             conn.exec_driver_sql(f"ALTER TABLE {name} DROP COLUMN {column}")
+        if db.kind == "mariadb":  # and its text compared without case, as the server default
+            conn.exec_driver_sql(f"ALTER TABLE {name} CONVERT TO CHARACTER SET utf8mb4 "
+                                 "COLLATE utf8mb4_general_ci")
     table = processed_table(sa.MetaData(), name)
+    assert case_folding_tables(db.engine, [table]) == ([name] if db.kind == "mariadb" else [])
     try:
         # When a consumer starts, or `db init` runs, Then each names what is missing
         with pytest.raises(SchemaError, match="lacks receipt_due_at, receipt_attempts"):
@@ -224,6 +231,7 @@ def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_wha
         assert {"receipt_due_at", "receipt_attempts"} <= {
             c["name"] for c in inspector.get_columns(name)}
         assert f"ix_{name}_receipt_due" in {i["name"] for i in inspector.get_indexes(name)}
+        assert case_folding_tables(db.engine, [table]) == []
     finally:
         schema_metadata(db.names).drop_all(db.engine)
 

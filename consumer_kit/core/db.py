@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.errors import ConfigError, SchemaError
-from consumer_kit.core.schema.check import describe_missing, missing_columns
+from consumer_kit.core.schema.check import (
+    case_folding_tables,
+    describe_missing,
+    missing_columns,
+)
 from consumer_kit.core.urls import mask_unparsable, mask_url, remember_secrets
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -24,6 +29,10 @@ DRIVER_CHOICES = (
     ("postgresql", "psycopg2", "postgresql+psycopg2://"),
     ("postgresql", "pg8000", "postgresql+pg8000://"),
 )
+
+log = logging.getLogger(__name__)
+#: tables warned about already in this process (`check_tables` runs at every start)
+_WARNED_FOLDING: set[str] = set()
 
 
 def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
@@ -170,6 +179,13 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
             f"run `ckit db init --url <that url>` first"
         )
+    folding = [t for t in case_folding_tables(engine, tables) if t not in _WARNED_FOLDING]
+    if folding:
+        _WARNED_FOLDING.update(folding)
+        log.warning("table(s) %s in %s compare text without case (made by an older "
+                    "consumer-kit): ids, keys, topics and groups that differ only in case are "
+                    "one there; run `ckit db init --upgrade --url <that url>`",
+                    ", ".join(folding), mask_url(str(engine.url)))
     lacking = missing_columns(engine, tables)
     if lacking:
         raise SchemaError(

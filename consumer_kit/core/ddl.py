@@ -24,12 +24,18 @@ from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTab
 
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.schema import TableNames, build_metadata
-from consumer_kit.core.schema.check import describe_missing, missing_columns
+from consumer_kit.core.schema.check import (
+    BINARY_COLLATION,
+    case_folding_tables,
+    describe_missing,
+    missing_columns,
+)
 from consumer_kit.core.states import MEANINGS, OutboxState
 
 DIALECTS: tuple[str, ...] = ("mysql", "postgresql", "sqlite")
 MYSQL_ENGINE = "InnoDB"
 MYSQL_CHARSET = "utf8mb4"
+MYSQL_COLLATE = "utf8mb4_bin"
 REGENERATE_COMMAND = "python -m consumer_kit.core.ddl --write schema/"
 
 def sql_dialect(name: str) -> Dialect:
@@ -51,11 +57,13 @@ def sql_dialect(name: str) -> Dialect:
 
 
 def apply_table_options(metadata: sa.MetaData) -> sa.MetaData:
-    """Give every table its MySQL/MariaDB options (InnoDB, utf8mb4); other dialects ignore them."""
+    """Give every table its MySQL/MariaDB options (InnoDB, utf8mb4, binary collation: see
+    `MYSQL_TABLE`); other dialects ignore them."""
     for table in metadata.tables.values():
         options = table.dialect_options["mysql"]
         options["engine"] = MYSQL_ENGINE
-        options["default charset"] = MYSQL_CHARSET
+        options["charset"] = MYSQL_CHARSET
+        options["collate"] = MYSQL_COLLATE
     return metadata
 
 
@@ -183,8 +191,9 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     Idempotent (`create_all(checkfirst=True)`): a second call creates nothing and returns `[]`.
     A table made by an older version that lacks columns is refused, naming them, unless
     `upgrade`: then the columns are added (nullable or with their default, as the definition
-    says) and the missing indexes of existing tables created. Without `upgrade` an existing
-    table is left as it is.
+    says), the missing indexes of existing tables created, and on MySQL/MariaDB a table whose
+    text compares without case converted to the binary collation (a table rebuild). Without
+    `upgrade` an existing table is left as it is.
 
     Raises:
         ConfigError: invalid table name in `names`, or one whose index names would be too long
@@ -202,7 +211,12 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     metadata.create_all(engine, checkfirst=True)
     if not upgrade:  # an index built on a large existing table is the operator's decision
         return sorted(name for name in metadata.tables if name not in existing)
+    folding = case_folding_tables(engine, [metadata.tables[n] for n in existing & set(
+        metadata.tables)])
     with engine.begin() as conn:
+        for name in folding:  # a binary collation only splits values: no unique key breaks
+            conn.exec_driver_sql(f"ALTER TABLE {engine.dialect.identifier_preparer.quote(name)} "
+                                 f"CONVERT TO CHARACTER SET utf8mb4 COLLATE {BINARY_COLLATION}")
         for table, columns in lacking:
             for column in columns:
                 conn.exec_driver_sql(upgrade_statement(table, column, engine.dialect))

@@ -58,6 +58,34 @@ ROCKETMQ_PROPERTIES = frozenset({
     "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
     "MSG_TYPE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET",
 })
+#: Property names a RocketMQ 5.3.3 broker keeps for itself (`MessageConst`): a client may not
+#: send them (a 5.x broker acts on some, e.g. TIMER_DELAY_SEC delays the message, whichever
+#: client sent it), and they are dropped when a stored dead letter is read back.
+ROCKETMQ5_PROPERTIES = frozenset({
+    "1ST_POP_TIME", "ARRIVE_TIME", "BORN_TIMESTAMP", "BUYER_ID",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS", "CLUSTER", "CONSUME_START_TIME", "CORRECTION_FLAG",
+    "CORRELATION_ID", "DELAY", "DLQ_ORIGIN_MESSAGE_ID", "DLQ_ORIGIN_TOPIC", "DUP_INFO",
+    "EXTEND_UNIQ_INFO", "INSTANCE_ID", "KEYS", "MAX_OFFSET", "MAX_RECONSUME_TIMES", "MIN_OFFSET",
+    "MQ2_FLAG", "MSG_REGION", "MSG_TYPE", "ORIGIN_MESSAGE_ID", "PGROUP", "POP_CK",
+    "POP_CK_OFFSET", "PROPERTY_FORWARD_QUEUE_ID", "PUSH_REPLY_TIME", "REAL_QID", "REAL_TOPIC",
+    "RECONSUME_TIME", "REDIRECT", "REPLY_TO_CLIENT", "RETRY_TOPIC", "TAGS", "TRACE_CONTEXT",
+    "TRACE_ON", "TRANSACTION_CHECK_TIMES", "TRANSFER_FLAG", "TRAN_MSG",
+    "TRAN_PREPARED_QUEUE_OFFSET", "TTL", "UNIQ_KEY", "WAIT",
+})
+#: Prefixes of the names RocketMQ 5 keeps for itself
+ROCKETMQ_RESERVED_PREFIXES = ("__", "TIMER_", "INNER_")
+
+
+def is_rocketmq_property(name: str) -> bool:
+    """Whether RocketMQ (4.9.7 or 5.x) keeps the property `name` for itself.
+
+    >>> [is_rocketmq_property(n) for n in ("KEYS", "TIMER_DELAY_SEC", "x")]
+    [True, True, False]
+    """
+    return (name in ROCKETMQ_PROPERTIES or name in ROCKETMQ5_PROPERTIES
+            or name.startswith(ROCKETMQ_RESERVED_PREFIXES))
+
+
 #: Properties no user header may set.
 RESERVED_PROPERTIES = (*ENVELOPE_PROPERTIES, PROP_ENC, PROP_REASON)
 

@@ -59,6 +59,7 @@ from consumer_kit.core.db import dialect_name, read_committed
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import outbox_table
+from consumer_kit.core.schema.types import MYSQL_TABLE
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
@@ -109,7 +110,7 @@ def partitioned_outbox_table(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.UniqueConstraint("message_id", name=f"uk_{name}_message_id"),
         sa.Index(f"ix_{name}_biz", "biz_type", "biz_key"),
         comment="consumer-kit transactional outbox, partitioned by day of message_id",
-        mysql_engine="InnoDB", mysql_charset="utf8mb4",
+        **MYSQL_TABLE,
     )
 
 

@@ -15,6 +15,7 @@ from consumer_kit.core.schema import (
     outbox_table,
     receipt_table,
 )
+from consumer_kit.core.schema.types import MYSQL_TABLE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,5 +52,5 @@ def key_table(metadata: sa.MetaData, outbox: str) -> sa.Table:
         sa.Column("gmt_create", outbox_cols.gmt_create.type, nullable=False),
         sa.Index(f"ix_{name}_message_id", "message_id"),
         comment="consumer-kit: (biz_type, biz_key) of a partitioned outbox, published once",
-        mysql_engine="InnoDB", mysql_charset="utf8mb4",
+        **MYSQL_TABLE,
     )

@@ -272,3 +272,36 @@ def test_no_delay_and_no_headers_in_any_form_store_the_same_row(sqlite_db: Db,
         row = conn.execute(sa.text(
             f"SELECT headers, next_retry_at, gmt_create FROM {sqlite_db.names.outbox}")).one()
     assert row.headers is None and row.next_retry_at == row.gmt_create
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"headers": {"note": "caf\udce9"}}, "control characters"),  # a lone surrogate
+    ({"headers": {"TIMER_DELAY_SEC": "25"}}, "keeps for itself"),  # a 5.x broker would delay
+    ({"headers": {"__SHARDINGKEY": "x"}}, "keeps for itself"),
+    ({"headers": {"h": ""}}, "empty value"),  # the 4.x client drops it
+    ({"headers": {"h": "a\nb"}}, "control characters"),
+    ({"headers": {f"h{i}": "v" for i in range(121)}}, "at most 120"),
+    ({"headers": {f"h{i}": "v" * 200 for i in range(80)}}, "bytes"),
+    ({"tags": "a|b"}, "'|'"),
+    ({"tags": "a\tb"}, "control characters"),
+    ({"keys": ["a\x07b"]}, "control characters"),
+    ({"biz_key": "k\t1"}, "control characters"),
+    ({"biz_key": "order-1 "}, "whitespace"),  # MariaDB's binary collation ignores it
+    ({"biz_type": " order"}, "whitespace"),
+    ({"payload": {1: "x", "1": "y"}}, "collide"),
+    ({"payload": {"a": "\ud800"}}, "lone surrogate"),
+])
+def test_what_a_rocketmq_transport_would_refuse_or_alter_is_refused_at_publish(
+        db: Db, fields: dict[str, object], named: str) -> None:
+    # (each passed publish before, then failed at send on some transport, or reached the
+    # handler changed: a header dropped, a delayed message, a key merged)
+    call: dict[str, object] = {"payload": {"n": 1}, "biz_type": "t", "biz_key": "k1", **fields}
+    payload = call.pop("payload")
+    with pytest.raises(PayloadError, match=re.escape(named)), db.engine.begin() as conn:
+        outbox(db).publish(conn, "T", payload, **call)  # type: ignore[arg-type]
+    assert row_count(db) == 0
+
+
+def test_max_retries_beyond_its_column_is_refused_when_the_outbox_is_made(db: Db) -> None:
+    with pytest.raises(ConfigError, match="max_retries"):
+        outbox(db, max_retries=2**31)

@@ -60,3 +60,26 @@ def test_an_address_with_a_password_is_refused_at_once_without_showing_it(url: s
 
 def test_a_valid_endpoint_parses_to_its_list_and_options() -> None:
     assert parse_endpoint("rocketmq5://a:1;b:2?namesrv=c:3") == ("a:1;b:2", {"namesrv": "c:3"})
+
+
+def test_a_message_group_over_the_proxys_64_characters_is_a_stable_digest_form() -> None:
+    from consumer_kit.transports.rocketmq5.wire import MESSAGE_GROUP_MAX, message_group
+
+    long_key = "tenant-7/order/" + "x" * 100
+    group = message_group(long_key)
+    assert len(group) == MESSAGE_GROUP_MAX and group == message_group(long_key)
+    assert group != message_group(long_key + "y")  # another key, another group
+    assert message_group("order-1") == "order-1"
+
+
+def test_a_message_the_client_cannot_encode_is_refused_not_taken_for_an_outage() -> None:
+    # (an outage holds every row of the batch back: one bad row stopped all sending)
+    from consumer_kit.core.errors import TransportError, TransportUnavailable
+    from consumer_kit.transports.rocketmq5.wire import translate
+
+    try:
+        "caf\udce9".encode("utf-8")
+    except UnicodeEncodeError as exc:
+        translated = translate(exc, "sending message m1 to T")
+    assert isinstance(translated, TransportError)
+    assert not isinstance(translated, TransportUnavailable)

@@ -22,6 +22,7 @@ from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema.types import (
     GROUP_LEN,
     KEYS_LEN,
+    MYSQL_TABLE,
     NAME_LEN,
     REASON_LEN,
     TAGS_LEN,
@@ -101,6 +102,7 @@ def _message(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.Index(f"ix_{name}_uniq_key", "uniq_key"),
         sa.Index(f"ix_{name}_born_at", "born_at"),
         comment="consumer-kit SQL transport: message log",
+        **MYSQL_TABLE,
     )
 
 
@@ -115,6 +117,7 @@ def _queue(metadata: sa.MetaData, name: str) -> sa.Table:
                   comment="offset the next message gets (row locked while assigning)"),
         sa.Column("created_at", timestamp(), nullable=False, comment="UTC"),
         comment="consumer-kit SQL transport: queues of each topic",
+        **MYSQL_TABLE,
     )
 
 
@@ -130,6 +133,7 @@ def _offset(metadata: sa.MetaData, name: str) -> sa.Table:
                   comment="every message below this offset is done for the group"),
         sa.Column("updated_at", timestamp(), nullable=False, comment="UTC of the last commit"),
         comment="consumer-kit SQL transport: committed consume offsets",
+        **MYSQL_TABLE,
     )
 
 
@@ -148,6 +152,7 @@ def _lease(metadata: sa.MetaData, name: str) -> sa.Table:
                   comment="optimistic lock: each change is a CAS on it"),
         sa.Column("updated_at", timestamp(), nullable=False, comment="UTC"),
         comment="consumer-kit SQL transport: queue ownership leases",
+        **MYSQL_TABLE,
     )
 
 
@@ -162,6 +167,7 @@ def _member(metadata: sa.MetaData, name: str) -> sa.Table:
                   comment="UTC; the member counts for rebalancing until then"),
         sa.Column("started_at", timestamp(), nullable=False, comment="UTC"),
         comment="consumer-kit SQL transport: consumer heartbeats",
+        **MYSQL_TABLE,
     )
 
 
@@ -188,6 +194,7 @@ def _dlq(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.Column("moved_at", timestamp(), nullable=False, comment="UTC"),
         sa.Index(f"ix_{name}_group_moved", "consumer_group", "moved_at"),
         comment="consumer-kit SQL transport: dead letters",
+        **MYSQL_TABLE,
     )
 
 

@@ -23,6 +23,7 @@ from consumer_kit.core.schema.types import (
     GROUP_LEN,
     KEYS_LEN,
     MESSAGE_ID_LEN,
+    MYSQL_TABLE,
     NAME_LEN,
     REASON_LEN,
     TAGS_LEN,
@@ -109,6 +110,7 @@ def outbox_table(metadata: sa.MetaData, name: str = DEFAULT_OUTBOX_TABLE) -> sa.
         # SQLite hands a deleted row's id out again without AUTOINCREMENT: an archived row's id
         # would clash in the archive, and an id would name two messages over time
         sqlite_autoincrement=True,
+        **MYSQL_TABLE,
     )
 
 
@@ -121,6 +123,7 @@ def outbox_archive_table(metadata: sa.MetaData, name: str) -> sa.Table:
         *_outbox_columns(),
         sa.Index(f"ix_{name}_message_id", "message_id"),
         comment="consumer-kit outbox archive (terminal rows moved by ckit outbox archive)",
+        **MYSQL_TABLE,
     )
 
 
@@ -140,6 +143,7 @@ def receipt_table(metadata: sa.MetaData, name: str = DEFAULT_RECEIPT_TABLE) -> s
         # the reconciler's large-window read: consumer_group IN (...) AND received_at >= since
         sa.Index(f"ix_{name}_group_received", "consumer_group", "received_at"),
         comment="consumer-kit per-group receipts of outbox messages",
+        **MYSQL_TABLE,
     )
 
 
@@ -176,4 +180,5 @@ def processed_table(metadata: sa.MetaData, name: str = DEFAULT_PROCESSED_TABLE) 
         # the receipt sender's scan: consumer_group = ? AND receipt_due_at <= ?
         sa.Index(f"ix_{name}_receipt_due", "consumer_group", "receipt_due_at"),
         comment="consumer-kit processed messages (dedupe truth)",
+        **MYSQL_TABLE,
     )

@@ -8,6 +8,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 #: Maximum lengths, shared by validation in the API and the column definitions.
+#: Every table's MySQL/MariaDB options: InnoDB, utf8mb4, and a binary collation. The server's
+#: default utf8mb4 collation ignores case (and trailing spaces): ids, keys, topics and group
+#: names that differ only in case would be one (a foreign KEYS "a1" a duplicate of "A1", a
+#: group "billing" reading "Billing"'s offsets and processed rows, biz key "Order-1" published
+#: as "order-1").
+MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
+                               "mysql_collate": "utf8mb4_bin"}
 MESSAGE_ID_LEN = 128
 BIZ_TYPE_LEN = 64
 BIZ_KEY_LEN = 128

@@ -49,6 +49,7 @@ from consumer_kit.transports.rocketmq5.wire import (
     DEFAULT_ROCKETMQ5_RETRY_DELAYS,
     check_property,
     delivery_seconds,
+    message_group,
     parse_endpoint,
     stored_delivery,
     translate,
@@ -203,7 +204,8 @@ class RocketMQ5Transport(Transport):
                                   f"limit of {self.max_body_bytes}")
         group = None
         if message.topic in self.ordered_topics:
-            group = message.sharding_key or (message.keys[0] if message.keys else None) or msg_id
+            group = message_group(message.sharding_key
+                                  or (message.keys[0] if message.keys else None) or msg_id)
             if message.delay:
                 raise TransportError(f"{what}: {message.topic} is an ordered (FIFO) topic; "
                                      "RocketMQ 5 cannot delay a FIFO message")

@@ -5,6 +5,7 @@ the consumer-kit error tree. Pure functions; only `translate` looks at the clien
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -12,7 +13,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from consumer_kit.core.envelope import PROP_ID, PROP_REASON, decode_body, stored_body
+from consumer_kit.core.envelope import (
+    PROP_ID,
+    PROP_REASON,
+    ROCKETMQ5_PROPERTIES,
+    ROCKETMQ_RESERVED_PREFIXES,
+    decode_body,
+    stored_body,
+)
 from consumer_kit.core.errors import (
     ConfigError,
     MessageTooLarge,
@@ -38,20 +46,9 @@ DEFAULT_ROCKETMQ5_RETRY_DELAYS: tuple[float, ...] = (
 PROP_DLQ_TOPIC = "ckit_dlq_topic"
 TRANSPORT_PROPERTIES = frozenset({PROP_DLQ_TOPIC})
 
-#: Property names the broker keeps for itself (MessageConst in RocketMQ 5.3.3): a client may not
-#: send them, and they are dropped when a stored dead letter is read back.
-SYSTEM_PROPERTIES = frozenset({
-    "1ST_POP_TIME", "ARRIVE_TIME", "BORN_TIMESTAMP", "BUYER_ID",
-    "CHECK_IMMUNITY_TIME_IN_SECONDS", "CLUSTER", "CONSUME_START_TIME", "CORRECTION_FLAG",
-    "CORRELATION_ID", "DELAY", "DLQ_ORIGIN_MESSAGE_ID", "DLQ_ORIGIN_TOPIC", "DUP_INFO",
-    "EXTEND_UNIQ_INFO", "INSTANCE_ID", "KEYS", "MAX_OFFSET", "MAX_RECONSUME_TIMES", "MIN_OFFSET",
-    "MQ2_FLAG", "MSG_REGION", "MSG_TYPE", "ORIGIN_MESSAGE_ID", "PGROUP", "POP_CK",
-    "POP_CK_OFFSET", "PROPERTY_FORWARD_QUEUE_ID", "PUSH_REPLY_TIME", "REAL_QID", "REAL_TOPIC",
-    "RECONSUME_TIME", "REDIRECT", "REPLY_TO_CLIENT", "RETRY_TOPIC", "TAGS", "TRACE_CONTEXT",
-    "TRACE_ON", "TRANSACTION_CHECK_TIMES", "TRANSFER_FLAG", "TRAN_MSG",
-    "TRAN_PREPARED_QUEUE_OFFSET", "TTL", "UNIQ_KEY", "WAIT",
-})
-_SYSTEM_PREFIXES = ("__", "TIMER_", "INNER_")
+#: Property names the broker keeps for itself (RocketMQ 5.3.3), and their prefixes
+SYSTEM_PROPERTIES = ROCKETMQ5_PROPERTIES
+_SYSTEM_PREFIXES = ROCKETMQ_RESERVED_PREFIXES
 _ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]]+:\d{1,5}$")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -191,7 +188,27 @@ def translate(exc: BaseException, what: str) -> TransportError:
         return TransportUnavailable(f"{what}: {text}")
     if isinstance(exc, errors.ClientException):
         return TransportError(f"{what}: {text}")
+    if isinstance(exc, ValueError | TypeError):  # this message cannot be encoded (a lone
+        # surrogate in a property, say): never an outage, which would hold every other row
+        return TransportError(f"{what}: {type(exc).__name__}: {text}")
     return TransportUnavailable(f"{what}: {type(exc).__name__}: {text}")
+
+
+#: The proxy's longest message group (`maxMessageGroupSize`)
+MESSAGE_GROUP_MAX = 64
+
+
+def message_group(key: str) -> str:
+    """A FIFO message group for `key`: the key itself up to `MESSAGE_GROUP_MAX` characters,
+    else its first 47, `~` and 16 hex digits of its SHA-1 (the same key, the same group: order
+    per key is kept).
+
+    >>> message_group("order-1"), len(message_group("k" * 100))
+    ('order-1', 64)
+    """
+    if len(key) <= MESSAGE_GROUP_MAX:
+        return key
+    return f"{key[:47]}~{hashlib.sha1(key.encode('utf-8')).hexdigest()[:16]}"
 
 
 def route_hint(exc: BaseException) -> str:
