@@ -597,3 +597,41 @@ def test_an_unreachable_server_raises_transport_unavailable_without_the_password
         t.send(OutgoingMessage("orders", b"x"))
     assert "s3cret" not in str(caught.value)
     assert "ckit:***@127.0.0.1:1" in str(caught.value)
+
+
+def test_a_member_shut_down_under_a_running_callback_keeps_the_queue_until_its_lease_runs_out(
+        tmp_path: Path) -> None:
+    # Given two members of a group on one queue (lease 2 s), the first running a 3 s callback
+    t = SqlTransport(sqlite_url(tmp_path), create_tables=True, queues=1, lease_seconds=2,
+                     poll_interval=0.02)
+    runs: list[tuple[str, str, float]] = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def member(name: str) -> Callable[[Delivery], ConsumeStatus]:
+        def handler(delivery: Delivery) -> ConsumeStatus:
+            with lock:
+                runs.append((name, "start", time.monotonic()))
+            started.set()
+            time.sleep(3)
+            with lock:
+                runs.append((name, "end", time.monotonic()))
+            return ConsumeStatus.CONSUME_SUCCESS
+        return handler
+
+    first = t.consumer("G", [Subscription("T")], member("first"))
+    first.start()
+    t.send(OutgoingMessage("T", b"slow"))
+    assert started.wait(10)
+    second = t.consumer("G", [Subscription("T")], member("second"))
+    second.start()
+    try:
+        # When the first is shut down with a timeout shorter than its callback
+        first.shutdown(timeout=0.2)
+        time.sleep(4)
+    finally:
+        second.shutdown(6)
+        t.close()
+    # Then the second never ran the message while the first still did: the first kept the
+    # queue until its callback returned, committed it, and only then handed the queue over
+    assert [(name, what) for name, what, _ in runs] == [("first", "start"), ("first", "end")]

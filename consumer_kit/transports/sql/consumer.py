@@ -141,7 +141,10 @@ class SqlConsumer(Consumer):
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop fetching, let running callbacks finish (up to `timeout`), commit, release the
-        queues and leave the group. Messages fetched but not started stay uncommitted."""
+        queues and leave the group. Messages fetched but not started stay uncommitted. A queue
+        whose callback still runs after `timeout` is committed up to it but not released: its
+        lease runs out first (`lease_seconds`), so no other member gets that message while the
+        callback may still apply it."""
         if not self._started or self._stop.is_set():
             return
         self._stop.set()
@@ -158,7 +161,10 @@ class SqlConsumer(Consumer):
                 state.active = False
         for state in states:
             try:
-                self._give_up(state)
+                if state.running:
+                    self._keep_until_expiry(state)
+                else:
+                    self._give_up(state)
             except CkitError as error:
                 log.warning("could not release %s/%d of %s: %s", *state.key, self.group, error)
         try:
@@ -261,6 +267,41 @@ class SqlConsumer(Consumer):
             self._owned.pop(state.key, None)
         log.info("consumer %s of %s handed over %s/%d at offset %d (%s)", self.member_id,
                  self.group, *state.key, offset, "released" if released else "lost")
+
+    def _keep_until_expiry(self, state: _QueueState) -> None:
+        """Commit what is done of a queue whose callback still runs, and keep its lease (a
+        release hands the queue over at once) until the callback returns: a thread renews it,
+        then commits and releases. Should this process end first, the lease runs out."""
+        offset = state.commit_point()
+        if offset > state.committed:
+            self.store.commit({state.key: offset})
+            state.committed = offset
+        log.warning("consumer %s of %s: a callback on %s/%d still runs after the shutdown "
+                    "timeout; the queue is handed over when it returns", self.member_id,
+                    self.group, *state.key)
+        threading.Thread(target=self._hold, args=(state,), daemon=True,
+                         name=f"ckit-sql-{self.group}-hold").start()
+
+    def _hold(self, state: _QueueState) -> None:
+        every = self.settings.lease_seconds / 3
+        while True:
+            with self._cond:
+                if state.running:
+                    self._cond.wait(every)
+                if not state.running:
+                    break
+            try:
+                renewed = self.store.renew([state.lease]).get(state.key)
+            except CkitError as error:
+                log.warning("could not keep %s/%d of %s: %s", *state.key, self.group, error)
+                return
+            if renewed is None:
+                return  # taken over (it had run out): nothing of ours to release
+            state.lease = renewed
+        try:
+            self._give_up(state)
+        except CkitError as error:
+            log.warning("could not release %s/%d of %s: %s", *state.key, self.group, error)
 
     def _take(self, key: QueueKey) -> None:
         deadline = time.monotonic() + self.settings.lease_seconds * 0.8
