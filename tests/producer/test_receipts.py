@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import sqlalchemy as sa
 
@@ -153,10 +155,18 @@ def test_a_row_whose_receipt_beat_its_mark_is_re_sent_as_a_resend_after_a_forced
     assert to_message(again).properties[PROP_RESEND] == "1"
 
 
-def test_an_old_rejection_arriving_after_an_operators_retry_leaves_the_re_send_to_decide(
-        db: Db) -> None:
-    # Given a row its group rejected, and an operator's `ckit outbox retry` of it, while the
-    # group's rejected receipt for that first delivery is still on its way (owed, redelivered)
+@dataclasses.dataclass
+class Retried:
+    """A row its group rejected, then `ckit outbox retry`: PENDING again, while the group's
+    rejected receipt for the first delivery (`old`) is still on its way (owed, redelivered)."""
+
+    message_id: str
+    relay: Relay
+    acks: ReceiptApplier
+    old: Receipt
+
+
+def rejected_then_retried(db: Db) -> Retried:
     from outbox_producer import ops
 
     [mid] = publish(db)
@@ -166,37 +176,34 @@ def test_an_old_rejection_arriving_after_an_operators_retry_leaves_the_re_send_t
     acks = applier(db)
     acks.apply([old])
     assert ops.retry(db.engine, ops.OutboxTables.from_names(db.names), [mid]).changed
+    return Retried(mid, relay, acks, old)
+
+
+def test_an_old_rejection_arriving_after_an_operators_retry_leaves_the_re_send_to_decide(
+        db: Db) -> None:
+    row = rejected_then_retried(db)
     # When the old rejection arrives again
-    acks.apply([old])
+    row.acks.apply([row.old])
     # Then the re-send still goes out (the row is not rejected again before it)
-    assert state(db, mid)[0] == OutboxState.PENDING
-    relay.run_once()
-    assert state(db, mid)[0] == OutboxState.SENT
+    assert state(db, row.message_id)[0] == OutboxState.PENDING
+    row.relay.run_once()
+    assert state(db, row.message_id)[0] == OutboxState.SENT
     # and the group's answer to the re-send decides: it ran it and consumed it
-    acks.apply([Receipt(mid, "inventory")])
-    assert state(db, mid)[0] == OutboxState.CONSUMED
+    row.acks.apply([Receipt(row.message_id, "inventory")])
+    assert state(db, row.message_id)[0] == OutboxState.CONSUMED
 
 
 def test_an_old_rejection_arriving_once_the_re_send_is_out_rejects_only_until_its_answer(
         db: Db) -> None:
-    # Given a rejected row re-sent after `ckit outbox retry` (SENT again)
-    from outbox_producer import ops
-
-    [mid] = publish(db)
-    relay = Relay(db.engine, RecordingTransport(), table=db.names.outbox)
-    relay.run_once()
-    old = Receipt(mid, "inventory", ReceiptOutcome.REJECTED, "price service said no")
-    acks = applier(db)
-    acks.apply([old])
-    assert ops.retry(db.engine, ops.OutboxTables.from_names(db.names), [mid]).changed
-    relay.run_once()
+    row = rejected_then_retried(db)
+    row.relay.run_once()  # the re-send is out (SENT again)
     # When the old rejection arrives now, Then it rejects the row (it cannot tell which
     # delivery it answers)
-    acks.apply([old])
-    assert state(db, mid)[0] == OutboxState.REJECTED
+    row.acks.apply([row.old])
+    assert state(db, row.message_id)[0] == OutboxState.REJECTED
     # until the group's answer to the re-send (which re-runs a failed message) arrives
-    acks.apply([Receipt(mid, "inventory")])
-    assert state(db, mid)[0] == OutboxState.CONSUMED
+    row.acks.apply([Receipt(row.message_id, "inventory")])
+    assert state(db, row.message_id)[0] == OutboxState.CONSUMED
 
 
 def test_a_group_that_rejected_a_message_and_consumed_a_later_delivery_makes_it_consumed(
@@ -214,9 +221,9 @@ def test_a_group_that_rejected_a_message_and_consumed_a_later_delivery_makes_it_
     assert state(db, mid)[0] == OutboxState.CONSUMED
     assert result.consumed == 1
     with db.engine.connect() as conn:
-        outcomes = dict(conn.execute(sa.text(
+        outcomes = {str(group): str(outcome) for group, outcome in conn.execute(sa.text(
             f"SELECT consumer_group, outcome FROM {db.names.receipts} WHERE message_id = :m"),
-            {"m": mid}).all())
+            {"m": mid})}
     assert outcomes == {"inventory": "consumed", "billing": "consumed"}
 
 
