@@ -44,11 +44,9 @@ needs the LOCK TABLES privilege.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -63,6 +61,7 @@ from consumer_kit.core.schema.types import MYSQL_TABLE
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
+from outbox_producer.ops.table_lock import LockBusy, write_locked
 from outbox_producer.ops.tables import OutboxTables, key_table
 
 MAX = "MAXVALUE"
@@ -73,8 +72,6 @@ DEFAULT_BATCH = 1000
 DEFAULT_OLDER_THAN = ARCHIVE_FLOOR
 #: How long `rotate` waits for the outbox's write lock before keeping the day for the next run
 LOCK_WAIT_SECONDS = 10
-#: MySQL/MariaDB: "Lock wait timeout exceeded"
-ER_LOCK_WAIT_TIMEOUT = 1205
 
 
 def day_name(day: dt.date) -> str:
@@ -272,7 +269,7 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
         return (f"{int(held) - archived} row(s) not in the archive yet (published into the day "
                 "since it was copied): the next run copies them")
     try:
-        with _write_locked(engine, name) as conn:
+        with write_locked(engine, name, wait=LOCK_WAIT_SECONDS) as conn:
             # every transaction that wrote the outbox has ended, and none starts before the
             # drop (they queue behind the lock): a row committed since the count is PENDING
             # (publish writes no other state, and the relay waits too) or has a higher id
@@ -292,36 +289,6 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     # a second send) until the next run's `_sweep_absorbed` deletes them.
     _delete_orphans(engine, tables, lower, part.upper, batch, pause)
     return None
-
-
-class LockBusy(Exception):
-    """`LOCK TABLES` waited `LOCK_WAIT_SECONDS` in vain."""
-
-
-@contextlib.contextmanager
-def _write_locked(engine: Engine, table: str) -> Iterator[Connection]:
-    """A connection holding `LOCK TABLES table WRITE` (the tables of its trigger with it),
-    waited for at most `LOCK_WAIT_SECONDS` (publishes queue behind a pending lock: a long
-    transaction on the outbox must not hold them all for MariaDB's default of a year).
-
-    Raises:
-        LockBusy: the lock was not granted in time.
-    """
-    with engine.connect() as conn:
-        try:
-            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}")
-            conn.exec_driver_sql(f"LOCK TABLES {table} WRITE")
-        except sa.exc.OperationalError as exc:
-            conn.invalidate()  # its session variable goes with it
-            if getattr(exc.orig, "args", [None])[0] == ER_LOCK_WAIT_TIMEOUT:
-                raise LockBusy(str(exc.orig)) from None
-            raise
-        try:
-            yield conn
-        finally:
-            with contextlib.suppress(sa.exc.DBAPIError):
-                conn.exec_driver_sql("UNLOCK TABLES")
-            conn.invalidate()  # its session's lock_wait_timeout goes with it
 
 
 def _day_start(part: Partition) -> str | None:

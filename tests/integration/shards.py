@@ -59,8 +59,9 @@ class Shards:
         for shard in range(len(self.urls)):
             ids = self.publish(shard, range(4))
             Relay(self.engines[shard], RecordingTransport(), table=self.names.outbox).run_once()
-            with self.engines[shard].begin() as conn:
-                conn.execute(sa.update(t).values(sent_at=old)
+            with self.engines[shard].begin() as conn:  # made and sent before they were processed
+                conn.execute(sa.update(t).values(sent_at=old,
+                                                 gmt_create=old - dt.timedelta(minutes=1))
                              .execution_options(ckit_transition="test-setup"))
             self.processed("inventory", ids[0], "SUCCEEDED", old)
             self.processed("billing", ids[0], "SUCCEEDED", old)

@@ -33,7 +33,7 @@ from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
 from consumer_kit.transports.rocketmq.sendback import SendBack
-from consumer_kit.transports.rocketmq.wire import make_delivery, read_properties, text, translate
+from consumer_kit.transports.rocketmq.wire import received_delivery, translate
 
 
 class ConsumerHost(Protocol):
@@ -329,24 +329,10 @@ class RocketMQConsumer(Consumer):
         Raises:
             ValueError: a body marked base64 that is not (unless `stored`).
         """
-        msg = native.client().ReceivedMessage(handle)
-        reconsume_times = int(msg.reconsume_times)
-        values = read_properties(lambda name: text(msg.get_property(name)),
-                                 self.transport.extra_properties, reason=reconsume_times > 0)
-        return make_delivery(
-            topic=text(msg.topic),
-            body=native.body(handle),
-            broker_message_id=text(msg.id),
-            tags=text(msg.tags),
-            keys=text(msg.keys),
-            properties=values,
-            reconsume_times=reconsume_times,
-            queue_id=int(msg.queue_id),
-            queue_offset=int(msg.queue_offset),
-            born_timestamp_ms=int(msg.born_timestamp),
-            max_reconsume_times=None if self.orderly else self.send_back.limit(),
-            stored=stored,
-        )
+        return received_delivery(
+            native.client().ReceivedMessage(handle), native.body(handle),
+            extra=self.transport.extra_properties,
+            max_reconsume_times=None if self.orderly else self.send_back.limit(), stored=stored)
 
     def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
         """Stop the PushConsumer (it lets running callbacks finish and persists offsets).

@@ -159,6 +159,25 @@ def make_delivery(*, body: bytes, properties: dict[str, str], stored: bool = Fal
     return Delivery(body=body, properties=properties, last_error=last_error, **fields)
 
 
+def received_delivery(msg: Any, body: bytes, *, extra: Sequence[str],
+                      max_reconsume_times: int | None, stored: bool = False) -> Delivery:
+    """A `Delivery` from a received 2.0.0 `ReceivedMessage` and its whole body
+    (`native.body`); `stored`: the body as it travelled, not decoded (`make_delivery`).
+
+    Raises:
+        ValueError: a body marked base64 that is not (unless `stored`).
+    """
+    reconsume_times = int(msg.reconsume_times)
+    values = read_properties(lambda name: text(msg.get_property(name)), extra,
+                             reason=reconsume_times > 0)
+    return make_delivery(
+        topic=text(msg.topic), body=body, broker_message_id=text(msg.id), tags=text(msg.tags),
+        keys=text(msg.keys), properties=values, reconsume_times=reconsume_times,
+        queue_id=int(msg.queue_id), queue_offset=int(msg.queue_offset),
+        born_timestamp_ms=int(msg.born_timestamp), max_reconsume_times=max_reconsume_times,
+        stored=stored)
+
+
 def text(value: bytes | str | None) -> str:
     """What the client returned (bytes, `b''` when missing) as text."""
     if value is None:

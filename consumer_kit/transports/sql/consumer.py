@@ -13,7 +13,6 @@ was committed, so in the normal case no message reaches two consumers.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -33,7 +32,8 @@ from consumer_kit.core.messages import (
     tag_matches,
 )
 from consumer_kit.transports.base import Consumer
-from consumer_kit.transports.sql.group import GroupStore, Lease, QueueKey, allocate, new_member_id
+from consumer_kit.transports.sql.group import GroupStore, QueueKey, allocate, new_member_id
+from consumer_kit.transports.sql.ownership import QueueState, Work, hold_until_idle
 from consumer_kit.transports.sql.rows import row_delivery
 
 if TYPE_CHECKING:
@@ -44,31 +44,6 @@ log = logging.getLogger(__name__)
 COMMIT_INTERVAL = 0.2
 HANDOVER_INTERVAL = 0.25
 ERROR_BACKOFF = 1.0
-
-
-@dataclasses.dataclass(eq=False)
-class _QueueState:
-    """One queue this member owns (or is giving up)."""
-
-    key: QueueKey
-    lease: Lease
-    expression: str
-    cursor: int  # next offset to fetch
-    committed: int  # last offset written
-    lease_deadline: float  # monotonic: stop handing out messages after this without a renewal
-    pending: set[int] = dataclasses.field(default_factory=set)  # fetched, not done
-    running: int = 0
-    active: bool = True  # False: being given up or lost; buffered messages are skipped
-
-    def commit_point(self) -> int:
-        return min(self.pending) if self.pending else self.cursor
-
-
-@dataclasses.dataclass(frozen=True)
-class _Work:
-    state: _QueueState
-    offset: int
-    delivery: Delivery
 
 
 class SqlConsumer(Consumer):
@@ -93,12 +68,12 @@ class SqlConsumer(Consumer):
                                 self.settings.lease_seconds)
         self._beat_every = max(0.2, self.settings.lease_seconds / 3)
         self._cond = threading.Condition()
-        self._buffer: collections.deque[_Work] = collections.deque()
+        self._buffer: collections.deque[Work] = collections.deque()
         self._max_buffer = self.settings.batch_size + self.threads
         #: set to wake the poller early: new messages (a local send) or a low buffer
         self._wake = threading.Event()
         self._fill_from = 0  # rotates which owned queue is fetched first
-        self._owned: dict[QueueKey, _QueueState] = {}
+        self._owned: dict[QueueKey, QueueState] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._in_flight = 0
@@ -260,7 +235,7 @@ class SqlConsumer(Consumer):
         for key in sorted(self._wanted - set(self._owned)):
             self._take(key)
 
-    def _give_up(self, state: _QueueState) -> None:
+    def _give_up(self, state: QueueState) -> None:
         offset = state.commit_point()
         released = self.store.release(state.lease, offset if offset > state.committed else None)
         with self._cond:
@@ -268,7 +243,7 @@ class SqlConsumer(Consumer):
         log.info("consumer %s of %s handed over %s/%d at offset %d (%s)", self.member_id,
                  self.group, *state.key, offset, "released" if released else "lost")
 
-    def _keep_until_expiry(self, state: _QueueState) -> None:
+    def _keep_until_expiry(self, state: QueueState) -> None:
         """Commit what is done of a queue whose callback still runs, and keep its lease (a
         release hands the queue over at once) until the callback returns: a thread renews it,
         then commits and releases. Should this process end first, the lease runs out."""
@@ -279,29 +254,9 @@ class SqlConsumer(Consumer):
         log.warning("consumer %s of %s: a callback on %s/%d still runs after the shutdown "
                     "timeout; the queue is handed over when it returns", self.member_id,
                     self.group, *state.key)
-        threading.Thread(target=self._hold, args=(state,), daemon=True,
-                         name=f"ckit-sql-{self.group}-hold").start()
-
-    def _hold(self, state: _QueueState) -> None:
-        every = self.settings.lease_seconds / 3
-        while True:
-            with self._cond:
-                if state.running:
-                    self._cond.wait(every)
-                if not state.running:
-                    break
-            try:
-                renewed = self.store.renew([state.lease]).get(state.key)
-            except CkitError as error:
-                log.warning("could not keep %s/%d of %s: %s", *state.key, self.group, error)
-                return
-            if renewed is None:
-                return  # taken over (it had run out): nothing of ours to release
-            state.lease = renewed
-        try:
-            self._give_up(state)
-        except CkitError as error:
-            log.warning("could not release %s/%d of %s: %s", *state.key, self.group, error)
+        threading.Thread(target=hold_until_idle, daemon=True, name=f"ckit-sql-{self.group}-hold",
+                         args=(state, self.store, self._cond, self.settings.lease_seconds / 3,
+                               self._give_up)).start()
 
     def _take(self, key: QueueKey) -> None:
         deadline = time.monotonic() + self.settings.lease_seconds * 0.8
@@ -309,7 +264,7 @@ class SqlConsumer(Consumer):
         if taken is None:
             return
         lease, offset = taken
-        state = _QueueState(key=key, lease=lease, expression=self.expressions[key[0]],
+        state = QueueState(key=key, lease=lease, expression=self.expressions[key[0]],
                             cursor=offset, committed=offset, lease_deadline=deadline)
         with self._cond:
             self._owned[key] = state
@@ -366,7 +321,7 @@ class SqlConsumer(Consumer):
             for row in rows:
                 offset = int(row.queue_offset)
                 if row.origin_topic is not None or tag_matches(state.expression, row.tags):
-                    work.append(_Work(state, offset,
+                    work.append(Work(state, offset,
                                       _delivery(row, self.transport.max_reconsume_times)))
             with self._cond:
                 state.cursor = int(rows[-1].queue_offset) + 1
@@ -378,7 +333,7 @@ class SqlConsumer(Consumer):
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def _next_work(self) -> _Work | None:
+    def _next_work(self) -> Work | None:
         with self._cond:
             while not self._stop.is_set():
                 if not self._buffer:
