@@ -31,8 +31,9 @@ DRIVER_CHOICES = (
 )
 
 log = logging.getLogger(__name__)
-#: tables warned about already in this process (`check_tables` runs at every start)
-_WARNED_FOLDING: set[str] = set()
+#: (database, table) warned about already in this process (`check_tables` runs at every start;
+#: shards share table names)
+_WARNED_FOLDING: set[tuple[str, str]] = set()
 
 
 def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
@@ -179,13 +180,14 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
             f"run `ckit db init --url <that url>` first"
         )
-    folding = [t for t in case_folding_tables(engine, tables) if t not in _WARNED_FOLDING]
+    where = mask_url(str(engine.url))
+    folding = [t for t in case_folding_tables(engine, tables) if (where, t) not in _WARNED_FOLDING]
     if folding:
-        _WARNED_FOLDING.update(folding)
+        _WARNED_FOLDING.update((where, t) for t in folding)
         log.warning("table(s) %s in %s compare text without case (made by an older "
                     "consumer-kit): ids, keys, topics and groups that differ only in case are "
                     "one there; run `ckit db init --upgrade --url <that url>`",
-                    ", ".join(folding), mask_url(str(engine.url)))
+                    ", ".join(folding), where)
     lacking = missing_columns(engine, tables)
     if lacking:
         raise SchemaError(
