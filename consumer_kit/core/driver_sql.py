@@ -18,7 +18,9 @@ observe the difference:
   statement goes through SQLAlchemy);
 - the engine does not echo statements.
 
-Otherwise the statement goes through `exec_driver_sql`. A connection with a
+On psycopg, the statement is sent below the cursor, as a prepared statement, when it can be
+(`consumer_kit.core.pg_libpq`). Otherwise on the cursor; and through `exec_driver_sql` when the
+conditions above do not hold. A connection with a
 `schema_translate_map` needs the Core statement (`translates_schema`): driver SQL names its
 table as compiled. Errors are the same either way: a
 driver error is raised as SQLAlchemy's (`IntegrityError` for a duplicate key), and a lost
@@ -34,6 +36,8 @@ from typing import Any, Literal, cast
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
+
+from consumer_kit.core import pg_libpq
 
 #: What `execute` answers: the row count, the driver's last row id, or the first column of
 #: the first row returned (None when no row came back).
@@ -99,9 +103,14 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     """
     if not _direct(conn):
         return _through_sqlalchemy(conn, sql, params, answer)
+    raw = conn.connection.dbapi_connection
     cursor = None
     try:
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        if conn.dialect.driver == "psycopg":  # below the cursor when it can (`pg_libpq`)
+            value = pg_libpq.run(raw, sql, params, answer)
+            if value is not pg_libpq.NOT_RUN:
+                return value
+        cursor = raw.cursor()  # type: ignore[union-attr]
         cursor.execute(sql, params)
         if answer == "scalar":
             row = cursor.fetchone()
