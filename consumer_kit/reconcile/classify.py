@@ -27,7 +27,8 @@ def classify(
 
     Rules, in order: a SENDING row (its lease expired before the cutoff) is STUCK_SENDING; a SENT
     row with no expected group is UNMATCHED; any expected group that FAILED it (processed FAILED
-    or sent a rejected receipt) makes it REJECTED; every expected group SUCCEEDED (processed) or
+    or sent a rejected receipt, unless its processed row says SUCCEEDED: that row is the truth,
+    the receipt older) makes it REJECTED; every expected group SUCCEEDED (processed) or
     sent a consumed receipt makes it RECEIPT_LOST; otherwise some group is missing: RETRY while
     `retry_count < max_retries`, else EXHAUSTED.
 
@@ -84,6 +85,10 @@ def _merge(old: Evidence | None, new: Evidence) -> Evidence:
 
 
 def _rejection(ev: Evidence) -> str | None:
+    if ev.processed_status == ProcessedStatus.SUCCEEDED.value:
+        # the group's own row is the truth: a rejected receipt beside it is older (answered
+        # before a re-send the group then ran, e.g. after `ckit outbox retry`)
+        return None
     if ev.processed_status in (ProcessedStatus.FAILED.value,
                                ProcessedStatus.DEAD_LETTERED.value):
         return f"{ev.group}: {ev.processed_error or 'processing failed'}"

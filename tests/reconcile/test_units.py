@@ -27,6 +27,17 @@ def test_a_rejection_by_any_group_wins_over_success_elsewhere() -> None:
     assert (d.klass, d.reason) == (RepairClass.REJECTED, "b: no such sku")
 
 
+def test_a_groups_own_success_wins_over_an_older_rejected_receipt_of_the_same_group() -> None:
+    # Given group a rejected the message, was made to run it again (`ckit outbox retry`) and
+    # processed it, its consumed receipt not here yet; b processed it too
+    evidence = [Evidence("a", processed_status="SUCCEEDED", receipt_outcome="rejected",
+                         receipt_reason="out of stock"),
+                Evidence("b", processed_status="SUCCEEDED")]
+    # When classified / Then consumed (its receipt lost), not rejected
+    d = classify(_row(), evidence, GROUPS)
+    assert (d.klass, d.missing_receipts) == (RepairClass.RECEIPT_LOST, ("b",))
+
+
 def test_ack_or_processed_success_counts_and_only_missing_ack_rows_are_inserted() -> None:
     # Given a acked (its processed row purged) and b processed without an ack
     evidence = [Evidence("a", receipt_outcome="consumed"),
