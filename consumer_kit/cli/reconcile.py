@@ -15,9 +15,10 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
+from consumer_kit.cli.reconcile_checks import check_groups, check_lag
 from consumer_kit.cli.replicas import check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
-from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.clock import parse_duration, utcnow
 from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
@@ -100,12 +101,17 @@ def reconcile(
         help="alert when rejected, exhausted or unmatched rows are found"),
     json_out: bool = options.json_output(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr"),
+    force: bool = typer.Option(
+        False, "--force", help="run although a --group has no processed row while its topics "
+                               "were consumed, or lists a topic no outbox row holds"),
 ) -> None:
     """Compare the outbox with every group's processed table and repair stuck rows.
 
     Several --url reconcile the shards of a sharded outbox in one run; --read-url reads each
     from its replica (in the same order) while every repair goes to its primary. Every option
-    is checked before anything is read or repaired (one line, exit 2).
+    is checked before anything is read or repaired (one line, exit 2), and so is what the
+    data says of them: a group that processed nothing while its topics are stuck, a topic
+    no outbox row holds, a replica lacking rows made --stuck-after ago (`reconcile_checks`).
     """
     spark_submit = bool(ctx.obj and ctx.obj.get("spark_submit"))
     if engine not in ENGINES:
@@ -136,7 +142,7 @@ def reconcile(
         batch_size=batch_size,
         spark_conf=spark_conf,
     )
-    check_databases(config)
+    check_databases(config, force=force)
     started = time.monotonic()
 
     def progress(message: str) -> None:
@@ -177,15 +183,17 @@ def print_summary(summary: ReconcileSummary) -> None:
         typer.echo("orphans are reported only: see samples/orphan.jsonl")
 
 
-def check_databases(config: ReconcileConfig) -> None:
+def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
     """Check every database before the run reads or repairs anything: each URL (driver
     installed, SQLite file there), then each database's tables (the outbox and its receipts on
-    every producer database and replica, the processed table of every group). A run that
-    repaired the first shard and then met a typo in the second would leave half its work done
-    and report none of it.
+    every producer database and replica, the processed table of every group), then what their
+    rows say of the options (`reconcile_checks`: the group and topic checks skipped with
+    `force`). A run that repaired the first shard and then met a typo in the second would leave
+    half its work done and report none of it.
 
     Raises:
-        ConfigError: the first URL that cannot work, naming its option.
+        ConfigError: the first URL that cannot work, naming its option; a group, topic or
+            replica its rows show wrong (`reconcile_checks`).
         SchemaError: a table missing, naming its database.
     """
     metadata = sa.MetaData()
@@ -199,6 +207,7 @@ def check_databases(config: ReconcileConfig) -> None:
           for g in config.groups),
     ]
     engines: dict[str, sa.engine.Engine] = {}
+    now = config.now or utcnow()
     try:
         for option, url, _ in checks:
             try:
@@ -215,6 +224,11 @@ def check_databases(config: ReconcileConfig) -> None:
             if producer.read_url and producer.read_url != producer.url:
                 check_replica(engines[producer.url], engines[producer.read_url], outbox,
                               producer.index)
+                check_lag(engines[producer.url], engines[producer.read_url], outbox,
+                          producer.index, now=now, stuck_after=config.stuck_after)
+        if not force:
+            check_groups(config.groups, engines, producers, outbox,
+                         cutoff=now - config.stuck_after)
     finally:
         for made in engines.values():
             made.dispose()

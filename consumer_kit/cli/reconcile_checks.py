@@ -1,0 +1,126 @@
+"""What `ckit reconcile` checks in the data before any row moves, beside the tables
+(`check_databases`): that each `--group` names a group and a database that processed its
+messages, that each topic a `--group` lists is one the outbox holds, and that each replica is
+recent enough to show what is stuck.
+
+Each mistake here is silent in the run itself: a misspelt group or a group URL pointing at
+another database makes every message of the window look unprocessed (re-sent, and failed at
+its limit although consumed); a misspelt topic leaves the group unexpected for the topic it
+meant, so its messages turn CONSUMED without it; a replica that stopped applying changes hides
+every row stuck since, and the run reports nothing. `--force` runs past the first two (a group
+that has processed nothing yet, a topic nothing was published on yet); a stale replica always
+stops the run (reconcile against the primary instead).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+
+import sqlalchemy as sa
+
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import processed_table
+from consumer_kit.core.states import OutboxState
+from consumer_kit.core.urls import mask_url
+from consumer_kit.reconcile.model import GroupSource
+
+#: topics named in a refusal, at most
+_SHOWN = 10
+
+
+def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.Engine],
+                 producers: Sequence[str], outbox: sa.Table, *, cutoff: dt.datetime) -> None:
+    """Refuse a group without a single processed row in its database while the window (rows
+    SENT before `cutoff`) holds messages of its topics, and a group topic no outbox row of any
+    producer database holds.
+
+    Raises:
+        ConfigError: naming the `--group` and what to check.
+    """
+    for group in groups:
+        for topic in group.topics:
+            if not _any_row(engines, producers, outbox, outbox.c.topic == topic):
+                raise ConfigError(
+                    f"--group {group.name}: no outbox row has topic {topic!r} "
+                    f"(topics there: {_topics(engines, producers, outbox)}): a misspelt topic "
+                    f"leaves {group.name} unexpected for the one it meant, whose messages "
+                    "then turn CONSUMED without it (--force if nothing was published on "
+                    f"{topic!r} yet)")
+        table = processed_table(sa.MetaData(), group.table)
+        with engines[group.url].connect() as conn:
+            processed = conn.execute(sa.select(sa.literal(1)).where(
+                table.c.consumer_group == group.name).limit(1)).first()
+        if processed is not None:
+            continue
+        stuck = sa.and_(outbox.c.state == int(OutboxState.SENT), outbox.c.sent_at < cutoff)
+        if group.topics:
+            stuck = sa.and_(stuck, outbox.c.topic.in_(group.topics))
+        if _any_row(engines, producers, outbox, stuck):
+            raise ConfigError(
+                f"--group {group.name}: {mask_url(group.url)} holds no processed row of group "
+                f"{group.name!r} in {group.table}, and messages of its topics are stuck in "
+                "SENT: a misspelt group or another database (every message would look "
+                "unprocessed: re-sent, and failed at its limit; --force if the group has "
+                "really processed nothing yet)")
+
+
+def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
+              index: int, *, now: dt.datetime, stuck_after: dt.timedelta) -> None:
+    """Refuse a replica that lacks a row its primary made `stuck_after` or more before `now`:
+    it stopped applying changes then (or lags that far), so a row stuck since is not in the
+    window it shows, and the run would miss it and say nothing. A replica lacking only rows
+    made since passes (a row's stuck only `stuck_after` after it was sent). It looks at
+    inserts: a replica stalled on an outbox that received no row since is not seen.
+
+    Raises:
+        ConfigError: naming the `--read-url` and the row it lacks.
+    """
+    with replica.connect() as conn:
+        last = conn.execute(sa.select(sa.func.max(outbox.c.id))).scalar()
+    with primary.connect() as conn:
+        missing = conn.execute(
+            sa.select(outbox.c.id, outbox.c.gmt_create)
+            .where(outbox.c.id > (last or 0)).order_by(outbox.c.id).limit(1)).first()
+    if missing is None or now - missing.gmt_create < stuck_after:
+        return
+    raise ConfigError(
+        f"--read-url number {index + 1} lags its primary by "
+        f"{_span(now - missing.gmt_create)} or more: it lacks row id {missing.id}, "
+        f"made at {missing.gmt_create}, at least --stuck-after ({_span(stuck_after)}) "
+        "ago, so rows stuck since would not be seen (reconcile against the primary, or mend "
+        "the replica)")
+
+
+def _any_row(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
+             outbox: sa.Table, where: sa.ColumnElement[bool]) -> bool:
+    for url in producers:
+        with engines[url].connect() as conn:
+            if conn.execute(sa.select(sa.literal(1)).where(where).limit(1)).first():
+                return True
+    return False
+
+
+def _topics(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
+            outbox: sa.Table) -> str:
+    found: set[str] = set()
+    for url in producers:
+        with engines[url].connect() as conn:
+            found.update(conn.execute(sa.select(outbox.c.topic).distinct()
+                                      .limit(_SHOWN + 1)).scalars())
+    names = sorted(found)
+    if not names:
+        return "none"
+    return ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
+
+
+def _span(value: dt.timedelta) -> str:
+    """`value` to the second, in its largest units ("2h 5m", "40s").
+
+    >>> _span(dt.timedelta(hours=2, minutes=5, seconds=1.5)), _span(dt.timedelta(seconds=40))
+    ('2h 5m 1s', '40s')
+    """
+    seconds = int(value.total_seconds())
+    parts = [f"{n}{unit}" for n, unit in ((seconds // 86400, "d"), (seconds // 3600 % 24, "h"),
+                                          (seconds // 60 % 60, "m"), (seconds % 60, "s")) if n]
+    return " ".join(parts) or "0s"

@@ -1,0 +1,123 @@
+"""`ckit reconcile` refuses, before any row moves, the options its data shows wrong: a misspelt
+group or another database's URL (every message would look unprocessed), a misspelt topic (its
+messages would turn CONSUMED without the group), a replica lagging past --stuck-after (rows
+stuck since would go unseen)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from consumer_kit.cli.main import app
+from consumer_kit.core.states import OutboxState
+from tests.cli import error_line
+from tests.reconcile.conftest import World
+
+pytestmark = pytest.mark.parametrize("kind", ["sqlite"])
+
+
+def run(w: World, *groups: str, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    argv = ["reconcile", "--url", w.producer_url, "--engine", "sql", "-o", "",
+            "--processed-table", w.processed["inventory"].name,
+            "--outbox-table", w.outbox.name, "--receipt-table", w.receipts.name,
+            "--no-fail-on-failures", *extra]
+    for group in groups or (f"inventory={w.group_urls['inventory']}",):
+        argv += ["--group", group]
+    result = CliRunner().invoke(app, argv)
+    return result.exit_code, result.output
+
+
+def test_a_misspelt_group_is_refused_before_any_row_moves_and_force_runs_it(
+        world: World) -> None:
+    # Given: messages inventory processed, their receipts lost; one at its retry limit
+    ids = [world.add_outbox(OutboxState.SENT), world.add_outbox(OutboxState.SENT,
+                                                                retry_count=3, max_retries=3)]
+    for message_id in ids:
+        world.add_processed("inventory", message_id)
+    typo = f"inventroy={world.group_urls['inventory']}"
+    # When: the group's name is misspelt
+    code, output = run(world, typo)
+    # Then: one line naming it, nothing re-sent or failed
+    assert code == 2, output
+    assert "--group inventroy" in error_line(output) and "misspelt" in error_line(output)
+    assert [world.row(m).state for m in ids] == [int(OutboxState.SENT)] * 2
+    # And with --force the operator's word is taken
+    code, output = run(world, typo, extra=("--force",))
+    assert code == 0, output
+    assert world.row(ids[1]).state == int(OutboxState.FAILED)
+
+
+def test_a_group_url_of_a_database_without_its_rows_is_refused(world: World,
+                                                               tmp_path: Path) -> None:
+    # Given: inventory processed the message; the URL given is the producer's own database,
+    # which holds a processed table too (`ckit db init` makes one everywhere)
+    message_id = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", message_id)
+    table = world.processed["inventory"]
+    table.metadata.create_all(world.producer, tables=[table])
+    # When
+    code, output = run(world, f"inventory={world.producer_url}")
+    # Then
+    assert code == 2, output
+    assert "holds no processed row of group 'inventory'" in error_line(output)
+    assert world.row(message_id).state == int(OutboxState.SENT)
+
+
+def test_a_group_that_processed_nothing_passes_while_none_of_its_messages_is_stuck(
+        world: World) -> None:
+    # Given: a quiet group (its rows purged), its topic's messages all consumed long ago
+    world.add_outbox(OutboxState.CONSUMED)
+    # When / Then: nothing to refuse: the run has nothing of its to act on
+    code, output = run(world)
+    assert code == 0, output
+
+
+def test_a_misspelt_topic_is_refused_naming_the_topics_the_outbox_holds(world: World) -> None:
+    # Given: ORDER_PAID messages only inventory processed (billing never did)
+    message_id = world.add_outbox(OutboxState.SENT, topic="ORDER_PAID")
+    world.add_processed("inventory", message_id, topic="ORDER_PAID")
+    url = world.group_urls["inventory"]
+    # When: billing's topic is misspelt, inventory consumes every topic
+    code, output = run(world, f"inventory={url}", f"billing:ORDER_PAYED={url}")
+    # Then: refused (the row would have turned CONSUMED without billing)
+    assert code == 2, output
+    line = error_line(output)
+    assert "'ORDER_PAYED'" in line and "topics there: ORDER_PAID" in line
+    assert world.row(message_id).state == int(OutboxState.SENT)
+
+
+def _replica_of(world: World, tmp_path: Path) -> str:
+    """A copy of the producer's SQLite database as it is now (its WAL included)."""
+    path = tmp_path / "replica.db"
+    with contextlib.closing(sqlite3.connect(world.producer_url.removeprefix("sqlite:///"))) \
+            as source, contextlib.closing(sqlite3.connect(path)) as copy:
+        source.backup(copy)
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize(("made_ago", "refused"), [(dt.timedelta(hours=2), True),
+                                                   (dt.timedelta(minutes=1), False)])
+def test_a_replica_lacking_a_row_made_stuck_after_ago_is_refused(
+        world: World, tmp_path: Path, made_ago: dt.timedelta, refused: bool) -> None:
+    # Given: a replica that stopped applying changes; the primary made a row since
+    world.add_processed("inventory", world.add_outbox(OutboxState.SENT))
+    replica = _replica_of(world, tmp_path)
+    lost = world.add_outbox(OutboxState.SENT, age=made_ago)
+    with world.producer.begin() as conn:
+        conn.execute(sa.update(world.outbox).where(world.outbox.c.message_id == lost)
+                     .values(gmt_create=world.now - made_ago))
+    # When: reconcile reads the replica
+    code, output = run(world, extra=("--read-url", replica, "--stuck-after", "1h"))
+    # Then: a row made 2 h ago that it lacks stops the run; one made a minute ago does not
+    if refused:
+        assert code == 2, output
+        assert "--read-url number 1 lags its primary" in error_line(output)
+        assert world.row(lost).state == int(OutboxState.SENT)
+    else:
+        assert code == 0, output
