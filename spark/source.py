@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.errors import ReconcileError
 from consumer_kit.core.schema import processed_table
+from consumer_kit.core.states import OutboxState
 from consumer_kit.core.urls import mask_text
 from consumer_kit.reconcile.conditions import processed_window_conditions
 from consumer_kit.reconcile.model import IN_CHUNK, Evidence, GroupSource, Orphan, WindowRow, chunks
@@ -178,12 +179,42 @@ class SparkSource(Source):
         joined.count()
         durations["read_evidence"] = time.monotonic() - phase
         run.progress(f"evidence joined ({durations['read_evidence']:.1f}s); classifying")
+        ranged = builder.summary.details.get("evidence_read") == "range"
+        lacking: list[tuple[WindowRow, list[Evidence]]] = []
         for r in joined.toLocalIterator():
             row = WindowRow(**{n: r[n] for n in WindowRow.__dataclass_fields__})
-            yield row, [Evidence(group=e["grp"], processed_status=e["processed_status"],
-                                 processed_error=e["processed_error"],
-                                 receipt_outcome=e["receipt_outcome"],
-                                 receipt_reason=e["receipt_reason"]) for e in (r["ev"] or ())]
+            found = [Evidence(group=e["grp"], processed_status=e["processed_status"],
+                              processed_error=e["processed_error"],
+                              receipt_outcome=e["receipt_outcome"],
+                              receipt_reason=e["receipt_reason"]) for e in (r["ev"] or ())]
+            if ranged and _lacks(row, found, config.groups):
+                lacking.append((row, found))
+                if len(lacking) >= IN_CHUNK:
+                    yield from self._read_again(lacking)
+                    lacking = []
+                continue
+            yield row, found
+        if lacking:
+            yield from self._read_again(lacking)
+
+    def _read_again(self, lacking: list[tuple[WindowRow, list[Evidence]]]
+                    ) -> Iterator[tuple[WindowRow, list[Evidence]]]:
+        """Rows the range read found no word of some expected group for, with their evidence
+        read again by id, whenever it was written: a consumer whose clock is behind the
+        producer's by more than `RANGE_SKEW` recorded it before the range's start, and the row
+        would be re-sent (or failed) though consumed."""
+        details = self.run.builder.summary.details
+        details["read_again_by_id"] = details.get("read_again_by_id", 0) + len(lacking)
+        by_shard: dict[int, list[str]] = {}
+        for row, _ in lacking:
+            by_shard.setdefault(row.shard, []).append(row.message_id)
+        found: dict[str, list[Evidence]] = {}
+        for shard, ids in by_shard.items():
+            found.update(fetch_evidence(
+                self.run.engines, self.run.config, ids, self.run.builder,
+                receipts_url=self.run.config.producers[shard].scan_url))
+        for row, evidence in lacking:
+            yield row, [*evidence, *found.get(row.message_id, ())]
 
     def _driver_evidence(self, by_shard: dict[int, list[str]]) -> Any:
         rows: list[tuple[str | None, ...]] = []
@@ -231,6 +262,14 @@ class SparkSource(Source):
         for c in candidates:
             yield Orphan(group=group.name, message_id=c["message_id"], topic=c["topic"],
                          status=c["status"], processed_at=c["processed_at"])
+
+
+def _lacks(row: WindowRow, evidence: Sequence[Evidence], groups: Sequence[GroupSource]) -> bool:
+    """Whether a SENT row lacks a processed row or receipt of a group expected for it."""
+    if row.state != OutboxState.SENT:
+        return False
+    heard = {e.group for e in evidence if e.processed_status or e.receipt_outcome}
+    return any(g.expects(row.topic) and g.name not in heard for g in groups)
 
 
 @contextlib.contextmanager

@@ -145,6 +145,29 @@ def test_spark_range_read_finds_the_evidence_of_a_first_delivery_hours_before_a_
 
 
 @pytest.mark.spark
+def test_spark_range_read_finds_what_a_consumer_with_a_clock_hours_behind_recorded(
+        world: World, spark: object) -> None:
+    # Given rows processed by a consumer whose clock is 3 h behind the producer's (their
+    # processed_at before the rows were even made): one at its retry limit, one refused
+    behind = dt.timedelta(hours=3)
+    lost = world.add_outbox(OutboxState.SENT, retry_count=3, max_retries=3)
+    world.add_processed("inventory", lost, age=behind)
+    refused = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", refused, "FAILED", error="nope", age=behind)
+    nobody = world.add_outbox(OutboxState.SENT)
+
+    # When the window counts as large (evidence read by time range, not IN lists)
+    summary = run_reconcile(world.config("spark", in_list_max=0))
+
+    # Then the rows the range found no word for are read again by id: as the SQL engine decides
+    assert summary.details["evidence_read"] == "range"
+    assert summary.details["read_again_by_id"] == 3
+    assert world.row(lost).state == OutboxState.CONSUMED
+    assert world.row(refused).state == OutboxState.REJECTED
+    assert world.row(nobody).state == OutboxState.PENDING
+
+
+@pytest.mark.spark
 def test_spark_message_ids_with_quotes_go_through_bound_parameters(
         world: World, spark: object) -> None:
     # Given a message id no SQL literal may carry
