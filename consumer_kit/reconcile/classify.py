@@ -63,8 +63,8 @@ def classify(
     limit = row.max_retries if max_retries is None else max_retries
     if row.retry_count < limit:
         return Decision(row=row, klass=RepairClass.RETRY, groups_missing=missing,
-                        reason=f"not consumed by {', '.join(missing)}; re-send "
-                               f"{row.retry_count + 1}/{limit}")
+                        reason=_truncate(f"not consumed by {', '.join(missing)}; re-send "
+                                         f"{row.retry_count + 1}/{limit}"))
     return Decision(
         row=row, klass=RepairClass.EXHAUSTED, groups_missing=missing,
         reason=_truncate(f"reconciler: not consumed by {', '.join(missing)} after "

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import REASON_LEN
 from consumer_kit.reconcile import Evidence, GroupSource, RepairClass, WindowRow, classify
 from spark.jdbc import find_jars, literal, to_jdbc
 
@@ -56,6 +57,16 @@ def test_missing_group_retries_until_the_override_is_reached() -> None:
     # Then a re-send first, then FAILED naming the group that never consumed it
     assert (retry.klass, retry.groups_missing) == (RepairClass.RETRY, ("b",))
     assert exhausted.klass is RepairClass.EXHAUSTED and "by b after 1" in (exhausted.reason or "")
+
+
+def test_every_reason_fits_the_column_however_many_groups_missed_the_message() -> None:
+    # Given 40 groups with long names, none of which processed the message
+    groups = [GroupSource(f"group-{i}-" + "x" * 60, "sqlite:///g.db") for i in range(40)]
+    for retry_count in (0, 3):  # retries left, then spent
+        # When classified
+        d = classify(_row(retry_count=retry_count), [], groups)
+        # Then its reason fits fail_reason
+        assert d.reason is not None and len(d.reason) <= REASON_LEN
 
 
 def test_sending_rows_are_stuck_and_topics_nobody_consumes_are_unmatched() -> None:
