@@ -57,7 +57,8 @@ def classify(
     consumed = [g for g in expected if g in by_group and _consumed(by_group[g])]
     missing = tuple(g for g in expected if g not in consumed)
     if not missing:
-        missing_receipts = tuple(g for g in expected if by_group[g].receipt_outcome is None)
+        missing_receipts = tuple(g for g in expected if by_group[g].receipt_outcome
+                                 != ReceiptOutcome.CONSUMED.value)
         return Decision(row=row, klass=RepairClass.RECEIPT_LOST, missing_receipts=missing_receipts)
 
     limit = row.max_retries if max_retries is None else max_retries

@@ -200,3 +200,15 @@ class RepairApplier:
             return
         conn.execute(insert_ignoring_duplicates(conn, self._receipts), rows)
         self.result.receipts_inserted += len(rows)
+        # a group's older rejected receipt (its processed row says SUCCEEDED: `classify`) is
+        # replaced, as the receipt applier replaces one: `archive --expect` waits for consumed
+        by_group: dict[str, list[str]] = {}
+        for d in applied:
+            for group in d.missing_receipts:
+                by_group.setdefault(group, []).append(d.row.message_id)
+        a = self._receipts
+        for group, ids in by_group.items():
+            conn.execute(sa.update(a).where(
+                a.c.consumer_group == group, a.c.message_id.in_(ids),
+                a.c.outcome == ReceiptOutcome.REJECTED.value,
+            ).values(outcome=ReceiptOutcome.CONSUMED.value, reason=None, received_at=self._now))

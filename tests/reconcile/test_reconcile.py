@@ -184,6 +184,22 @@ def test_two_groups_one_missing_ack_is_resent_and_all_acked_is_consumed(
     assert summary.samples[RepairClass.RETRY][0]["groups_missing"] == ["billing"]
 
 
+def test_a_group_that_rejected_then_processed_a_re_send_is_consumed_its_receipt_replaced(
+        world: World, engine_name: str) -> None:
+    # Given a message inventory rejected, was made to run again (an operator's retry) and
+    # processed: its rejected receipt stored, the consumed one lost
+    m = world.add_outbox(OutboxState.SENT)
+    world.add_ack(m, "inventory", "rejected")
+    world.add_processed("inventory", m, "SUCCEEDED")
+
+    # When the reconciler runs
+    run_reconcile(world.config(engine_name, orphan_window=dt.timedelta(0)))
+
+    # Then CONSUMED, and the receipt says consumed (what `archive --expect` waits for)
+    assert world.row(m).state == OutboxState.CONSUMED
+    assert world.receipts_of(m) == {"inventory": "consumed"}
+
+
 def test_group_topics_limit_who_must_ack_and_unmatched_topics_alert(
         world2: World, engine_name: str) -> None:
     # Given billing consumes only PAYMENT and inventory only ORDER

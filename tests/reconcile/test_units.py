@@ -34,9 +34,10 @@ def test_a_groups_own_success_wins_over_an_older_rejected_receipt_of_the_same_gr
     evidence = [Evidence("a", processed_status="SUCCEEDED", receipt_outcome="rejected",
                          receipt_reason="out of stock"),
                 Evidence("b", processed_status="SUCCEEDED")]
-    # When classified / Then consumed (its receipt lost), not rejected
+    # When classified / Then consumed (its receipt lost), not rejected; a's consumed receipt
+    # owed too (it replaces the rejected one)
     d = classify(_row(), evidence, GROUPS)
-    assert (d.klass, d.missing_receipts) == (RepairClass.RECEIPT_LOST, ("b",))
+    assert (d.klass, d.missing_receipts) == (RepairClass.RECEIPT_LOST, ("a", "b"))
 
 
 def test_ack_or_processed_success_counts_and_only_missing_ack_rows_are_inserted() -> None:
