@@ -78,7 +78,8 @@ class RocketMQ5Transport(Transport):
             a callback that takes longer gets the message delivered again meanwhile.
         await_seconds: the long poll of one receive (bounds `shutdown`).
         create_topics: create missing topics (NORMAL, or FIFO for `ordered_topics`) before a
-            consumer starts or a message is sent; needs `namesrv`.
+            consumer starts or a message is sent, and make the group of an ordered consumer a
+            FIFO group; needs `namesrv`.
 
     Raises:
         ConfigError: a bad URL or option (the client is loaded on first use).
@@ -272,22 +273,27 @@ class RocketMQ5Transport(Transport):
             log.info("created %s topic %s with %d queues", kind, topic, self.topic_queues)
 
     def prepare_group(self, group: str, *, fifo: bool = False) -> None:
-        """Before a consumer of `group` starts: set its retry limit (when `max_reconsume_times`
-        is configured) and make `%DLQ%group` ready for reason-carrying copies. Best effort
-        without `max_reconsume_times`; a no-op without the name server.
+        """Before a consumer of `group` starts: set its retry limit and whether it is a FIFO
+        group (when `max_reconsume_times` is configured, or when `fifo` with `create_topics`:
+        the retry limit then stays the group's own, 16 for a new one), and make `%DLQ%group`
+        ready for reason-carrying copies. Best effort when the group is not written; a no-op
+        without the name server.
 
         Raises:
-            TransportError: `max_reconsume_times` is set and the broker refused or is down.
+            TransportError: the group is written and the broker refused or is down.
         """
         if self.admin is None:
             return
+        write = self.max_reconsume_times is not None or (fifo and self.create_topics)
         try:
-            if self.max_reconsume_times is not None:
-                self.admin.update_group(group, retry_max_times=self.max_reconsume_times,
-                                        fifo=fifo)
+            if write:
+                retries = self.max_reconsume_times
+                if retries is None:
+                    retries = self.admin.group_retry_max_times(group)
+                self.admin.update_group(group, retry_max_times=retries, fifo=fifo)
             self.admin.prepare_dead_letters(group)
         except TransportError as exc:
-            if self.max_reconsume_times is not None:
+            if write:
                 raise
             log.warning("consumer %s: could not prepare the group on the broker: %s", group, exc)
 
