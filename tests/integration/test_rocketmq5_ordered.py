@@ -9,8 +9,14 @@ from collections import defaultdict
 import pytest
 
 from consumer_kit.core.errors import TransportError
-from consumer_kit.testing.harness import unique, wait_for
-from consumer_kit.transports import ConsumeStatus, Delivery, OutgoingMessage, Subscription
+from consumer_kit.testing.harness import unique, wait_for, wait_for_dead_letters
+from consumer_kit.transports import (
+    ConsumeStatus,
+    Delivery,
+    OutgoingMessage,
+    Subscription,
+    Verdict,
+)
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from tests import services
 from tests.harnesses.rocketmq5 import transport as make_transport
@@ -154,3 +160,34 @@ def test_a_fifo_topic_consumed_by_a_normal_group_is_refused_at_start() -> None:
     finally:
         consumer.shutdown()
         transport.close()
+
+
+def test_a_fifo_message_out_of_retries_reaches_the_dead_letters_with_its_reason() -> None:
+    services.require("rocketmq5", services.ping_rocketmq5)
+    # Given: a FIFO topic and group allowing one reconsume, message 1 always refused
+    topic, group = unique("ordered5_dlq"), unique("g_ordered5_dlq")
+    transport = make_transport(ordered_topics=[topic], create_topics=True,
+                               max_reconsume_times=1)
+    handled: list[int] = []
+
+    def refuse_one(delivery: Delivery) -> ConsumeStatus | Verdict:
+        seq = int(delivery.body.decode())
+        handled.append(seq)
+        if seq == 1:
+            return Verdict(ConsumeStatus.RECONSUME_LATER, "poison pill")
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = transport.consumer(group, [Subscription(topic)], refuse_one, threads=2)
+    consumer.start()
+    try:
+        # When: its retries run out (the message carries the proxy's `__SHARDINGKEY`)
+        for seq in range(3):
+            transport.send(OutgoingMessage(topic, str(seq).encode(), sharding_key="K"))
+        dead = wait_for_dead_letters(lambda: transport.dead_letters(group), expect=1,
+                                     timeout=60, interval=0.5)
+        assert wait_for(lambda: 2 in handled, 30)
+    finally:
+        consumer.shutdown()
+        transport.close()
+    # Then: the transport's own copy holds the reason (not the broker's, which keeps none)
+    assert [(d.body, d.topic, d.last_error) for d in dead] == [(b"1", topic, "poison pill")]

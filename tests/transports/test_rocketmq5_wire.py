@@ -83,3 +83,12 @@ def test_a_message_the_client_cannot_encode_is_refused_not_taken_for_an_outage()
         translated = translate(exc, "sending message m1 to T")
     assert isinstance(translated, TransportError)
     assert not isinstance(translated, TransportUnavailable)
+
+
+def test_the_brokers_own_properties_of_a_received_message_are_not_handed_to_the_handler() -> None:
+    # Given a FIFO message: the proxy adds its message group as `__SHARDINGKEY`
+    message = received(b"x", __SHARDINGKEY="K", ckit_id="M1", x="1")
+    # When it is received
+    delivery = received_delivery(message, reason="", max_reconsume_times=None)
+    # Then the handler sees what the sender set, which can be sent again as it is
+    assert dict(delivery.properties) == {"ckit_id": "M1", "x": "1"}
