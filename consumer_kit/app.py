@@ -303,8 +303,9 @@ class ConsumerApp:
         return how many handlers were left running at shutdown."""
         self.check()
         source = self.transport(transport)
-        for sub in self.router.subscriptions():
-            source.ensure_topic(sub.topic)
+        # topics are created by the consumer's start, and only where the transport says so
+        # (`create_topics`; the SQL transport makes a topic's queues on first use): a missing
+        # topic is otherwise an error, not a topic created from a typo
         self.pipeline()
         consumer = source.consumer(self.group, self.router.subscriptions(), self.process,
                                    threads=threads or self.threads)

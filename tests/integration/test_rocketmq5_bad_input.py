@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit import ConsumerApp
 from consumer_kit.core.errors import (
     CkitError,
     ConfigError,
@@ -221,3 +222,24 @@ def test_an_empty_body_or_a_reserved_property_is_refused_before_sending(
         t.send(OutgoingMessage("ckit_smoke", b""))
     with pytest.raises(TransportError, match="reserved by RocketMQ"):
         t.send(OutgoingMessage("ckit_smoke", b"{}", properties={"UNIQ_KEY": "x"}))
+
+
+def test_an_app_on_a_topic_that_does_not_exist_fails_without_creating_it(
+    t: RocketMQ5Transport, sqlite_db: Db
+) -> None:
+    # Given: a transport with the name server but without create_topics, a missing topic
+    assert t.admin is not None and not t.create_topics
+    missing, group = unique("app_no_such_topic"), unique("g_app_missing")
+    app = ConsumerApp(group=group, db=sqlite_db.engine, redis=None, receipts=None,
+                      processed_table=sqlite_db.names.processed, transport=t)
+    app.listener(missing)(lambda msg, session: None)
+    # When
+    try:
+        with pytest.raises(TransportError) as exc:
+            app.run(max_seconds=3)
+    finally:
+        app.close()
+    # Then: the error says to create it, and it was not created
+    assert f"topic {missing} does not exist" in one_line(exc)
+    assert "create it first" in one_line(exc)
+    assert t.admin.topic_route(missing) is None
