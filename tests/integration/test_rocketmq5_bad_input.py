@@ -243,3 +243,24 @@ def test_an_app_on_a_topic_that_does_not_exist_fails_without_creating_it(
     assert f"topic {missing} does not exist" in one_line(exc)
     assert "create it first" in one_line(exc)
     assert t.admin.topic_route(missing) is None
+
+
+def test_a_name_server_of_another_cluster_is_refused_at_start(t: RocketMQ5Transport) -> None:
+    services.require("rocketmq", services.ping_rocketmq)
+    # Given: a topic on the proxy's cluster, and a transport whose name server is the 4.x one
+    assert t.admin is not None
+    topic, group = unique("wrong_namesrv"), unique("g_wrong_namesrv")
+    t.admin.create_typed_topic(topic, message_type="NORMAL")
+    other = services.rocketmq_addr()
+    wrong = RocketMQ5Transport(t.endpoint, namesrv=other, max_reconsume_times=1)
+    consumer = wrong.consumer(group, [Subscription(topic)],
+                              lambda _d: ConsumeStatus.CONSUME_SUCCESS)
+    try:
+        # When / Then: the limit the proxy reports is not the one configured: one line
+        with pytest.raises(TransportError) as exc:
+            consumer.start()
+    finally:
+        consumer.shutdown()
+        wrong.close()
+    assert (f"max_reconsume_times=1 was set through the name server {other}, but the proxy "
+            f"at {t.endpoint} allows the group 16 reconsumes") in one_line(exc)

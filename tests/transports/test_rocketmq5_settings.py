@@ -33,3 +33,21 @@ def test_a_fifo_group_on_a_normal_topic_is_a_problem() -> None:
     problem = settings_problem("g", NORMAL, ordered=False, fifo_group=True)
     assert problem is not None
     assert "is a FIFO group but topic T is NORMAL, not FIFO" in problem
+
+
+def test_a_retry_limit_the_proxy_does_not_report_is_a_problem_naming_both() -> None:
+    # Given max_reconsume_times=1 written through a name server, the proxy reporting 17 attempts
+    problem = settings_problem("g", NORMAL, ordered=False, fifo_group=False, max_attempts=17,
+                               max_reconsume_times=1, namesrv="127.0.0.1:9876",
+                               endpoint="127.0.0.1:8081")
+    # Then
+    assert problem is not None
+    assert "max_reconsume_times=1 was set through the name server 127.0.0.1:9876" in problem
+    assert "the proxy at 127.0.0.1:8081 allows the group 16 reconsumes" in problem
+
+
+def test_the_retry_limit_the_proxy_reports_is_no_problem_when_it_is_the_configured_one() -> None:
+    assert settings_problem("g", NORMAL, ordered=False, fifo_group=False, max_attempts=2,
+                            max_reconsume_times=1, namesrv="n:1", endpoint="p:1") is None
+    assert settings_problem("g", NORMAL, ordered=False, fifo_group=False, max_attempts=17,
+                            max_reconsume_times=None, namesrv="n:1", endpoint="p:1") is None

@@ -60,7 +60,9 @@ class Host(Protocol):
     """What a consumer needs of its transport (`RocketMQ5Transport`)."""
 
     endpoint: str
+    namesrv: str | None
     ordered_topics: frozenset[str]
+    max_reconsume_times: int | None
     retry_delays: tuple[float, ...]
     invisible_seconds: float
     await_seconds: float
@@ -139,8 +141,9 @@ class RocketMQ5Consumer(Consumer):
 
         Raises:
             TransportUnavailable: the proxy cannot be reached.
-            TransportError: a topic does not exist, a FIFO group on a topic that is not FIFO, or
-                a group that is not FIFO for ordered topics or a FIFO topic.
+            TransportError: a topic does not exist, a FIFO group on a topic that is not FIFO, a
+                group that is not FIFO for ordered topics or a FIFO topic, or a group whose
+                retry limit on the proxy is not `max_reconsume_times`.
             ConfigError: the endpoint is not a gRPC proxy, or the client is not installed.
         """
         if self._simple is not None:
@@ -166,7 +169,10 @@ class RocketMQ5Consumer(Consumer):
             raise transport.failure(exc, f"starting consumer {self.group}",
                                     topic=self.subscriptions[0].topic) from exc
         problem = settings_problem(self.group, routes, ordered=self.fifo,
-                                   fifo_group=bool(simple.ckit_fifo))
+                                   fifo_group=bool(simple.ckit_fifo),
+                                   max_attempts=simple.ckit_max_attempts,
+                                   max_reconsume_times=transport.max_reconsume_times,
+                                   namesrv=transport.namesrv, endpoint=transport.endpoint)
         if problem:
             _quietly(simple.shutdown)
             raise TransportError(problem)

@@ -44,10 +44,13 @@ def fifo_only(routes: Mapping[str, Route]) -> list[str]:
 
 
 def settings_problem(group: str, routes: Mapping[str, Route], *, ordered: bool,
-                     fifo_group: bool) -> str | None:
+                     fifo_group: bool, max_attempts: int | None = None,
+                     max_reconsume_times: int | None = None, namesrv: str | None = None,
+                     endpoint: str = "") -> str | None:
     """Why a consumer of `group` over `routes` must not start with the proxy's settings
-    (`fifo_group`), or None when they match the configuration (`ordered`: its topics are in
-    `ordered_topics`).
+    (`fifo_group`, `max_attempts`), or None when they match the configuration (`ordered`: its
+    topics are in `ordered_topics`; `max_reconsume_times` as configured, and written through
+    the name server `namesrv`).
 
     >>> r = {"T": Route("T", frozenset({"FIFO"}), 4)}
     >>> settings_problem("g", r, ordered=True, fifo_group=True) is None
@@ -70,4 +73,10 @@ def settings_problem(group: str, routes: Mapping[str, Route], *, ordered: bool,
             return (f"consumer group {group} is a FIFO group but topic {plain[0]} is "
                     f"{'/'.join(sorted(routes[plain[0]].accepts))}, not FIFO: ordered delivery "
                     "needs a FIFO topic (or use a normal group)")
+    if max_reconsume_times is not None and max_attempts is not None \
+            and max_attempts - 1 != max_reconsume_times:
+        return (f"consumer group {group}: max_reconsume_times={max_reconsume_times} was set "
+                f"through the name server {namesrv}, but the proxy at {endpoint} allows the "
+                f"group {max_attempts - 1} reconsumes: that name server is not the one of the "
+                "proxy's cluster (give namesrv= of the cluster behind the proxy)")
     return None

@@ -72,7 +72,8 @@ class RocketMQ5Transport(Transport):
         max_body_bytes: largest body `send` accepts.
         ordered_topics: FIFO topics, sent with a message group and consumed by FIFO groups.
         max_reconsume_times: when set (and `namesrv` known), each consumer's group gets this
-            retry limit on the broker before the consumer starts.
+            retry limit on the broker before the consumer starts; a consumer refuses to start
+            when the proxy then reports another limit (a name server of another cluster).
         retry_delays: RECONSUME_LATER back-off in seconds by redelivery (the last repeats).
         invisible_seconds: how long a received message stays hidden while its callback runs;
             a callback that takes longer gets the message delivered again meanwhile.
@@ -125,6 +126,7 @@ class RocketMQ5Transport(Transport):
         self.await_seconds = await_seconds
         self.create_topics = create_topics
         self.topic_queues = topic_queues
+        self.namesrv = namesrv or None
         self.admin = RocketMQ5Admin(namesrv, timeout=admin_timeout) if namesrv else None
         self._producer: Any = None
         self._configuration: Any = None
