@@ -47,6 +47,7 @@ from consumer_kit.transports.rocketmq5.wire import (
     DEFAULT_PRODUCER_TIMEOUT,
     DEFAULT_ROCKETMQ5_MAX_BODY_BYTES,
     DEFAULT_ROCKETMQ5_RETRY_DELAYS,
+    PROXY_MIN_AWAIT_SECONDS,
     check_property,
     delivery_seconds,
     message_group,
@@ -77,13 +78,15 @@ class RocketMQ5Transport(Transport):
         retry_delays: RECONSUME_LATER back-off in seconds by redelivery (the last repeats).
         invisible_seconds: how long a received message stays hidden while its callback runs;
             a callback that takes longer gets the message delivered again meanwhile.
-        await_seconds: the long poll of one receive (bounds `shutdown`).
+        await_seconds: the long poll of one receive (bounds `shutdown`); at least 5, the
+            proxy's shortest.
         create_topics: create missing topics (NORMAL, or FIFO for `ordered_topics`) before a
             consumer starts or a message is sent, and make the group of an ordered consumer a
             FIFO group; needs `namesrv`.
 
     Raises:
-        ConfigError: a bad URL or option (the client is loaded on first use).
+        ConfigError: a bad URL or option, e.g. `await_seconds` below 5 (the client is loaded
+            on first use).
     """
 
     scheme = "rocketmq5"
@@ -109,6 +112,12 @@ class RocketMQ5Transport(Transport):
         namesrv = namesrv or options.get("namesrv")
         if max_body_bytes <= 0 or send_timeout <= 0 or invisible_seconds <= 0:
             raise ConfigError("max_body_bytes, send_timeout and invisible_seconds must be positive")
+        if not await_seconds >= PROXY_MIN_AWAIT_SECONDS:
+            # a shorter await never shortens the poll, and with a short send_timeout it leaves
+            # the request's deadline below the proxy's minimum: every receive fails (40018)
+            raise ConfigError(f"await_seconds={await_seconds:g} is below the RocketMQ 5 proxy's "
+                              f"shortest long poll ({PROXY_MIN_AWAIT_SECONDS:g} s): use at least "
+                              f"{PROXY_MIN_AWAIT_SECONDS:g}")
         if thread_count is not None and thread_count < 1:
             raise ConfigError("thread_count must be at least 1")
         if max_reconsume_times is not None and max_reconsume_times < 0:

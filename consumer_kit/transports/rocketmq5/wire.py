@@ -38,6 +38,10 @@ DEFAULT_ROCKETMQ5_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 DEFAULT_INVISIBLE_SECONDS = 30.0
 #: The long poll of one receive; the proxy holds a poll at least 5 s whatever is asked.
 DEFAULT_AWAIT_SECONDS = 5.0
+#: The proxy's shortest long poll (5.3.3 `grpcClientConsumerMinLongPollingTimeoutMillis`). It
+#: raises a shorter one to this, and refuses the receive (40018, ILLEGAL_POLLING_TIME) when the
+#: request's deadline (the client's request timeout + await) leaves less than this.
+PROXY_MIN_AWAIT_SECONDS = 5.0
 #: RECONSUME_LATER back-off in seconds by redelivery, as RocketMQ's retry levels (10 s, 30 s...).
 DEFAULT_ROCKETMQ5_RETRY_DELAYS: tuple[float, ...] = (
     10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
