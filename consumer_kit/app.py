@@ -194,7 +194,20 @@ class ConsumerApp:
         return self.db
 
     def transport(self, override: str | Transport | None = None) -> Transport:
-        """The transport to consume from (`override` wins over the constructor's)."""
+        """The transport to consume from (`override` wins over the constructor's).
+
+        Raises:
+            ConfigError: `override` is a URL (`ckit consume --transport`, `CKIT_TRANSPORT`) but
+                the app was given a Transport object: the URL would silently drop that object's
+                options (`ordered_topics`, `max_reconsume_times`, ...), which no URL carries.
+        """
+        if isinstance(override, str) and isinstance(self.transport_config, Transport):
+            raise ConfigError(
+                f"transport URL {mask_url(override)!r} (--transport / CKIT_TRANSPORT) would "
+                f"replace the {type(self.transport_config).__name__} app {self.group} builds "
+                "itself, and its options with it (ordered_topics, max_reconsume_times, ... "
+                "cannot be given in a URL): unset it, or have the app build its transport "
+                "from the URL")
         with self._lock:
             if self._transport is None or override is not None:
                 config = override or self.transport_config
@@ -303,8 +316,9 @@ class ConsumerApp:
         return how many handlers were left running at shutdown."""
         self.check()
         source = self.transport(transport)
-        for sub in self.router.subscriptions():
-            source.ensure_topic(sub.topic)
+        # topics are created by the consumer's start, and only where the transport says so
+        # (`create_topics`; the SQL transport makes a topic's queues on first use): a missing
+        # topic is otherwise an error, not a topic created from a typo
         self.pipeline()
         consumer = source.consumer(self.group, self.router.subscriptions(), self.process,
                                    threads=threads or self.threads)

@@ -71,7 +71,7 @@ def consume(
     stop = threading.Event()
     on_shutdown(stop.set)
     try:
-        left = app.run(transport=transport, burst=burst, stop=stop, threads=threads,
+        left = app.run(transport=source, burst=burst, stop=stop, threads=threads,
                        max_seconds=max_seconds)
     except ConsumerStalled as exc:
         app.close()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit import ConsumerApp
 from consumer_kit.core.errors import (
     CkitError,
     ConfigError,
@@ -221,3 +222,45 @@ def test_an_empty_body_or_a_reserved_property_is_refused_before_sending(
         t.send(OutgoingMessage("ckit_smoke", b""))
     with pytest.raises(TransportError, match="reserved by RocketMQ"):
         t.send(OutgoingMessage("ckit_smoke", b"{}", properties={"UNIQ_KEY": "x"}))
+
+
+def test_an_app_on_a_topic_that_does_not_exist_fails_without_creating_it(
+    t: RocketMQ5Transport, sqlite_db: Db
+) -> None:
+    # Given: a transport with the name server but without create_topics, a missing topic
+    assert t.admin is not None and not t.create_topics
+    missing, group = unique("app_no_such_topic"), unique("g_app_missing")
+    app = ConsumerApp(group=group, db=sqlite_db.engine, redis=None, receipts=None,
+                      processed_table=sqlite_db.names.processed, transport=t)
+    app.listener(missing)(lambda msg, session: None)
+    # When
+    try:
+        with pytest.raises(TransportError) as exc:
+            app.run(max_seconds=3)
+    finally:
+        app.close()
+    # Then: the error says to create it, and it was not created
+    assert f"topic {missing} does not exist" in one_line(exc)
+    assert "create it first" in one_line(exc)
+    assert t.admin.topic_route(missing) is None
+
+
+def test_a_name_server_of_another_cluster_is_refused_at_start(t: RocketMQ5Transport) -> None:
+    services.require("rocketmq", services.ping_rocketmq)
+    # Given: a topic on the proxy's cluster, and a transport whose name server is the 4.x one
+    assert t.admin is not None
+    topic, group = unique("wrong_namesrv"), unique("g_wrong_namesrv")
+    t.admin.create_typed_topic(topic, message_type="NORMAL")
+    other = services.rocketmq_addr()
+    wrong = RocketMQ5Transport(t.endpoint, namesrv=other, max_reconsume_times=1)
+    consumer = wrong.consumer(group, [Subscription(topic)],
+                              lambda _d: ConsumeStatus.CONSUME_SUCCESS)
+    try:
+        # When / Then: the limit the proxy reports is not the one configured: one line
+        with pytest.raises(TransportError) as exc:
+            consumer.start()
+    finally:
+        consumer.shutdown()
+        wrong.close()
+    assert (f"max_reconsume_times=1 was set through the name server {other}, but the proxy "
+            f"at {t.endpoint} allows the group 16 reconsumes") in one_line(exc)

@@ -83,3 +83,27 @@ def test_a_message_the_client_cannot_encode_is_refused_not_taken_for_an_outage()
         translated = translate(exc, "sending message m1 to T")
     assert isinstance(translated, TransportError)
     assert not isinstance(translated, TransportUnavailable)
+
+
+def test_the_brokers_own_properties_of_a_received_message_are_not_handed_to_the_handler() -> None:
+    # Given a FIFO message: the proxy adds its message group as `__SHARDINGKEY`
+    message = received(b"x", __SHARDINGKEY="K", ckit_id="M1", x="1")
+    # When it is received
+    delivery = received_delivery(message, reason="", max_reconsume_times=None)
+    # Then the handler sees what the sender set, which can be sent again as it is
+    assert dict(delivery.properties) == {"ckit_id": "M1", "x": "1"}
+
+
+@pytest.mark.parametrize("await_seconds", [0.0, 1.0, 4.9, float("nan")])
+def test_an_await_below_the_proxys_shortest_long_poll_is_refused_at_once(
+        await_seconds: float) -> None:
+    # Given an await the proxy raises to 5 s, whose request deadline can fall below that
+    # When the transport is made, Then one line, before any receive fails with 40018
+    with pytest.raises(ConfigError, match=r"await_seconds=\S+ is below the RocketMQ 5 proxy's "
+                                          r"shortest long poll \(5 s\): use at least 5"):
+        RocketMQ5Transport("rocketmq5://127.0.0.1:8081", await_seconds=await_seconds)
+
+
+def test_an_await_of_the_proxys_shortest_long_poll_or_more_is_taken() -> None:
+    assert RocketMQ5Transport("127.0.0.1:8081", await_seconds=5.0).await_seconds == 5.0
+    assert RocketMQ5Transport("127.0.0.1:8081", await_seconds=20.0).await_seconds == 20.0

@@ -2,7 +2,8 @@
 
 Modules: `transport` (sending, topics, dead letters), `consumer` (SimpleConsumer workers and
 what each answer does to a message), `wire` (properties, delivery times, conversions, errors),
-`route` (one direct QueryRoute: topic types, and why a lookup failed), `admin` (typed topics and
+`route` (one direct QueryRoute: topic types, and why a lookup failed), `settings` (the group's
+settings from the proxy against the configuration), `admin` (typed topics and
 FIFO groups over the name server), `client` (loading the optional client).
 """
 

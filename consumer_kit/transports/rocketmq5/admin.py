@@ -25,6 +25,8 @@ MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 DEFAULT_TOPIC_QUEUES = 4
 #: RocketMQ's DLQ_NUMS_PER_GROUP
 DLQ_QUEUES = 1
+#: A new subscription group's `retryMaxTimes` on the broker
+DEFAULT_RETRY_MAX_TIMES = 16
 
 
 class RocketMQ5Admin(RocketMQAdmin):
@@ -62,6 +64,15 @@ class RocketMQ5Admin(RocketMQAdmin):
         for addr in self.master_brokers().values():
             check(call(addr, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body,
                        timeout=self.timeout), f"update consumer group {group}")
+
+    def group_retry_max_times(self, group: str) -> int:
+        """The `retryMaxTimes` `group` has on the first master broker that knows it, else the
+        broker's default for a new group (so making a group FIFO keeps its retry limit)."""
+        for addr in self.master_brokers().values():
+            config = self.subscription_groups(addr).get(group)
+            if config and config.get("retryMaxTimes") is not None:
+                return int(config["retryMaxTimes"])
+        return DEFAULT_RETRY_MAX_TIMES
 
     def prepare_dead_letters(self, group: str) -> None:
         """Create `%DLQ%group` (readable and writable) when it is missing, so the transport can

@@ -35,6 +35,7 @@ from consumer_kit.core.messages import (
 from consumer_kit.transports.base import Consumer, all_ordered, clip_reason, retry_delay
 from consumer_kit.transports.rocketmq5 import client
 from consumer_kit.transports.rocketmq5.route import Route
+from consumer_kit.transports.rocketmq5.settings import fifo_only, settings_problem, simple_consumer
 from consumer_kit.transports.rocketmq5.wire import (
     PROP_DLQ_TOPIC,
     received_delivery,
@@ -59,7 +60,9 @@ class Host(Protocol):
     """What a consumer needs of its transport (`RocketMQ5Transport`)."""
 
     endpoint: str
+    namesrv: str | None
     ordered_topics: frozenset[str]
+    max_reconsume_times: int | None
     retry_delays: tuple[float, ...]
     invisible_seconds: float
     await_seconds: float
@@ -101,27 +104,6 @@ class _Reasons:
             self._items.pop(message_id, None)
 
 
-def _simple_consumer(*args: Any, **kwargs: Any) -> Any:
-    """A SimpleConsumer that keeps what the proxy's settings say: the group's max attempts and
-    whether it is a FIFO group (the client reads neither)."""
-    base = client.v5().SimpleConsumer
-
-    class SettingsKeepingConsumer(base):  # type: ignore[misc,valid-type]
-        ckit_max_attempts: int | None = None
-        ckit_fifo: bool | None = None
-
-        def reset_setting(self, settings: Any) -> None:
-            try:
-                if settings.HasField("backoff_policy") and settings.backoff_policy.max_attempts:
-                    self.ckit_max_attempts = int(settings.backoff_policy.max_attempts)
-                if settings.HasField("subscription"):
-                    self.ckit_fifo = bool(settings.subscription.fifo)
-            finally:
-                super().reset_setting(settings)
-
-    return SettingsKeepingConsumer(*args, **kwargs)
-
-
 class RocketMQ5Consumer(Consumer):
     """`threads` workers, each receiving one message at a time from one SimpleConsumer."""
 
@@ -159,17 +141,21 @@ class RocketMQ5Consumer(Consumer):
 
         Raises:
             TransportUnavailable: the proxy cannot be reached.
-            TransportError: a topic does not exist, or a FIFO group on a topic that is not FIFO.
+            TransportError: a topic does not exist, a FIFO group on a topic that is not FIFO, a
+                group that is not FIFO for ordered topics or a FIFO topic, or a group whose
+                retry limit on the proxy is not `max_reconsume_times`.
             ConfigError: the endpoint is not a gRPC proxy, or the client is not installed.
         """
         if self._simple is not None:
             return
         transport = self.transport
         lib = client.v5()
-        transport.prepare_group(self.group, fifo=self.fifo)
         routes = {s.topic: transport.route(s.topic) for s in self.subscriptions}
-        simple = _simple_consumer(transport.configuration, self.group,
-                                  await_duration=max(1, round(transport.await_seconds)))
+        # a FIFO topic's group is written FIFO even when the topic is not in ordered_topics
+        # (an operator's FIFO group is never turned back into a normal one)
+        transport.prepare_group(self.group, fifo=self.fifo or bool(fifo_only(routes)))
+        simple = simple_consumer(transport.configuration, self.group,
+                                 await_duration=max(1, round(transport.await_seconds)))
         try:
             simple.startup()
             for sub in self.subscriptions:
@@ -182,14 +168,14 @@ class RocketMQ5Consumer(Consumer):
             _quietly(simple.shutdown)
             raise transport.failure(exc, f"starting consumer {self.group}",
                                     topic=self.subscriptions[0].topic) from exc
-        if simple.ckit_fifo:
-            plain = [t for t, r in routes.items() if "FIFO" not in r.accepts]
-            if plain:
-                _quietly(simple.shutdown)
-                raise TransportError(
-                    f"consumer group {self.group} is a FIFO group but topic {plain[0]} is "
-                    f"{'/'.join(sorted(routes[plain[0]].accepts))}, not FIFO: ordered delivery "
-                    "needs a FIFO topic (or use a normal group)")
+        problem = settings_problem(self.group, routes, ordered=self.fifo,
+                                   fifo_group=bool(simple.ckit_fifo),
+                                   max_attempts=simple.ckit_max_attempts,
+                                   max_reconsume_times=transport.max_reconsume_times,
+                                   namesrv=transport.namesrv, endpoint=transport.endpoint)
+        if problem:
+            _quietly(simple.shutdown)
+            raise TransportError(problem)
         self._simple = simple
         self._stop.clear()
         self._workers = [threading.Thread(target=self._work, name=f"ckit-rmq5-{self.group}-{i}",

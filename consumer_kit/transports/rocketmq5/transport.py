@@ -47,6 +47,7 @@ from consumer_kit.transports.rocketmq5.wire import (
     DEFAULT_PRODUCER_TIMEOUT,
     DEFAULT_ROCKETMQ5_MAX_BODY_BYTES,
     DEFAULT_ROCKETMQ5_RETRY_DELAYS,
+    PROXY_MIN_AWAIT_SECONDS,
     check_property,
     delivery_seconds,
     message_group,
@@ -72,16 +73,20 @@ class RocketMQ5Transport(Transport):
         max_body_bytes: largest body `send` accepts.
         ordered_topics: FIFO topics, sent with a message group and consumed by FIFO groups.
         max_reconsume_times: when set (and `namesrv` known), each consumer's group gets this
-            retry limit on the broker before the consumer starts.
+            retry limit on the broker before the consumer starts; a consumer refuses to start
+            when the proxy then reports another limit (a name server of another cluster).
         retry_delays: RECONSUME_LATER back-off in seconds by redelivery (the last repeats).
         invisible_seconds: how long a received message stays hidden while its callback runs;
             a callback that takes longer gets the message delivered again meanwhile.
-        await_seconds: the long poll of one receive (bounds `shutdown`).
+        await_seconds: the long poll of one receive (bounds `shutdown`); at least 5, the
+            proxy's shortest.
         create_topics: create missing topics (NORMAL, or FIFO for `ordered_topics`) before a
-            consumer starts or a message is sent; needs `namesrv`.
+            consumer starts or a message is sent, and make the group of an ordered consumer a
+            FIFO group; needs `namesrv`.
 
     Raises:
-        ConfigError: a bad URL or option (the client is loaded on first use).
+        ConfigError: a bad URL or option, e.g. `await_seconds` below 5 (the client is loaded
+            on first use).
     """
 
     scheme = "rocketmq5"
@@ -107,6 +112,12 @@ class RocketMQ5Transport(Transport):
         namesrv = namesrv or options.get("namesrv")
         if max_body_bytes <= 0 or send_timeout <= 0 or invisible_seconds <= 0:
             raise ConfigError("max_body_bytes, send_timeout and invisible_seconds must be positive")
+        if not await_seconds >= PROXY_MIN_AWAIT_SECONDS:
+            # a shorter await never shortens the poll, and with a short send_timeout it leaves
+            # the request's deadline below the proxy's minimum: every receive fails (40018)
+            raise ConfigError(f"await_seconds={await_seconds:g} is below the RocketMQ 5 proxy's "
+                              f"shortest long poll ({PROXY_MIN_AWAIT_SECONDS:g} s): use at least "
+                              f"{PROXY_MIN_AWAIT_SECONDS:g}")
         if thread_count is not None and thread_count < 1:
             raise ConfigError("thread_count must be at least 1")
         if max_reconsume_times is not None and max_reconsume_times < 0:
@@ -124,6 +135,7 @@ class RocketMQ5Transport(Transport):
         self.await_seconds = await_seconds
         self.create_topics = create_topics
         self.topic_queues = topic_queues
+        self.namesrv = namesrv or None
         self.admin = RocketMQ5Admin(namesrv, timeout=admin_timeout) if namesrv else None
         self._producer: Any = None
         self._configuration: Any = None
@@ -272,22 +284,27 @@ class RocketMQ5Transport(Transport):
             log.info("created %s topic %s with %d queues", kind, topic, self.topic_queues)
 
     def prepare_group(self, group: str, *, fifo: bool = False) -> None:
-        """Before a consumer of `group` starts: set its retry limit (when `max_reconsume_times`
-        is configured) and make `%DLQ%group` ready for reason-carrying copies. Best effort
-        without `max_reconsume_times`; a no-op without the name server.
+        """Before a consumer of `group` starts: set its retry limit and whether it is a FIFO
+        group (when `max_reconsume_times` is configured, or when `fifo` with `create_topics`:
+        the retry limit then stays the group's own, 16 for a new one), and make `%DLQ%group`
+        ready for reason-carrying copies. Best effort when the group is not written; a no-op
+        without the name server.
 
         Raises:
-            TransportError: `max_reconsume_times` is set and the broker refused or is down.
+            TransportError: the group is written and the broker refused or is down.
         """
         if self.admin is None:
             return
+        write = self.max_reconsume_times is not None or (fifo and self.create_topics)
         try:
-            if self.max_reconsume_times is not None:
-                self.admin.update_group(group, retry_max_times=self.max_reconsume_times,
-                                        fifo=fifo)
+            if write:
+                retries = self.max_reconsume_times
+                if retries is None:
+                    retries = self.admin.group_retry_max_times(group)
+                self.admin.update_group(group, retry_max_times=retries, fifo=fifo)
             self.admin.prepare_dead_letters(group)
         except TransportError as exc:
-            if self.max_reconsume_times is not None:
+            if write:
                 raise
             log.warning("consumer %s: could not prepare the group on the broker: %s", group, exc)
 

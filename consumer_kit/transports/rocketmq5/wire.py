@@ -38,6 +38,10 @@ DEFAULT_ROCKETMQ5_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 DEFAULT_INVISIBLE_SECONDS = 30.0
 #: The long poll of one receive; the proxy holds a poll at least 5 s whatever is asked.
 DEFAULT_AWAIT_SECONDS = 5.0
+#: The proxy's shortest long poll (5.3.3 `grpcClientConsumerMinLongPollingTimeoutMillis`). It
+#: raises a shorter one to this, and refuses the receive (40018, ILLEGAL_POLLING_TIME) when the
+#: request's deadline (the client's request timeout + await) leaves less than this.
+PROXY_MIN_AWAIT_SECONDS = 5.0
 #: RECONSUME_LATER back-off in seconds by redelivery, as RocketMQ's retry levels (10 s, 30 s...).
 DEFAULT_ROCKETMQ5_RETRY_DELAYS: tuple[float, ...] = (
     10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
@@ -125,16 +129,19 @@ def ordered_keys(keys: Iterable[str], ckit_id: str | None) -> str:
 
 def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None
                       ) -> Delivery:
-    """Copy a received 5.x `Message` into a `Delivery`. `reason` is the one this process kept
+    """Copy a received 5.x `Message` into a `Delivery`, the broker's system properties
+    dropped (see `is_system_property`). `reason` is the one this process kept
     for the previous RECONSUME_LATER of that message (the broker cannot carry it). A body a
     `rocketmq://` sender base64-encoded is decoded (`decode_body`).
 
     Raises:
         ValueError: a body marked base64 that is not.
     """
-    properties = dict(message.properties or {})
-    for name in TRANSPORT_PROPERTIES:
-        properties.pop(name, None)
+    # the broker's own properties (a FIFO message's `__SHARDINGKEY`, say) are dropped: the
+    # handler sees what the sender set, and a copy of them (the dead letter, a forward) can be
+    # sent again: RocketMQ refuses a send that sets a reserved name
+    properties = {k: v for k, v in (message.properties or {}).items()
+                  if not is_system_property(k) and k not in TRANSPORT_PROPERTIES}
     body = decode_body(bytes(message.body or b""), properties)
     reason = properties.pop(PROP_REASON, "") or reason
     attempt = int(message.delivery_attempt or 1)
