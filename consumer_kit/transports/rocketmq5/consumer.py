@@ -269,8 +269,12 @@ class RocketMQ5Consumer(Consumer):
             self._in_flight += 1
         _local.consumer = self
         try:
-            delivery = received_delivery(message, reason=self._reasons.get(message_id),
-                                         max_reconsume_times=self.max_reconsume_times)
+            try:
+                delivery = received_delivery(message, reason=self._reasons.get(message_id),
+                                             max_reconsume_times=self.max_reconsume_times)
+            except ValueError as exc:  # a body it cannot decode: no delivery can ever succeed
+                self._undecodable(simple, message, message_id, exc)
+                return
             ckit_id = delivery.properties.get(PROP_ID) or message_id
             verdict = self._answer(delivery, ckit_id)
             while not verdict.spend and verdict.status is ConsumeStatus.RECONSUME_LATER:
@@ -290,6 +294,20 @@ class RocketMQ5Consumer(Consumer):
             _local.consumer = None
             with self._lock:
                 self._in_flight -= 1
+
+    def _undecodable(self, simple: Any, message: Any, message_id: str, error: Exception
+                     ) -> None:
+        """A message no handler can be given (a body marked base64 that is not): to the dead
+        letters at once, as it travelled, with why (retried, it would come back every
+        invisible time until the broker dead-letters it without a reason)."""
+        raw = received_delivery(message, reason="", max_reconsume_times=self.max_reconsume_times,
+                                decode=False)
+        ckit_id = raw.properties.get(PROP_ID) or message_id
+        log.error("consumer %s: message %s: undecodable body (%s): to %s", self.group, ckit_id,
+                  error, dlq_topic(self.group))
+        if not self._dead_letter(simple, message, raw, f"undecodable body: {error}", ckit_id):
+            log.error("consumer %s: message %s: left to come back after its invisible time",
+                      self.group, ckit_id)
 
     def _answer(self, delivery: Delivery, ckit_id: str) -> Verdict:
         try:

@@ -127,22 +127,25 @@ def ordered_keys(keys: Iterable[str], ckit_id: str | None) -> str:
     return " ".join(first + rest)
 
 
-def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None
-                      ) -> Delivery:
+def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None,
+                      decode: bool = True) -> Delivery:
     """Copy a received 5.x `Message` into a `Delivery`, the broker's system properties
     dropped (see `is_system_property`). `reason` is the one this process kept
     for the previous RECONSUME_LATER of that message (the broker cannot carry it). A body a
-    `rocketmq://` sender base64-encoded is decoded (`decode_body`).
+    `rocketmq://` sender base64-encoded is decoded (`decode_body`), unless not `decode`: the
+    body as it travelled (its dead letter).
 
     Raises:
-        ValueError: a body marked base64 that is not.
+        ValueError: a body marked base64 that is not (when `decode`).
     """
     # the broker's own properties (a FIFO message's `__SHARDINGKEY`, say) are dropped: the
     # handler sees what the sender set, and a copy of them (the dead letter, a forward) can be
     # sent again: RocketMQ refuses a send that sets a reserved name
     properties = {k: v for k, v in (message.properties or {}).items()
                   if not is_system_property(k) and k not in TRANSPORT_PROPERTIES}
-    body = decode_body(bytes(message.body or b""), properties)
+    body = bytes(message.body or b"")
+    if decode:
+        body = decode_body(body, properties)
     reason = properties.pop(PROP_REASON, "") or reason
     attempt = int(message.delivery_attempt or 1)
     return Delivery(
