@@ -187,9 +187,10 @@ def _publishing_on_cursors_failing_to_close(
 ) -> Iterator[tuple[Outbox, Connection, list[str]]]:
     """An outbox and a connection in a transaction whose driver cursors fail to close (see
     `_cursors_failing_to_close`; on PostgreSQL psycopg's prepared statements are off, so
-    that `pg_libpq` leaves publish to the cursor); inside the block publish runs on the
-    driver's cursor (SQLAlchemy's INSERTs refused) and errors are logged to `caplog`. After it
-    the cursors are the driver's again, and the transaction is committed or rolled back."""
+    that `pg_libpq` leaves publish, the transaction's first statement here, to the cursor);
+    inside the block publish runs on the driver's cursor (SQLAlchemy's INSERTs refused) and
+    errors are logged to `caplog`. After it the cursors are the driver's again, and the
+    transaction is committed or rolled back."""
     outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
     with db.engine.connect() as conn:
         if db.kind == "postgresql":  # the cursor, not the prepared statement below it

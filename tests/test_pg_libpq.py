@@ -1,6 +1,7 @@
-"""consumer_kit.core.pg_libpq on the real PostgreSQL: publish's and the processed row's INSERT
-go below psycopg's cursor as a prepared statement (with psycopg's BEGIN in the same round trip
-when they open the transaction), and stay right whatever makes psycopg forget its statements."""
+"""consumer_kit.core.pg_libpq on the real PostgreSQL: the statement that opens a transaction (the
+processed row) goes with psycopg's BEGIN in one round trip, as a prepared statement, written and
+refused exactly as the cursor would, and mended when the server dropped the statement or holds
+it already."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -82,23 +84,36 @@ def _refuse_cursor_inserts(monkeypatch: pytest.MonkeyPatch, conn: Connection) ->
     monkeypatch.setattr(raw, "cursor", Refusing)
 
 
-def test_publish_and_the_processed_row_go_below_the_cursor_as_prepared_statements(
+def _claim(store: ProcessedStore, conn: Connection, message_id: str) -> RowClaim:
+    with conn.begin():
+        return store.claim(conn, _message(message_id), ProcessedStatus.SUCCEEDED, receipt=True)
+
+
+def test_the_processed_row_opening_the_transaction_goes_below_the_cursor_prepared_once(
         pg: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given: a connection whose psycopg cursors refuse INSERTs
-    outbox = Outbox(pg.engine, producer="orders", table=pg.names.outbox)
     store = ProcessedStore(pg.engine, "billing", table=pg.names.processed)
     with pg.engine.connect() as conn:
         _refuse_cursor_inserts(monkeypatch, conn)
-        # When: a handler transaction claims a message first, then publishes, twice
-        for n in (1, 2):
-            with conn.begin():
-                assert store.claim(conn, _message(f"m{n}"), ProcessedStatus.SUCCEEDED,
-                                   receipt=True) is RowClaim.NEW
-                _publish(outbox, conn, f"k{n}")
-        # Then: two statements of ours, prepared once each and used again
-        assert len(_ours(conn)) == 2
-    assert pg.count(pg.names.outbox) == 2
-    assert pg.count(pg.names.processed) == 2
+        # When: three handler transactions claim a message first
+        for n in (1, 2, 3):
+            assert _claim(store, conn, f"m{n}") is RowClaim.NEW
+        # Then: one statement of ours, prepared once and used again
+        assert len(_ours(conn)) == 1
+    assert pg.count(pg.names.processed) == 3
+
+
+def test_a_statement_inside_a_begun_transaction_stays_on_the_cursor(pg: Db) -> None:
+    # Given: a transaction that wrote a row first
+    outbox = Outbox(pg.engine, producer="orders", table=pg.names.outbox)
+    with pg.engine.connect() as conn:
+        with conn.begin():
+            conn.exec_driver_sql("SELECT 1")
+            # When: publish runs inside it
+            _publish(outbox, conn, "k1")
+        # Then: nothing of ours prepared (nothing to share a round trip with)
+        assert _ours(conn) == []
+    assert pg.count(pg.names.outbox) == 1
 
 
 def test_the_statement_opening_a_transaction_carries_psycopgs_begin_and_its_isolation_level(
@@ -119,82 +134,70 @@ def test_the_statement_opening_a_transaction_carries_psycopgs_begin_and_its_isol
         assert db.count(db.names.processed) == 0
 
 
-def test_a_rolled_back_transaction_makes_psycopg_drop_it_and_the_next_publish_prepares_again(
-        pg: Db) -> None:
-    outbox = Outbox(pg.engine, producer="orders", table=pg.names.outbox)
+@pytest.mark.parametrize("drop", ["DISCARD ALL", "DEALLOCATE ALL", "twice", "psycopg's"])
+def test_a_statement_the_server_dropped_is_prepared_again_in_the_claims_transaction(
+        pg: Db, drop: str) -> None:
+    store = ProcessedStore(pg.engine, "billing", table=pg.names.processed)
     with pg.engine.connect() as conn:
-        with conn.begin():
-            _publish(outbox, conn, "k1")
-            first = _ours(conn)
-        # Given: a transaction that published, then rolled back (psycopg: DEALLOCATE ALL)
-        tx = conn.begin()
-        _publish(outbox, conn, "k2")
-        tx.rollback()
-        assert _ours(conn) == []
-        # When: the connection publishes again
-        with conn.begin():
-            _publish(outbox, conn, "k3")
-            again = _ours(conn)
-    # Then: prepared again under a new name, and written
-    assert len(first) == len(again) == 1 and first != again
-    assert pg.count(pg.names.outbox) == 2
-
-
-def test_discard_all_run_through_psycopg_is_followed_by_a_working_publish(pg: Db) -> None:
-    outbox = Outbox(pg.engine, producer="orders", table=pg.names.outbox)
-    with pg.engine.connect() as conn:
-        with conn.begin():
-            _publish(outbox, conn, "k1")
-        # Given: DISCARD ALL (it drops every prepared statement of the session)
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        conn.exec_driver_sql("DISCARD ALL")
-        conn.commit()
-        conn.execution_options(isolation_level="READ COMMITTED")
-        assert _ours(conn) == []
-        # When / Then: publish prepares its statement again
-        with conn.begin():
-            _publish(outbox, conn, "k2")
-    assert pg.count(pg.names.outbox) == 2
-
-
-def test_psycopg_evicting_it_from_its_cache_deallocates_it_and_publish_prepares_again(
-        pg: Db) -> None:
-    outbox = Outbox(pg.engine, producer="orders", table=pg.names.outbox)
-    with pg.engine.connect() as conn:
-        raw: Any = conn.connection.dbapi_connection
-        raw.prepared_max = 1
-        with conn.begin():
-            _publish(outbox, conn, "k1")
-            # Given: psycopg prepares a statement of its own past its limit of one
-            cursor = raw.cursor()
+        assert _claim(store, conn, "m1") is RowClaim.NEW
+        # Given: the server session loses the statement behind the module's back
+        if drop == "psycopg's":  # psycopg prepared statements of its own; a rollback drops all
+            cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             cursor.execute("SELECT 1 + %s", (1,), prepare=True)
-            cursor.execute("SELECT 1", prepare=True)  # its cache maintenance runs after it
-            assert _ours(conn) == []  # psycopg evicted and deallocated ours
-            # When / Then: publish prepares it again
-            _publish(outbox, conn, "k2")
-            assert len(_ours(conn)) == 1
-    assert pg.count(pg.names.outbox) == 2
+            conn.commit()
+            tx = conn.begin()
+            conn.exec_driver_sql("SELECT 1")
+            tx.rollback()
+        else:
+            for n in range(2 if drop == "twice" else 1):
+                if n:  # psycopg looks at a repeated DISCARD ALL no more; it drops ours again
+                    assert _claim(store, conn, "m-between") is RowClaim.NEW
+                    assert len(_ours(conn)) == 1
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.exec_driver_sql("DISCARD ALL" if drop == "twice" else drop)
+                conn.commit()
+                conn.execution_options(isolation_level="READ COMMITTED")
+        assert _ours(conn) == []
+        # When: the next claim opens its transaction
+        assert _claim(store, conn, "m2") is RowClaim.NEW
+        # Then: written, the statement prepared again
+        assert len(_ours(conn)) == 1
+    assert pg.count(pg.names.processed, "message_id IN ('m1', 'm2')") == 2
 
 
-@pytest.mark.parametrize("setting", ["prepare_threshold", "autocommit"])
+def test_a_statement_the_server_holds_already_is_used_as_it_is(pg: Db) -> None:
+    store = ProcessedStore(pg.engine, "billing", table=pg.names.processed)
+    with pg.engine.connect() as conn:
+        assert _claim(store, conn, "m1") is RowClaim.NEW
+        # Given: the module forgot it prepared it (the server still holds it)
+        pg_libpq._prepared.pop(conn.connection.dbapi_connection)
+        # When / Then: the PREPARE finds it there; the claim is written with it
+        assert _claim(store, conn, "m2") is RowClaim.NEW
+        assert len(_ours(conn)) == 1
+    assert pg.count(pg.names.processed) == 2
+
+
+@pytest.mark.parametrize("setting", ["prepare_threshold", "autocommit", "client cursor"])
 def test_a_connection_without_prepared_statements_or_a_transaction_keeps_the_cursor(
         tmp_path: Path, setting: str) -> None:
-    # Given: prepared statements turned off (a pooler that cannot keep them), or autocommit
+    # Given: prepared statements turned off (a pooler that cannot keep them), client-side
+    # binding, or autocommit
     url = database_url("postgresql", tmp_path)
-    engine = make_engine(url, connect_args={"prepare_threshold": None}) \
-        if setting == "prepare_threshold" else make_engine(url, isolation_level="AUTOCOMMIT")
+    engine = {
+        "prepare_threshold": lambda: make_engine(url, connect_args={"prepare_threshold": None}),
+        "client cursor": lambda: make_engine(
+            url, connect_args={"cursor_factory": psycopg.ClientCursor}),
+        "autocommit": lambda: make_engine(url, isolation_level="AUTOCOMMIT"),
+    }[setting]()
     for db in _tables(engine, "postgresql"):
-        outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
         store = ProcessedStore(db.engine, "billing", table=db.names.processed)
         with db.engine.connect() as conn:
             # When
-            with conn.begin():
-                assert store.claim(conn, _message("m1"), ProcessedStatus.SUCCEEDED) \
-                    is RowClaim.NEW
-                _publish(outbox, conn, "k1")
+            for n in (1, 2):
+                assert _claim(store, conn, f"m{n}") is RowClaim.NEW
             # Then: written, by the cursor (nothing of ours prepared)
             assert _ours(conn) == []
-        assert db.count(db.names.outbox) == db.count(db.names.processed) == 1
+        assert db.count(db.names.processed) == 2
 
 
 @pytest.fixture
@@ -202,57 +205,66 @@ def scratch(pg: Db) -> Iterator[str]:
     table = f"{pg.names.outbox}_scratch"
     with pg.engine.begin() as conn:
         conn.exec_driver_sql(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, "
-                             "a text UNIQUE, b bytea, c timestamp)")
+                             "a text UNIQUE, b bytea, c timestamp, j json, s smallint)")
     yield table
     with pg.engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE {table}")
 
 
-def test_a_value_libpq_would_cut_at_nul_goes_to_the_cursor_which_refuses_it(
-        pg: Db, scratch: str) -> None:
-    sql = f"INSERT INTO {scratch} (a) VALUES (%(a)s)"
-    with pg.engine.connect() as conn:
-        with conn.begin():
-            execute(conn, sql, {"a": "first"})
-        # When / Then: psycopg's own error, nothing written with the text cut short
-        with conn.begin(), pytest.raises(sa.exc.DataError, match="NUL"):
-            execute(conn, sql, {"a": "cut\x00here"})
-    with pg.engine.connect() as conn:
-        assert conn.exec_driver_sql(f"SELECT a FROM {scratch}").scalars().all() == ["first"]
+def _insert_first(conn: Connection, scratch: str, **values: Any) -> Any:
+    """`values` inserted into `scratch` as the first statement of a transaction."""
+    columns = ", ".join(values)
+    params = ", ".join(f"%({c})s" for c in values)
+    with conn.begin():
+        return execute(conn, f"INSERT INTO {scratch} ({columns}) VALUES ({params})", values)
 
 
-def test_bytes_and_times_round_trip_and_returning_answers_an_int(pg: Db, scratch: str) -> None:
+def test_values_are_written_and_refused_as_the_cursor_writes_and_refuses_them(
+        pg: Db, scratch: str, tmp_path: Path) -> None:
     import datetime as dt
 
     when = dt.datetime(2026, 11, 27, 12, 30, 1, 250)
-    body = bytes(range(256))  # NUL and every other byte: sent in bytea's binary form
-    sql = (f"INSERT INTO {scratch} (a, b, c) VALUES (%(a)s, %(b)s, %(c)s) RETURNING id")
-    with pg.engine.connect() as conn:
-        with conn.begin():
-            found = execute(conn, sql, {"a": "x", "b": body, "c": when}, "scalar")
+    body = bytes(range(256))  # NUL and every other byte
+    cursor_only = make_engine(database_url("postgresql", tmp_path),
+                              connect_args={"prepare_threshold": None})
+    wrong: list[dict[str, Any]] = [
+        {"a": "nul", "j": 5}, {"a": "nul\x00"}, {"a": "bytes", "s": b"\x00\xff"},
+        {"a": "huge", "s": 10 ** 5000},
+    ]
+    try:
+        with pg.engine.connect() as conn:
+            assert _insert_first(conn, scratch, a="x" * 3 + "\u263a", b=body, c=when,
+                                 s=7) == 1
             assert len(_ours(conn)) == 1
-        row = conn.exec_driver_sql(f"SELECT id, b, c FROM {scratch}").one()
-    assert isinstance(found, int) and found == row.id
-    assert bytes(row.b) == body and row.c == when
+            row = conn.exec_driver_sql(f"SELECT a, b, c, s FROM {scratch}").one()
+            conn.commit()
+            assert (row.a, bytes(row.b), row.c, row.s) == ("xxx\u263a", body, when, 7)
+            # values the columns do not take fail with the cursor's own errors
+            for values in wrong:
+                with cursor_only.connect() as plain, pytest.raises(sa.exc.DBAPIError) as want:
+                    _insert_first(plain, scratch, **values)
+                with pytest.raises(sa.exc.DBAPIError) as got:
+                    _insert_first(conn, scratch, **values)
+                assert type(got.value) is type(want.value), values
+                assert type(got.value.orig) is type(want.value.orig), values
+    finally:
+        cursor_only.dispose()
 
 
 def test_a_duplicate_key_opening_the_transaction_is_an_integrity_error_and_the_connection_lives(
         pg: Db, scratch: str) -> None:
-    sql = f"INSERT INTO {scratch} (a) VALUES (%(a)s)"
     with pg.engine.connect() as conn:
-        with conn.begin():
-            execute(conn, sql, {"a": "taken"})
+        _insert_first(conn, scratch, a="taken")
         # When: the same key, as the first statement (sent with BEGIN)
-        with pytest.raises(sa.exc.IntegrityError), conn.begin():
-            execute(conn, sql, {"a": "taken"})
+        with pytest.raises(sa.exc.IntegrityError):
+            _insert_first(conn, scratch, a="taken")
         # Then: the connection is not invalidated, and the next statement runs
         assert not conn.invalidated
-        with conn.begin():
-            execute(conn, sql, {"a": "next"})
+        _insert_first(conn, scratch, a="next")
     assert pg.count(scratch) == 2
 
 
-def test_an_interrupt_half_way_through_closes_the_connection_and_sqlalchemy_drops_it(
+def test_an_interrupt_half_way_through_ends_the_connection_and_sqlalchemy_drops_it(
         pg: Db, scratch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     api: Any = pg_libpq._psycopg()
     real = api.generators
@@ -265,16 +277,15 @@ def test_an_interrupt_half_way_through_closes_the_connection_and_sqlalchemy_drop
         def send(pgconn: Any) -> Any:
             raise KeyboardInterrupt
 
-    sql = f"INSERT INTO {scratch} (a) VALUES (%(a)s)"
     with pg.engine.connect() as conn:
         raw: Any = conn.connection.dbapi_connection
         # Given: an interrupt once the pipeline's commands are queued
         monkeypatch.setattr(api, "generators", Interrupted())
-        with pytest.raises(KeyboardInterrupt), conn.begin():
-            execute(conn, sql, {"a": "lost"})
+        with pytest.raises(KeyboardInterrupt):
+            _insert_first(conn, scratch, a="lost")
         monkeypatch.undo()
         # Then: the psycopg connection is closed, SQLAlchemy's invalidated
         assert raw.closed and conn.invalidated
-    with pg.engine.begin() as conn:  # the pool hands out a working one
-        execute(conn, sql, {"a": "next"})
+    with pg.engine.connect() as conn:  # the pool hands out a working one
+        _insert_first(conn, scratch, a="next")
     assert pg.count(scratch) == 1

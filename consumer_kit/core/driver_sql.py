@@ -18,9 +18,10 @@ observe the difference:
   statement goes through SQLAlchemy);
 - the engine does not echo statements.
 
-On psycopg, the statement is sent below the cursor, as a prepared statement, when it can be
-(`consumer_kit.core.pg_libpq`). Otherwise on the cursor; and through `exec_driver_sql` when the
-conditions above do not hold. A connection with a
+On psycopg, a statement that opens its transaction (the processed row) is sent with psycopg's
+BEGIN in one round trip, as a prepared statement, when it can be (`consumer_kit.core.pg_libpq`).
+Otherwise on the cursor; and through `exec_driver_sql` when the conditions above do not hold.
+A connection with a
 `schema_translate_map` needs the Core statement (`translates_schema`): driver SQL names its
 table as compiled. Errors are the same either way: a
 driver error is raised as SQLAlchemy's (`IntegrityError` for a duplicate key), and a lost
@@ -106,7 +107,7 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     raw = conn.connection.dbapi_connection
     cursor = None
     try:
-        if conn.dialect.driver == "psycopg":  # below the cursor when it can (`pg_libpq`)
+        if conn.dialect.driver == "psycopg":  # with its BEGIN when it can (`pg_libpq`)
             value = pg_libpq.run(raw, sql, params, answer)
             if value is not pg_libpq.NOT_RUN:
                 return value
