@@ -65,8 +65,7 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
             return NOT_RUN
         query = api.PostgresQuery(api.Transformer.from_context(raw))
         query.convert(sql, params)
-        name = b"_ckit_" + hashlib.sha1(
-            query.query + repr(query.types).encode()).hexdigest()[:20].encode()
+        name = _name(query.query, query.types)
         known = _prepared.setdefault(raw, set())
         begin = raw._get_tx_start_command()
         prepare = name not in known
@@ -81,6 +80,21 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
         elif not prepare or results[1].status == api.pq.ExecStatus.COMMAND_OK:
             known.add(name)  # there: it answered, or the PREPARE went in
     return _checked(api, results).command_tuples
+
+
+_names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+
+
+def _name(query: bytes, types: tuple[int, ...]) -> bytes:
+    """The prepared statement's name: a digest of its text and parameter types, the same in
+    every process (one found on the server under it is this statement)."""
+    try:
+        return _names[query, types]
+    except KeyError:
+        name = b"_ckit_" + hashlib.sha1(query + repr(types).encode()).hexdigest()[:20].encode()
+        if len(_names) < 1000:  # a handful of statements; never unbounded
+            _names[query, types] = name
+        return name
 
 
 def _mend(api: Any, results: list[Any], *, prepare: bool) -> bool | None:
