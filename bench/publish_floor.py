@@ -21,10 +21,12 @@ Variants, interleaved transaction by transaction in rotating order (`bench.peers
                 connection held from the pool (PyMySQL, psycopg), committed by the driver;
 - libpq floor   (psycopg only) the floor with its INSERT sent as a prepared statement through
                 psycopg's `pgconn`, below psycopg's cursor, in the same SQLAlchemy transaction:
-                what a path under the cursor would buy publish. Not one consumer-kit can take:
-                psycopg's `rollback()` sends DEALLOCATE ALL once it has prepared statements of
-                its own, which takes such a statement with them (`bench/peers/README.md`). The
-                bench only commits, so its statement stays.
+                what a path under the cursor would buy publish. Not one consumer-kit takes
+                inside a begun transaction: a statement the server dropped (psycopg's
+                `rollback()` sends DEALLOCATE ALL once it has prepared statements of its own)
+                would abort the caller's transaction; only a statement that opens its
+                transaction goes below the cursor (`consumer_kit/core/pg_libpq.py`,
+                `bench/peers/README.md`). The bench only commits, so its statement stays.
 
 `floor-ulid - floor+ulid()` is what the id's form costs the database, `floor+ulid() - floor` what
 making it costs; `publish - floor-ulid` what publish's own work adds (checks, JSON, the row; on

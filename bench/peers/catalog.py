@@ -59,8 +59,11 @@ CKIT = Peer(
         "best is timed. It refreshes backlog gauges at start and end.",
         "dedupe: the processed row is inserted in the handler's own transaction (exactly once in "
         "effect), on the driver's cursor as publish's row (the floor's goes through the "
-        "Session); with Redis, one claim round trip per message (sent before that INSERT, read "
-        "after it), whose script also sets the previous message's done marker; the 'adaptive' mode "
+        "Session); on PostgreSQL, the transaction's first statement, it goes with psycopg's "
+        "BEGIN in one round trip as a prepared statement (consumer_kit/core/pg_libpq.py): the "
+        "decorated transaction makes as many round trips as the bare one, the floor one more; "
+        "with Redis, one claim round trip per message (sent before that INSERT, read after "
+        "it), whose script also sets the previous message's done marker; the 'adaptive' mode "
         "(redis_claims=\"adaptive\") sends no claim while duplicates are rare (the processed "
         "row decides; done markers go to Redis in batches) and claims again after about five "
         "in a row. Duplicates measured are ids this process did not see (in-process cache off).",
