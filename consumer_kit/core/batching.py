@@ -3,14 +3,23 @@
 The after-commit dispatcher, the ack sender and the Redis writer all work this way: callers
 submit without blocking, one thread drains the queue in batches, and `flush` waits until every
 submitted item was handled.
+
+The thread survives whatever `handle` raises (an `asyncio.CancelledError` or a gevent timeout
+from a transport included: logged, the batch counted as handled). A worker started before
+`os.fork` starts again in the child on its first `submit` (the parent's thread does not exist
+there; its queue, locks and items are the parent's), saying so once. `close` keeps to its
+timeout when the queue is full and the thread stuck.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -20,6 +29,8 @@ T = TypeVar("T")
 
 DEFAULT_QUEUE_SIZE = 100_000
 _STOP = object()
+#: every worker started in this process, reset in a forked child (`_after_fork`)
+_STARTED: weakref.WeakSet[BatchWorker[object]] = weakref.WeakSet()
 
 
 class BatchWorker(Generic[T]):
@@ -35,20 +46,30 @@ class BatchWorker(Generic[T]):
         self.name = name
         self.max_batch = max_batch
         self.linger = linger
+        self.queue_size = queue_size
         self.queue: queue.Queue[object] = queue.Queue(queue_size)
         self._pending = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._forked = False
 
     def start(self) -> BatchWorker[T]:
         """Start the thread (idempotent); returns self."""
         if self._thread is None:
+            self._forked = False
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
+            _STARTED.add(self)  # type: ignore[arg-type]
         return self
 
     def submit(self, item: T) -> bool:
         """Queue `item` without blocking; False (nothing queued) when the queue is full."""
+        if self._forked:  # started in the parent: this process has no thread yet
+            log.warning("%s: started again in process %d, forked from the process that "
+                        "started it", self.name, os.getpid())
+            self.start()
         with self._cond:
             self._pending += 1
         try:
@@ -64,12 +85,20 @@ class BatchWorker(Generic[T]):
             return self._cond.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Handle what is queued (up to `timeout`), then stop the thread."""
+        """Handle what is queued (up to `timeout`), then stop the thread; never longer than
+        about twice `timeout`, even when the thread is stuck in `handle` with the queue full
+        (what is still queued is then left unhandled, logged)."""
+        self._forked = False
         if self._thread is None:
             return
         self.flush(timeout)
-        self.queue.put(_STOP)
+        self._stopping = True
+        with contextlib.suppress(queue.Full):  # else it stops after its batch (`_stopping`)
+            self.queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s: still busy after %.0f s; stopped waiting with %d item(s) not "
+                        "handled", self.name, timeout, self._pending)
         self._thread = None
 
     def _handled(self, n: int) -> None:
@@ -83,7 +112,7 @@ class BatchWorker(Generic[T]):
         return self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
-        while True:
+        while not self._stopping or not self.queue.empty():
             first = self.queue.get()
             if first is _STOP:
                 return
@@ -101,9 +130,29 @@ class BatchWorker(Generic[T]):
                 batch.append(item)  # type: ignore[arg-type]
             try:
                 self.handle(batch)
-            except Exception:  # the thread must survive any handler bug
+            except BaseException as exc:  # the thread must survive any handler
+                if isinstance(exc, SystemExit | KeyboardInterrupt | GeneratorExit):
+                    raise
                 log.exception("%s: batch of %d failed", self.name, len(batch))
             finally:
                 self._handled(len(batch))
-            if stop:
+            if stop or (self._stopping and self.queue.full()):
                 return
+
+
+def _after_fork() -> None:
+    """In a forked child: every worker started in the parent gets a fresh queue and condition
+    (the parent's may be held by a thread that does not exist here) and starts on its first
+    `submit`."""
+    for worker in list(_STARTED):
+        worker.queue = queue.Queue(worker.queue_size)
+        worker._cond = threading.Condition()
+        worker._pending = 0
+        worker._thread = None
+        worker._stopping = False
+        worker._forked = True
+    _STARTED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
