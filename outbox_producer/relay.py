@@ -224,6 +224,7 @@ class Relay:
         result = RelayResult()
         outage_wait = OUTAGE_BACKOFF[0]
         outage_since: float | None = None
+        swept = False
         while not self.stopping.is_set():
             self._refresh_metrics_when_due()
             if max_batches is not None and result.batches >= max_batches:
@@ -257,6 +258,10 @@ class Relay:
             outage_wait = OUTAGE_BACKOFF[0]
             outage_since = None
             if stats is None:
+                if once and not swept and isinstance(self.claimer, ReplicaClaimer) \
+                        and self.claimer.sweep_next():
+                    swept = True  # nothing on the replica: a last look at the primary
+                    continue
                 if once:
                     break
                 self.stopping.wait(self.idle_sleep)

@@ -91,6 +91,15 @@ class ReplicaClaimer(CandidateClaimer):
             self.stats.stale += len(ids) - len(rows)
         return rows
 
+    def sweep_next(self) -> bool:
+        """Make the next claim a primary sweep (`--once` ends with one: the replica may not
+        show rows due on the primary yet); False without a replica."""
+        if self.read_engine is None:
+            return False
+        with self._lock:
+            self._next_sweep = 0.0
+        return True
+
     def _sweep_now(self) -> bool:
         with self._lock:
             now = time.monotonic()

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 MARK_CHUNK = 5000
 #: `TransportUnavailable` failures of one topic after which a batch tries no more of its rows
 SUSPECT_AFTER = 2
+#: `TransportUnavailable` from this many topics with no success after them is an outage
+OUTAGE_TOPICS = 3
 
 
 @dataclasses.dataclass
@@ -122,7 +124,7 @@ class Sender:
           again and reaches `max_retries`, then FAILED, as a row tried each time would);
         - so does a success on another topic earlier in the batch, at its end (or its
           `deadline`);
-        - rows of two topics failing with no success after them, or the batch's end (or its
+        - rows of three topics failing with no success after them, or the batch's end (or its
           `deadline`) with a suspect nothing proved wrong (a batch of one topic whose rows
           fail, or whose other topics failed too), mean an outage: the batch stops, its
           unsent rows (suspects and rows set aside too) go back to PENDING (to FAILED when the
@@ -197,7 +199,7 @@ class Sender:
                 out.failures.append((row, _reason(exc), True))
                 continue
             except TransportUnavailable as exc:
-                if doubt.failed(row, exc):  # rows of two topics failed, none went through
+                if doubt.failed(row, exc):  # rows of three topics failed, none went through
                     out.outage, out.unsent = exc, [*doubt.undecided(), *rows[i + 1:]]
                     break
                 continue
@@ -305,10 +307,12 @@ class _Doubt:
     sent_topics: set[str] = dataclasses.field(default_factory=set)
 
     def failed(self, row: OutboxRow, exc: TransportUnavailable) -> bool:
-        """Record `row`'s failure; True when it makes an outage: a suspect of another topic
-        is still unproven (so the row joins the suspects either way, first to be released)."""
-        outage = any(r.topic != row.topic for r, _ in self.suspects)
+        """Record `row`'s failure; True when it makes an outage: the unproven suspects, this
+        row with them, are of `OUTAGE_TOPICS` topics (the row joins the suspects either way,
+        first to be released). Two are not enough: two topics without a route at the head of
+        every batch would stop the others for good, never charged."""
         self.suspects.append((row, exc))
+        outage = len({r.topic for r, _ in self.suspects}) >= OUTAGE_TOPICS
         self.failures[row.topic] = self.failures.get(row.topic, 0) + 1
         self.reasons[row.topic] = _reason(exc)
         return outage
@@ -340,11 +344,12 @@ class _Doubt:
 
     def stop(self, out: Attempt, rest: Sequence[OutboxRow]) -> None:
         """The batch ends (its last row, or the deadline) with `rest` not tried. Suspects no
-        success followed (all of one topic: two topics would have stopped the batch) make it an
-        outage, unless rows of another topic went through earlier in the batch: then the broker
-        is up and the suspects, like what was set aside, are charged (were they released, a
-        topic without a route at the end of every batch would never reach FAILED)."""
-        if self.suspects and not self.sent_topics - {self.suspects[0][0].topic}:
+        success followed (of fewer than `OUTAGE_TOPICS` topics, which would have stopped the
+        batch) make it an outage, unless rows of another topic went through earlier in the
+        batch: then the broker is up and the suspects, like what was set aside, are charged
+        (were they released, a topic without a route at the end of every batch would never
+        reach FAILED)."""
+        if self.suspects and not self.sent_topics - {r.topic for r, _ in self.suspects}:
             out.outage = self.suspects[0][1]
             out.unsent = [*self.undecided(), *rest]
         else:

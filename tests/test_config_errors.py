@@ -81,12 +81,24 @@ def test_relay_refuses_a_transport_that_reaches_only_its_own_process(tmp_path: P
     assert row_states(url) == PENDING_UNTOUCHED
 
 
+def test_a_running_relay_refuses_a_slow_retry_that_would_spin(tmp_path: Path) -> None:
+    # Given a running relay (not --once) asked to retry FAILED rows at once
+    url = producer_db(tmp_path)
+    result = CliRunner().invoke(app, ["relay", "--url", url, "--transport",
+                                      f"sql+sqlite:///{tmp_path / 'mq.db'}",
+                                      "--retry-failed-after", "0s"])
+    # Then one line before it starts: a refused row would be re-sent back to back
+    assert result.exit_code == 2
+    assert "--retry-failed-after" in error_line(result.output)
+    assert row_states(url) == PENDING_UNTOUCHED
+
+
 @pytest.mark.parametrize(("option", "value"), [
     ("--max-rate", "inf"), ("--max-rate", "nan"), ("--max-rate", "-5"), ("--lease", "inf"),
     ("--lease", "nan"), ("--lease", "-5s"), ("--lease", "0s"), ("--lease", "0.5s"),
     ("--retry-failed-after", "-1s"),
     ("--give-up-after", "nan"), ("--metrics-port", "99999"), ("--metrics-port", "0"),
-    ("--batch", "0"), ("--shard", "5/4"),
+    ("--batch", "0"), ("--shard", "5/4"), ("--idle-sleep", "0s"), ("--idle-sleep", "0.01s"),
 ])
 def test_a_bad_relay_option_is_one_line_naming_it_before_any_row_moves(
         tmp_path: Path, option: str, value: str) -> None:

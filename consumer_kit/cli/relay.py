@@ -39,6 +39,8 @@ from outbox_producer.shards import MultiRelay
 log = logging.getLogger(__name__)
 
 LEASE_TEXT = f"{DEFAULT_LEASE.total_seconds():g}s"
+#: the shortest `--idle-sleep` (seconds)
+MIN_IDLE_SLEEP = 0.1
 
 
 @friendly_errors
@@ -99,8 +101,15 @@ def relay(
         raise ConfigError("--check-topic needs a running relay, not --once")
     sweep = parse_duration(sweep_every, option="--sweep-every").total_seconds()
     idle = parse_duration(idle_sleep, option="--idle-sleep").total_seconds()
+    if idle < MIN_IDLE_SLEEP:
+        raise ConfigError(f"--idle-sleep {idle_sleep}: at least {MIN_IDLE_SLEEP:g}s (shorter "
+                          "polls the database back to back, a busy loop)")
     failed_after = (parse_duration(retry_failed_after, option="--retry-failed-after")
                     if retry_failed_after else None)
+    if failed_after is not None and not once and failed_after.total_seconds() < 1:
+        raise ConfigError(f"--retry-failed-after {retry_failed_after}: at least 1s in a running "
+                          "relay (a FAILED row the broker refuses would be re-sent back to "
+                          "back; with --once each is tried once)")
     relay_options: dict[str, Any] = dict(
         table=outbox_table, batch=batch, workers=workers, max_rate=max_rate,
         shard=Shard.parse(shard) if shard else None,

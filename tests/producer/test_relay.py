@@ -453,6 +453,54 @@ def test_rows_of_a_topic_without_a_route_cannot_stop_the_rows_of_other_topics(db
 
 
 
+def test_two_topics_without_a_route_at_the_head_cannot_stop_a_third_and_reach_failed(
+        db: Db) -> None:
+    # Given one due row each of two topics without a route at the head of the queue, then
+    # rows of a good topic
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, max_retries=1)
+    with db.engine.begin() as conn:
+        bad = [outbox.publish(conn, topic, {}, biz_type="bad", biz_key=topic)
+               for topic in ("NOROUTE_X", "NOROUTE_Y")]
+        good = [outbox.publish(conn, "GOOD", {"i": i}, biz_type="good", biz_key=str(i))
+                for i in range(5)]
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.message_id.in_(bad))
+                     .values(next_retry_at=utcnow() - dt.timedelta(minutes=1)))
+    transport = FlakyTransport(TransportUnavailable("No route info of this topic"),
+                               fails=lambda m: m.topic.startswith("NOROUTE"))
+    relay = Relay(db.engine, transport, table=db.names.outbox, batch=10, backoff=FAST)
+    # When the relay sends a batch
+    stats = relay.step()
+    # Then the good rows went out and the two bad ones are charged, not an outage
+    assert stats is not None and stats.outage is None
+    assert sorted(transport.counts()) == sorted(good)
+    assert (stats.sent, stats.retried) == (5, 2)
+    # And with the next rows of the good topic, their retries run out: FAILED
+    with db.engine.begin() as conn:
+        late = outbox.publish(conn, "GOOD", {}, biz_type="good", biz_key="late")
+    assert wait_for(lambda: (relay.step(), {row(db, m)["state"] for m in bad})[1]
+                    == {int(OutboxState.FAILED)}, timeout=10)
+    assert row(db, late)["state"] == int(OutboxState.SENT)
+
+
+def test_failures_of_three_topics_in_a_row_are_an_outage_that_costs_no_retry(db: Db) -> None:
+    # Given due rows of four topics and a broker that cannot be reached
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        ids = [outbox.publish(conn, topic, {}, biz_type="t", biz_key=topic)
+               for topic in ("A", "B", "C", "D")]
+    transport = FlakyTransport(TransportUnavailable("broker down (simulated)"))
+    transport.fail_next = 1_000
+    relay = Relay(db.engine, transport, table=db.names.outbox)
+    # When the relay tries a batch
+    stats = relay.step()
+    # Then it stopped at the third topic's failure and put every row back uncharged
+    assert stats is not None and "4 unsent rows back to PENDING" in str(stats.outage)
+    assert transport.attempts == 3
+    assert {row(db, m)["retry_count"] for m in ids} == {0}
+
+
 def test_a_claim_that_takes_half_the_lease_backs_off_instead_of_claiming_again_at_once(
         sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a relay whose claims take 0.6 s under a 1 s lease: no send may start after 0.5 s

@@ -64,11 +64,27 @@ def test_rows_the_replica_does_not_show_yet_are_not_claimed_by_a_scan(
     copy_to(sqlite_db, replica)
     hidden = publish(sqlite_db, range(5, 10))
     transport = RecordingTransport()
-    # When a relay scanning the replica drains what it sees
-    result = relay(sqlite_db, transport, replica, sweep_every=3600).run_once()
+    # When a relay scanning the replica claims a batch
+    result = relay(sqlite_db, transport, replica, sweep_every=3600).run(max_batches=1)
     # Then it sent exactly the rows the replica showed
     assert result.stats.sent == 5 and transport.counts() == {m: 1 for m in shown}
     assert not set(transport.counts()) & set(hidden)
+
+
+def test_once_ends_with_a_primary_sweep_so_rows_a_stalled_replica_hides_are_sent(
+        sqlite_db: Db, replica: sa.Engine) -> None:
+    # Given 10 rows of which a replica that stopped applying shows the first 5, and no sweep
+    # due for an hour
+    ids = publish(sqlite_db, range(5))
+    copy_to(sqlite_db, replica)
+    ids += publish(sqlite_db, range(5, 10))
+    transport = RecordingTransport()
+    worker = relay(sqlite_db, transport, replica, sweep_every=3600)
+    # When `ckit relay --once` drains what is due
+    worker.run_once()
+    # Then the replica's rows and, by the sweep it ends with, the primary's went out once each
+    assert transport.counts() == {m: 1 for m in ids}
+    assert scans(worker).stats.sweeps == 1
 
 
 def test_candidates_already_sent_on_the_primary_are_not_sent_again(
@@ -97,9 +113,10 @@ def test_a_due_primary_sweep_drains_what_the_replica_hides_batch_after_batch(
     time.sleep(0.06)
     # When the relay drains what is due
     worker.run_once()
-    # Then full sweeps went on back to back until one came back short
+    # Then full sweeps went on back to back until one came back short (and --once ended with
+    # one more, which found nothing)
     assert transport.counts() == {m: 1 for m in ids}
-    assert scans(worker).stats.sweeps == 6 and scans(worker).stats.replica_scans == 0
+    assert scans(worker).stats.sweeps == 7 and scans(worker).stats.replica_scans == 0
 
 
 def test_an_unreachable_replica_makes_the_relay_scan_the_primary(
