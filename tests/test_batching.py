@@ -33,39 +33,16 @@ def test_items_are_handled_in_batches_of_at_most_max_batch_and_flush_waits() -> 
     worker.close()
 
 
-def test_a_failing_handler_does_not_stop_the_worker() -> None:
+@pytest.mark.parametrize("error", [RuntimeError("boom"), asyncio.CancelledError()])
+def test_a_failing_handler_does_not_stop_the_worker(
+        error: BaseException, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a handler that raises once: a bug, or a BaseException (asyncio's cancellation,
+    # gevent's Timeout) from a transport
     seen: list[int] = []
 
     def handle(batch: list[int]) -> None:
         if batch[0] == 0:
-            raise RuntimeError("boom")
-        seen.extend(batch)
-
-    worker: BatchWorker[int] = BatchWorker(handle, name="t", max_batch=1).start()
-    worker.submit(0)
-    worker.submit(1)
-    assert worker.flush(5)
-    assert seen == [1]
-    worker.close()
-
-
-def test_a_full_queue_refuses_instead_of_blocking() -> None:
-    worker: BatchWorker[int] = BatchWorker(lambda b: None, name="t", queue_size=1)  # not started
-    assert worker.submit(1)
-    assert not worker.submit(2)
-    worker.start()
-    assert worker.flush(5)
-    worker.close()
-
-
-def test_a_cancellation_from_the_handler_is_logged_and_the_worker_goes_on(
-        caplog: pytest.LogCaptureFixture) -> None:
-    # Given a handler that raises a BaseException once (asyncio's cancellation, gevent's Timeout)
-    seen: list[int] = []
-
-    def handle(batch: list[int]) -> None:
-        if batch[0] == 0:
-            raise asyncio.CancelledError
+            raise error
         seen.extend(batch)
 
     worker: BatchWorker[int] = BatchWorker(handle, name="t", max_batch=1).start()
@@ -75,6 +52,15 @@ def test_a_cancellation_from_the_handler_is_logged_and_the_worker_goes_on(
     assert worker.flush(5)
     assert seen == [1]
     assert "batch of 1 failed" in caplog.text
+    worker.close()
+
+
+def test_a_full_queue_refuses_instead_of_blocking() -> None:
+    worker: BatchWorker[int] = BatchWorker(lambda b: None, name="t", queue_size=1)  # not started
+    assert worker.submit(1)
+    assert not worker.submit(2)
+    worker.start()
+    assert worker.flush(5)
     worker.close()
 
 

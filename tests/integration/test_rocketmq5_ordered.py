@@ -121,41 +121,25 @@ def test_a_retry_limit_never_turns_an_operators_fifo_group_into_a_normal_one() -
     assert seen == [*range(6), 5, *range(6, 12)]
 
 
-def test_an_ordered_consumer_of_a_group_that_is_not_fifo_is_refused_at_start() -> None:
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_fifo_topic_consumed_through_a_group_that_is_not_fifo_is_refused_at_start(
+        ordered: bool) -> None:
     services.require("rocketmq5", services.ping_rocketmq5)
-    # Given: a FIFO topic in ordered_topics, but a normal group the transport does not write
+    # Given: a FIFO topic (listed in ordered_topics, or not) and a normal group the transport
+    # does not write
     topic, group = unique("ordered5_plain"), unique("g_ordered5_plain")
-    transport = make_transport(ordered_topics=[topic])
+    transport = make_transport(ordered_topics=[topic] if ordered else [])
     assert transport.admin is not None
     transport.admin.create_typed_topic(topic, message_type="FIFO", queues=4)
     transport.admin.update_group(group, retry_max_times=16, fifo=False)
     consumer = transport.consumer(group, [Subscription(topic)],
                                   lambda d: ConsumeStatus.CONSUME_SUCCESS)
+    why = (rf"consumer group {group} is not a FIFO group on the cluster, but its topics .* are "
+           r"in ordered_topics" if ordered else
+           rf"topic {topic} is a FIFO topic but consumer group {group} is not a FIFO group")
     try:
         # When / Then: one clear error, nothing consumed out of order
-        with pytest.raises(TransportError, match=rf"consumer group {group} is not a FIFO group "
-                                                 r"on the cluster, but its topics .* are in "
-                                                 r"ordered_topics"):
-            consumer.start()
-    finally:
-        consumer.shutdown()
-        transport.close()
-
-
-def test_a_fifo_topic_consumed_by_a_normal_group_is_refused_at_start() -> None:
-    services.require("rocketmq5", services.ping_rocketmq5)
-    # Given: a FIFO topic, a normal group, a consumer that does not list the topic as ordered
-    topic, group = unique("ordered5_fifo_topic"), unique("g_ordered5_fifo_topic")
-    transport = make_transport()
-    assert transport.admin is not None
-    transport.admin.create_typed_topic(topic, message_type="FIFO", queues=4)
-    transport.admin.update_group(group, retry_max_times=16, fifo=False)
-    consumer = transport.consumer(group, [Subscription(topic)],
-                                  lambda d: ConsumeStatus.CONSUME_SUCCESS)
-    try:
-        # When / Then
-        with pytest.raises(TransportError, match=rf"topic {topic} is a FIFO topic but consumer "
-                                                 rf"group {group} is not a FIFO group"):
+        with pytest.raises(TransportError, match=why):
             consumer.start()
     finally:
         consumer.shutdown()
