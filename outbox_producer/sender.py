@@ -344,12 +344,14 @@ class _Doubt:
 
     def stop(self, out: Attempt, rest: Sequence[OutboxRow]) -> None:
         """The batch ends (its last row, or the deadline) with `rest` not tried. Suspects no
-        success followed (of fewer than `OUTAGE_TOPICS` topics, which would have stopped the
-        batch) make it an outage, unless rows of another topic went through earlier in the
-        batch: then the broker is up and the suspects, like what was set aside, are charged
-        (were they released, a topic without a route at the end of every batch would never
-        reach FAILED)."""
-        if self.suspects and not self.sent_topics - {r.topic for r, _ in self.suspects}:
+        success followed make it an outage when they are of two topics (an outage that began
+        after the batch's last success: released, they lead the next batch, where a success
+        after them charges them) or when no row of another topic went through in the batch.
+        Suspects of one topic after a success of another are charged, like what was set aside
+        (the broker was up; were they released, a topic without a route at the end of every
+        batch would never reach FAILED)."""
+        topics = {r.topic for r, _ in self.suspects}
+        if self.suspects and (len(topics) > 1 or not self.sent_topics - topics):
             out.outage = self.suspects[0][1]
             out.unsent = [*self.undecided(), *rest]
         else:

@@ -227,7 +227,7 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
                 check_lag(engines[producer.url], engines[producer.read_url], outbox,
                           producer.index, now=now, stuck_after=config.stuck_after)
         if not force:
-            check_groups(config.groups, engines, producers, outbox,
+            check_groups(config.groups, engines, producers, outbox, receipts,
                          cutoff=now - config.stuck_after)
     finally:
         for made in engines.values():

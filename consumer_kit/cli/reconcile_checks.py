@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import sqlalchemy as sa
 
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.schema import processed_table
+from consumer_kit.core.schema import outbox_archive_table, processed_table
 from consumer_kit.core.states import OutboxState
 from consumer_kit.core.urls import mask_url
 from consumer_kit.reconcile.model import GroupSource
@@ -30,28 +30,38 @@ _SHOWN = 10
 
 
 def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.Engine],
-                 producers: Sequence[str], outbox: sa.Table, *, cutoff: dt.datetime) -> None:
-    """Refuse a group without a single processed row in its database while the window (rows
-    SENT before `cutoff`) holds messages of its topics, and a group topic no outbox row of any
-    producer database holds.
+                 producers: Sequence[str], outbox: sa.Table, receipts: sa.Table, *,
+                 cutoff: dt.datetime) -> None:
+    """Refuse a group topic no row of any producer database's outbox or its archive holds, and
+    a group of which neither its processed table nor any producer database's receipts hold a
+    single row while the window (rows SENT before `cutoff`) holds messages of its topics.
+
+    A quiet topic whose rows were archived passes (the archive is looked at only when the
+    outbox has no row of the topic: a scan until the first row of it, the archive having no
+    topic index), and so does a group whose processed rows were purged but whose receipts
+    remain. What is refused is a name nothing ever carried.
 
     Raises:
         ConfigError: naming the `--group` and what to check.
     """
+    archive = outbox_archive_table(sa.MetaData(), f"{outbox.name}_archive")
     for group in groups:
         for topic in group.topics:
-            if not _any_row(engines, producers, outbox, outbox.c.topic == topic):
+            if not _any_row(engines, producers, outbox, outbox.c.topic == topic) and \
+                    not _any_row(engines, producers, archive, archive.c.topic == topic,
+                                optional=True):
                 raise ConfigError(
-                    f"--group {group.name}: no outbox row has topic {topic!r} "
-                    f"(topics there: {_topics(engines, producers, outbox)}): a misspelt topic "
-                    f"leaves {group.name} unexpected for the one it meant, whose messages "
+                    f"--group {group.name}: no outbox row has topic {topic!r}, nor an archived "
+                    f"one (topics there: {_topics(engines, producers, outbox)}): a misspelt "
+                    f"topic leaves {group.name} unexpected for the one it meant, whose messages "
                     "then turn CONSUMED without it (--force if nothing was published on "
                     f"{topic!r} yet)")
         table = processed_table(sa.MetaData(), group.table)
         with engines[group.url].connect() as conn:
             processed = conn.execute(sa.select(sa.literal(1)).where(
                 table.c.consumer_group == group.name).limit(1)).first()
-        if processed is not None:
+        if processed is not None or _any_row(engines, producers, receipts,
+                                             receipts.c.consumer_group == group.name):
             continue
         stuck = sa.and_(outbox.c.state == int(OutboxState.SENT), outbox.c.sent_at < cutoff)
         if group.topics:
@@ -59,10 +69,11 @@ def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.
         if _any_row(engines, producers, outbox, stuck):
             raise ConfigError(
                 f"--group {group.name}: {mask_url(group.url)} holds no processed row of group "
-                f"{group.name!r} in {group.table}, and messages of its topics are stuck in "
-                "SENT: a misspelt group or another database (every message would look "
-                "unprocessed: re-sent, and failed at its limit; --force if the group has "
-                "really processed nothing yet)")
+                f"{group.name!r} in {group.table}, no producer database a receipt of it, and "
+                "messages of its topics are stuck in SENT: a misspelt group or another "
+                "database (every message would look unprocessed: re-sent, and failed at its "
+                "limit; --force if that is right: a new group, or one whose processed rows were "
+                "purged and receipts archived)")
 
 
 def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
@@ -93,10 +104,16 @@ def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.T
 
 
 def _any_row(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
-             outbox: sa.Table, where: sa.ColumnElement[bool]) -> bool:
+             table: sa.Table, where: sa.ColumnElement[bool], *, optional: bool = False) -> bool:
+    """Whether `table` of any producer database holds a row `where` (with `optional`, a
+    database without the table holds none)."""
     for url in producers:
-        with engines[url].connect() as conn:
-            if conn.execute(sa.select(sa.literal(1)).where(where).limit(1)).first():
+        engine = engines[url]
+        if optional and not sa.inspect(engine).has_table(table.name):
+            continue
+        with engine.connect() as conn:
+            if conn.execute(sa.select(sa.literal(1)).select_from(table).where(where)
+                            .limit(1)).first():
                 return True
     return False
 

@@ -501,6 +501,23 @@ def test_failures_of_three_topics_in_a_row_are_an_outage_that_costs_no_retry(db:
     assert {row(db, m)["retry_count"] for m in ids} == {0}
 
 
+def test_an_outage_beginning_after_a_send_of_the_batch_costs_no_retry(db: Db) -> None:
+    # Given a batch of three topics whose broker goes down after its first send
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox)
+    with db.engine.begin() as conn:
+        ids = [outbox.publish(conn, topic, {"i": i}, biz_type="t", biz_key=str(i))
+               for i, topic in enumerate(("A", "B", "B", "C", "C"))]
+    transport = FlakyTransport(TransportUnavailable("broker down (simulated)"),
+                               fails=lambda m: m.topic != "A")
+    relay = Relay(db.engine, transport, table=db.names.outbox, backoff=FAST)
+    rows = sorted(relay.claimer.claim(10), key=lambda r: ids.index(r.message_id))
+    # When
+    stats = relay.sender.send_rows(rows)
+    # Then the first went out, and the rest went back uncharged: an outage
+    assert stats.sent == 1 and stats.retried == 0 and stats.outage is not None
+    assert {row(db, m)["retry_count"] for m in ids[1:]} == {0}
+
+
 def test_a_claim_that_takes_half_the_lease_backs_off_instead_of_claiming_again_at_once(
         sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a relay whose claims take 0.6 s under a 1 s lease: no send may start after 0.5 s

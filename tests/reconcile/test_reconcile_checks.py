@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
+from consumer_kit.core.schema import outbox_archive_table
 from consumer_kit.core.states import OutboxState
 from tests.cli import error_line
 from tests.reconcile.conftest import World
@@ -90,6 +91,28 @@ def test_a_misspelt_topic_is_refused_naming_the_topics_the_outbox_holds(world: W
     line = error_line(output)
     assert "'ORDER_PAYED'" in line and "topics there: ORDER_PAID" in line
     assert world.row(message_id).state == int(OutboxState.SENT)
+
+
+def test_a_quiet_topic_whose_rows_were_archived_and_a_group_whose_rows_were_purged_pass(
+        world: World) -> None:
+    # Given: ORDER_PAID's rows all archived; billing's processed rows purged, its receipts kept;
+    # a message of billing's topic stuck now (billing's consumer is down)
+    paid = world.add_outbox(OutboxState.CONSUMED, topic="ORDER_PAID")
+    world.add_ack(paid, "billing")
+    archive = outbox_archive_table(sa.MetaData(), f"{world.outbox.name}_archive")
+    archive.metadata.create_all(world.producer)
+    with world.producer.begin() as conn:
+        row = conn.execute(sa.select(world.outbox).where(
+            world.outbox.c.message_id == paid)).mappings().one()
+        conn.execute(sa.insert(archive).values(**row))
+        conn.execute(sa.delete(world.outbox).where(world.outbox.c.message_id == paid))
+    stuck = world.add_outbox(OutboxState.SENT, topic="ORDER_CREATED")
+    url = world.group_urls["inventory"]
+    # When
+    code, output = run(world, f"billing:ORDER_PAID,ORDER_CREATED={url}")
+    # Then: the run goes ahead and re-sends what billing has not processed
+    assert code == 0, output
+    assert world.row(stuck).state == int(OutboxState.PENDING)
 
 
 def _replica_of(world: World, tmp_path: Path) -> str:
