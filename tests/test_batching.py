@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,75 @@ def test_a_worker_started_before_a_fork_runs_again_in_the_child(tmp_path: Path) 
     assert os.waitstatus_to_exitcode(status) == 0
     assert out.read_text() == "7"
     worker.close()
+
+
+def _threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
+
+
+def test_a_worker_closed_while_stuck_then_started_again_drains_the_rest_on_one_thread() -> None:
+    # Given a handler stuck on its first batch, two items queued behind it, and a close that
+    # gave up waiting
+    entered, release = threading.Event(), threading.Event()
+    handled: list[int] = []
+
+    def handle(batch: list[int]) -> None:
+        if batch == [0]:
+            entered.set()
+            release.wait(30)
+        handled.extend(batch)
+
+    worker: BatchWorker[int] = BatchWorker(handle, name="t-restart", max_batch=1,
+                                           queue_size=2).start()
+    assert worker.submit(0) and entered.wait(5)
+    assert worker.submit(1) and worker.submit(2)
+    worker.close(0.2)
+    # When it is started again and the stuck batch ends
+    worker.start()
+    release.set()
+    # Then every item was handled once, and one thread is left
+    assert worker.flush(5)
+    assert sorted(handled) == [0, 1, 2]
+    assert wait_until(lambda: len(_threads("t-restart")) == 1)
+    worker.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_concurrent_first_submits_in_a_forked_child_start_one_thread() -> None:
+    worker: BatchWorker[int] = BatchWorker(lambda b: time.sleep(0.001), name="t-forked",
+                                           max_batch=10).start()
+    worst = 0
+    for _ in range(10):  # a race: tried in ten children
+        pid = os.fork()
+        if pid == 0:  # eight threads submit at once, switching as often as can be
+            code = 100
+            try:
+                sys.setswitchinterval(1e-6)
+                go = threading.Barrier(8)
+
+                def submit_many(go: threading.Barrier = go) -> None:
+                    go.wait()
+                    for i in range(50):
+                        worker.submit(i)
+
+                threads = [threading.Thread(target=submit_many) for _ in range(8)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                code = len(_threads("t-forked")) if worker.flush(5) else 99
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        worst = max(worst, os.waitstatus_to_exitcode(status))
+    assert worst == 1
+    worker.close()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

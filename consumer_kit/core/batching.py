@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_QUEUE_SIZE = 100_000
-_STOP = object()
 #: every worker started in this process, reset in a forked child (`_after_fork`)
 _STARTED: weakref.WeakSet[BatchWorker[object]] = weakref.WeakSet()
+
+
+class _Stop:
+    """The item that stops the one thread it was made for (another thread drops it)."""
 
 
 class BatchWorker(Generic[T]):
@@ -50,25 +53,33 @@ class BatchWorker(Generic[T]):
         self.queue: queue.Queue[object] = queue.Queue(queue_size)
         self._pending = 0
         self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        # the running thread, and what stops it: a flag it looks at after each batch, and its
+        # own stop item in the queue
         self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._stopping = threading.Event()
+        self._stop = _Stop()
         self._forked = False
 
     def start(self) -> BatchWorker[T]:
-        """Start the thread (idempotent); returns self."""
-        if self._thread is None:
-            self._forked = False
-            self._stopping = False
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
-            _STARTED.add(self)  # type: ignore[arg-type]
+        """Start the thread (idempotent, and safe from several threads); returns self."""
+        with self._lock:
+            if self._thread is None:
+                if self._forked:
+                    log.warning("%s: started again in process %d, forked from the process "
+                                "that started it", self.name, os.getpid())
+                self._forked = False
+                self._stopping, self._stop = threading.Event(), _Stop()
+                self._thread = threading.Thread(target=self._run,
+                                                args=(self._stopping, self._stop),
+                                                name=self.name, daemon=True)
+                self._thread.start()
+                _STARTED.add(self)  # type: ignore[arg-type]
         return self
 
     def submit(self, item: T) -> bool:
         """Queue `item` without blocking; False (nothing queued) when the queue is full."""
         if self._forked:  # started in the parent: this process has no thread yet
-            log.warning("%s: started again in process %d, forked from the process that "
-                        "started it", self.name, os.getpid())
             self.start()
         with self._cond:
             self._pending += 1
@@ -87,19 +98,21 @@ class BatchWorker(Generic[T]):
     def close(self, timeout: float = 10.0) -> None:
         """Handle what is queued (up to `timeout`), then stop the thread; never longer than
         about twice `timeout`, even when the thread is stuck in `handle` with the queue full
-        (what is still queued is then left unhandled, logged)."""
-        self._forked = False
-        if self._thread is None:
-            return
-        self.flush(timeout)
-        self._stopping = True
-        with contextlib.suppress(queue.Full):  # else it stops after its batch (`_stopping`)
-            self.queue.put(_STOP, timeout=timeout)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("%s: still busy after %.0f s; stopped waiting with %d item(s) not "
-                        "handled", self.name, timeout, self._pending)
-        self._thread = None
+        (it then stops after that batch, and what is still queued waits for a `start`)."""
+        with self._lock:
+            self._forked = False
+            thread, stopping, stop = self._thread, self._stopping, self._stop
+            if thread is None:
+                return
+            self.flush(timeout)
+            stopping.set()
+            with contextlib.suppress(queue.Full):  # else it stops after its batch
+                self.queue.put(stop, timeout=timeout)
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("%s: still busy after %.0f s; stopped waiting with %d item(s) "
+                            "not handled", self.name, timeout, self._pending)
+            self._thread = None
 
     def _handled(self, n: int) -> None:
         with self._cond:
@@ -111,22 +124,25 @@ class BatchWorker(Generic[T]):
             return self.queue.get_nowait()
         return self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        while not self._stopping or not self.queue.empty():
+    def _run(self, stopping: threading.Event, stop: _Stop) -> None:
+        while not stopping.is_set():
             first = self.queue.get()
-            if first is _STOP:
-                return
+            if isinstance(first, _Stop):
+                if first is stop:
+                    return
+                continue  # an earlier thread's, which stopped without it
             batch: list[T] = [first]  # type: ignore[list-item]
             deadline = time.monotonic() + self.linger
-            stop = False
             while len(batch) < self.max_batch:
                 try:
                     item = self._next(deadline)
                 except queue.Empty:
                     break
-                if item is _STOP:
-                    stop = True
-                    break
+                if isinstance(item, _Stop):
+                    if item is stop:
+                        stopping.set()
+                        break
+                    continue
                 batch.append(item)  # type: ignore[arg-type]
             try:
                 self.handle(batch)
@@ -136,8 +152,6 @@ class BatchWorker(Generic[T]):
                 log.exception("%s: batch of %d failed", self.name, len(batch))
             finally:
                 self._handled(len(batch))
-            if stop or (self._stopping and self.queue.full()):
-                return
 
 
 def _after_fork() -> None:
@@ -147,9 +161,9 @@ def _after_fork() -> None:
     for worker in list(_STARTED):
         worker.queue = queue.Queue(worker.queue_size)
         worker._cond = threading.Condition()
+        worker._lock = threading.Lock()
         worker._pending = 0
         worker._thread = None
-        worker._stopping = False
         worker._forked = True
     _STARTED.clear()
 
