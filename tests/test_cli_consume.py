@@ -60,13 +60,21 @@ def test_a_url_that_would_replace_the_apps_own_transport_object_is_one_line(
     sys.modules.pop("objapp", None)
 
 
-def test_the_environment_variable_is_refused_the_same_way(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_environment_variable_leaves_the_apps_own_object_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an app with its own transport object, and CKIT_TRANSPORT exported (the relay and
+    # the receipts read it too) naming another database
     target = write_app(tmp_path, monkeypatch, "objapp2", APP_WITH_OBJECT.replace("g_obj", "g2"))
+    other = tmp_path / "other.db"
+    # When the app runs
     result = CliRunner().invoke(app, ["consume", target, "--max-seconds", "1"],
-                                env={"CKIT_TRANSPORT": f"sql+sqlite:///{tmp_path / 'other.db'}"})
-    assert result.exit_code == 2
-    assert "(--transport / CKIT_TRANSPORT) would replace" in error_line(result.output)
+                                env={"CKIT_TRANSPORT": f"sql+sqlite:///{other}"})
+    # Then it consumes through its own object, and says the variable was not used
+    assert result.exit_code == 0, result.output
+    assert "CKIT_TRANSPORT is set, but app objapp2:app builds its own SqlTransport" \
+        in result.output + caplog.text
+    assert not other.exists()
     sys.modules.pop("objapp2", None)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import sys
 import threading
@@ -21,6 +22,9 @@ from consumer_kit.cli.runtime import (
 )
 from consumer_kit.core.errors import ConfigError, ConsumerStalled
 from consumer_kit.outcome import Outcome
+from consumer_kit.transports.base import Transport
+
+log = logging.getLogger(__name__)
 
 
 def load_app(target: str) -> ConsumerApp:
@@ -46,6 +50,7 @@ def load_app(target: str) -> ConsumerApp:
 
 @friendly_errors
 def consume(
+    ctx: typer.Context,
     app_path: str = typer.Argument(..., metavar="MODULE:APP", help="e.g. examples.inventory:app"),
     transport: str | None = options.transport(),
     burst: bool = options.burst(),
@@ -63,6 +68,13 @@ def consume(
         raise ConfigError(f"--max-seconds must be a positive, finite number of seconds, not "
                           f"{max_seconds:g}")
     app = load_app(app_path)
+    if transport is not None and isinstance(app.transport_config, Transport) \
+            and _source(ctx, "transport") == "ENVIRONMENT":
+        # the variable the relay and receipts read too: the app's own object is kept (an
+        # explicit --transport replacing it is refused by `ConsumerApp.transport`)
+        log.warning("CKIT_TRANSPORT is set, but app %s builds its own %s: using the app's",
+                    app_path, type(app.transport_config).__name__)
+        transport = None
     source = app.transport(transport)
     if not source.shared_across_processes:
         raise ConfigError(f"ckit consume cannot use {source.scheme}:// (it reaches only its "
@@ -87,6 +99,12 @@ def consume(
                    "commit and the broker redelivers their messages", err=True)
     # offsets the native client did not persist are redelivered (and deduped) after a restart
     exit_if_native_shutdown_hangs(0)
+
+
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where option `name` got its value ("COMMANDLINE", "ENVIRONMENT", ...), by name: typer
+    may bring its own click, whose enum is not the installed click's."""
+    return getattr(ctx.get_parameter_source(name), "name", None)
 
 
 def register(app: typer.Typer) -> None:

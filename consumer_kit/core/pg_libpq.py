@@ -73,13 +73,14 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
         mend = _mend(api, results, prepare=prepare)
         if mend is not None:  # gone, or there already: ours was the only statement in it
             prepare = mend
-            again = _exchange(api, raw, pg, [b"ROLLBACK", begin], query, name, prepare=prepare)
-            results = again[1:] if again[0].status == api.pq.ExecStatus.COMMAND_OK else again
+            results = _exchange(api, raw, pg, [b"ROLLBACK", begin], query, name,
+                                prepare=prepare)
+        # the PREPARE's result, when one was sent, is the one before the EXECUTE's
         if _failed(api, results[-1], _GONE):
             known.discard(name)
-        elif not prepare or results[1].status == api.pq.ExecStatus.COMMAND_OK:
+        elif not prepare or results[-2].status == api.pq.ExecStatus.COMMAND_OK:
             known.add(name)  # there: it answered, or the PREPARE went in
-    return _checked(api, results).command_tuples
+    return _checked(api, results, raw.info.encoding).command_tuples
 
 
 _names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
@@ -139,12 +140,13 @@ def _exchange(api: Any, raw: Any, pg: Any, leading: list[bytes], query: Any, nam
     return results
 
 
-def _checked(api: Any, results: list[Any]) -> Any:
-    """The last result (the statement's), or the first error among `results` raised."""
+def _checked(api: Any, results: list[Any], encoding: str) -> Any:
+    """The last result (the statement's), or the first error among `results` raised (its text
+    decoded as the connection's)."""
     ok = api.pq.ExecStatus
     for result in results:
         if result.status == ok.FATAL_ERROR:
-            raise api.errors.error_from_result(result, encoding="utf-8")
+            raise api.errors.error_from_result(result, encoding=encoding)
         if result.status not in (ok.COMMAND_OK, ok.TUPLES_OK):
             raise api.errors.InternalError(f"unexpected result from PostgreSQL: "
                                            f"{ok(result.status).name}")

@@ -1,5 +1,6 @@
 """`create_topics=False` (the default) on `rocketmq://`: running an app on a topic that does not
-exist never creates it (a typo in a listener's topic must not become a new topic)."""
+exist never creates it (a typo in a listener's topic must not become a new topic), and the
+consumer says at start that it waits for it."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from tests.conftest import Db
 pytestmark = [pytest.mark.rocketmq]
 
 
-def test_an_app_on_a_missing_topic_does_not_create_it_without_create_topics(
-    tmp_path: Path, sqlite_db: Db
+def test_an_app_on_a_missing_topic_does_not_create_it_without_create_topics_and_says_so(
+    tmp_path: Path, sqlite_db: Db, caplog: pytest.LogCaptureFixture
 ) -> None:
     services.require("rocketmq", services.ping_rocketmq)
     # Given: a transport without create_topics, a listener on a topic that does not exist
@@ -33,5 +34,6 @@ def test_an_app_on_a_missing_topic_does_not_create_it_without_create_topics(
         app.run(max_seconds=1)
     finally:
         app.close()
-    # Then
+    # Then: not created, and the consumer said it waits for it
     assert transport.admin.topic_route(missing) is None
+    assert f"topic {missing} does not exist (no route): it waits for it" in caplog.text

@@ -52,6 +52,8 @@ class ConsumerHost(Protocol):
 
     def ensure_topic(self, topic: str) -> None: ...
 
+    def missing_topics(self, topics: list[str]) -> list[str]: ...
+
     def prepare_group(self, group: str) -> None: ...
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,10 @@ class RocketMQConsumer(Consumer):
         if transport.create_topics:
             for sub in self.subscriptions:
                 transport.ensure_topic(sub.topic)
+        else:  # a 4.x consumer of a topic without a route waits for it, where 5.x fails
+            for topic in transport.missing_topics([s.topic for s in self.subscriptions]):
+                log.warning("consumer %s: topic %s does not exist (no route): it waits for "
+                            "it (create it first, or create_topics=True)", self.group, topic)
         transport.prepare_group(self.group)
         if not self.orderly:
             self.send_back.limit()  # known before the first delivery (Delivery.max_reconsume_times)

@@ -299,6 +299,13 @@ class RocketMQTransport(Transport):
             log.info("created topic %s with %d queues", topic, self.topic_queues)
         self._known_topics.add(topic)
 
+    def missing_topics(self, topics: list[str]) -> list[str]:
+        """Those of `topics` the name server has no route for (none when it cannot say)."""
+        try:
+            return [t for t in topics if self.admin.topic_route(t) is None]
+        except TransportError:
+            return []  # the name server's state shows when the consumer starts
+
     def prepare_group(self, group: str) -> None:
         """Before a consumer of `group` starts: create `%RETRY%group` (else the first
         redelivery waits for the C++ client's next rebalance, ~10 s) and set the group's
