@@ -166,6 +166,10 @@ class Relay:
         rows = self.claimer.claim(claim_size)
         if not rows:
             return None
+        # oldest first, whatever order the claim came back in (PostgreSQL's UPDATE ... RETURNING
+        # keeps none): rows an outage released lead the next batch, where a success after
+        # them tells their topics' failures from an outage (`Sender.send_rows`)
+        rows.sort(key=lambda row: row.id)
         return self.sender.send_rows(rows, pace=pace,
                                      deadline=send_deadline(started, self.claimer.lease))
 
