@@ -8,12 +8,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from consumer_kit.core.batching import BatchWorker
+from consumer_kit.testing.harness import wait_for
 
 
 def test_items_are_handled_in_batches_of_at_most_max_batch_and_flush_waits() -> None:
@@ -130,7 +130,7 @@ def test_a_worker_closed_while_stuck_then_started_again_drains_the_rest_on_one_t
     # Then every item was handled once, and one thread is left
     assert worker.flush(5)
     assert sorted(handled) == [0, 1, 2]
-    assert wait_until(lambda: len(_threads("t-restart")) == 1)
+    assert wait_for(lambda: len(_threads("t-restart")) == 1, 5)
     worker.close()
 
 
@@ -164,12 +164,3 @@ def test_concurrent_first_submits_in_a_forked_child_start_one_thread() -> None:
         worst = max(worst, os.waitstatus_to_exitcode(status))
     assert worst == 1
     worker.close()
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
