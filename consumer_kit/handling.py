@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.core import checkin
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
@@ -81,7 +82,8 @@ class Handling:
     def _in_transaction(self, listener: Listener, msg: Message, receipt: bool,
                         past_deadline: object, pending: PendingClaim | None) -> Result:
         try:
-            with self.engine.connect() as conn:
+            # given back without the pool's reset ROLLBACK after its own COMMIT (`checkin`)
+            with checkin.connection(self.engine) as conn:
                 with conn.begin() as tx:
                     claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
                                              receipt=receipt)
