@@ -53,5 +53,5 @@ def give_back(conn: Connection) -> None:
     try:
         close_special(transaction_reset=True)  # as Connection.close after its own rollback
     finally:
-        conn._dbapi_connection = None  # type: ignore[assignment]  # given back: not twice
+        conn._dbapi_connection = None  # given back: not twice
         conn.close()  # marks the Connection closed; no pool work left for it
