@@ -21,7 +21,7 @@ from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
 from consumer_kit.message import Message
 from consumer_kit.outcome import Outcome, Result
-from consumer_kit.processed import ProcessedStore, RowClaim, may_run_again
+from consumer_kit.processed import ProcessedRowGone, ProcessedStore, RowClaim, may_run_again
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class Handling:
                         self._handle(listener, msg, conn, past_deadline)
                         return Result(Outcome.SUCCEEDED)
                     tx.rollback()
+                claim = self.store.decide(conn, msg)  # the row that clashed, same connection
                 if claim is RowClaim.DONE:
                     return Result(Outcome.DUPLICATE, "processed row exists")
                 if claim is RowClaim.DECIDED:
@@ -113,6 +114,8 @@ class Handling:
                     return Result(Outcome.SUCCEEDED, "ran again after a rejection or dead letter")
         except PastDeadline:
             raise
+        except ProcessedRowGone as exc:
+            return Result(Outcome.RETRY, str(exc))
         except Exception as exc:
             return self.failure(listener, msg, exc, receipt=receipt)
 
@@ -180,6 +183,8 @@ class Handling:
                 return self._recorded_before(msg)
         except DBAPIError as exc:
             return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
+        except ProcessedRowGone as exc:
+            return Result(Outcome.RETRY, str(exc))
         return Result(Outcome.REJECTED, reason)
 
     def dead_letter(self, msg: Message, reason: str, *, receipt: bool) -> Result:
@@ -193,6 +198,8 @@ class Handling:
         except DBAPIError as exc:
             return Result(Outcome.RETRY, f"{reason} (and the database is unavailable to record "
                           f"the dead letter: {exc.orig})")
+        except ProcessedRowGone as exc:
+            return Result(Outcome.RETRY, f"{reason} ({exc})")
         return Result(Outcome.DEAD_LETTER, why)
 
     def _recorded_before(self, msg: Message) -> Result:

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.driver_sql import DriverSQL, execute
 from consumer_kit.core.schema import (
@@ -52,6 +53,12 @@ class RowClaim(enum.Enum):
     RERUN = "rerun"          # a row without effect that may run again: take it with `rerun`
     DONE = "done"            # processed already: a duplicate
     DECIDED = "decided"      # rejected already, and this is no re-send: a duplicate too
+    TAKEN = "taken"          # a row is there: roll back, then `decide` on the same connection
+
+
+class ProcessedRowGone(RuntimeError):
+    """The row that made the processed INSERT clash was gone when read (purged meanwhile):
+    nothing is known about the message; it is consumed again later."""
 
 
 def may_run_again(status: ProcessedStatus, msg: Message) -> bool:
@@ -109,13 +116,10 @@ class ProcessedStore:
 
     def claim(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> RowClaim:
-        """Insert the row for `msg` in `conn`'s transaction, or say what is there.
-
-        NEW: inserted. RERUN or DONE: nothing written, and the caller must roll its transaction
-        back (PostgreSQL has aborted it); for RERUN it runs the message again in a fresh
-        transaction that starts with `rerun`. The existing row is read on a connection of its
-        own.
-        """
+        """Insert the row for `msg` in `conn`'s transaction: NEW, or TAKEN when a row is there
+        already. After TAKEN nothing was written, and the caller rolls its transaction back
+        (PostgreSQL has aborted it) and asks `decide` on the same connection what the row
+        says."""
         try:
             row = self._row(msg, status, error, receipt)
             sql = self._insert_driver.sql(conn, row)  # (`_row` gives the same columns)
@@ -125,12 +129,27 @@ class ProcessedStore:
                 execute(conn, sql, row)
             return RowClaim.NEW
         except IntegrityError:
-            found = self.status(msg.id)
-            if found is None:
-                raise
-            if may_run_again(found, msg):
-                return RowClaim.RERUN
-            return RowClaim.DONE if found is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
+            return RowClaim.TAKEN
+
+    def decide(self, conn: Connection, msg: Message) -> RowClaim:
+        """What the row that made `claim` answer TAKEN says, read in a transaction of its own
+        on `conn` (whose transaction the caller has rolled back): RERUN (a row without effect
+        that may run again: run it in a fresh transaction that starts with `rerun`), DONE or
+        DECIDED. Read on the same connection, never a second one while it is held: consume
+        threads outnumbering the pool's connections would each hold one and wait for another.
+
+        Raises:
+            ProcessedRowGone: the row is not there any more (purged meanwhile).
+        """
+        with conn.begin():
+            found = conn.execute(self._status, {"b_id": msg.id[:MESSAGE_ID_LEN]}).scalar()
+        if not found:
+            raise ProcessedRowGone(f"message {msg.id}: its processed row clashed, then was "
+                                   "gone when read (purged meanwhile?); consumed again later")
+        status = ProcessedStatus(found)
+        if may_run_again(status, msg):
+            return RowClaim.RERUN
+        return RowClaim.DONE if status is ProcessedStatus.SUCCEEDED else RowClaim.DECIDED
 
     def rerun(self, conn: Connection, msg: Message, status: ProcessedStatus,
               error: str | None = None, *, receipt: bool = False) -> bool:
@@ -146,12 +165,13 @@ class ProcessedStore:
         """Write the row in a transaction of its own (a rejection, a dead letter, a handler
         without a session); a row that may run again is taken over. False when the message is
         processed already."""
-        with self.engine.connect() as conn:
+        with checkin.connection(self.engine) as conn:
             with conn.begin() as tx:
                 claim = self.claim(conn, msg, status, error, receipt=receipt)
                 if claim is RowClaim.NEW:
                     return True
                 tx.rollback()
+            claim = self.decide(conn, msg)
             if claim in (RowClaim.DONE, RowClaim.DECIDED):
                 return False
             with conn.begin():

@@ -62,9 +62,12 @@ def test_the_processed_claim_runs_on_the_drivers_cursor_and_a_duplicate_is_done(
     _no_sqlalchemy_inserts(monkeypatch)  # the duplicate's status look-up (a SELECT) still runs
     with server_db.engine.begin() as conn:
         assert store.claim(conn, _message("m-1"), ProcessedStatus.SUCCEEDED) is RowClaim.NEW
-    with server_db.engine.connect() as conn, conn.begin() as tx:
-        assert store.claim(conn, _message("m-1"), ProcessedStatus.SUCCEEDED) is RowClaim.DONE
-        tx.rollback()
+    with server_db.engine.connect() as conn:
+        with conn.begin() as tx:
+            assert store.claim(conn, _message("m-1"),
+                               ProcessedStatus.SUCCEEDED) is RowClaim.TAKEN
+            tx.rollback()
+        assert store.decide(conn, _message("m-1")) is RowClaim.DONE
     assert server_db.count(server_db.names.processed) == 1
 
 

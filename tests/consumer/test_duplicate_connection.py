@@ -1,0 +1,108 @@
+"""A duplicate's processed row is read on the connection that found it taken, never on a second
+one while the first is held: consume threads outnumbering the pool's connections would each
+hold one and wait for another (every duplicate of a redelivery burst stalled for the pool's
+timeout, then retried)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from consumer_kit import ConsumerApp, Message, Outcome, Reject
+from consumer_kit.core.db import make_engine
+from consumer_kit.processed import ProcessedRowGone, RowClaim
+from consumer_kit.transports import ConsumeStatus
+from consumer_kit.transports.memory import MemoryTransport
+from tests.consumer.conftest import Env, add_reservation, delivery
+
+#: seconds a checkout may wait on the one-connection pool (the old code waited this long)
+POOL_TIMEOUT = 3
+
+
+@pytest.fixture
+def one_connection(env: Env) -> Iterator[sa.Engine]:
+    """`env`'s database behind a pool of exactly one connection."""
+    engine = make_engine(env.db.url, pool_size=1, max_overflow=0, pool_timeout=POOL_TIMEOUT)
+    yield engine
+    engine.dispose()
+
+
+def _app(env: Env, engine: sa.Engine, *, reject: bool = False) -> ConsumerApp:
+    app = ConsumerApp(group=env.group("onepool"), db=engine, redis=None, receipts=None,
+                      transport=MemoryTransport(), processed_table=env.db.names.processed,
+                      local_cache=0)
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        if reject:
+            raise Reject("not for us")
+        add_reservation(env, session, msg.id)
+
+    return app
+
+
+def test_a_duplicate_on_a_pool_of_one_connection_is_answered_at_once(
+        env: Env, one_connection: sa.Engine) -> None:
+    # Given: a message consumed once, on a pool of one connection
+    app = _app(env, one_connection)
+    pipe = app.pipeline()
+    try:
+        assert pipe(delivery("M1")).status is ConsumeStatus.CONSUME_SUCCESS
+        # When: it is delivered again
+        started = time.monotonic()
+        result = pipe.process(delivery("M1"))
+        spent = time.monotonic() - started
+    finally:
+        app.close()
+    # Then: a duplicate, found without waiting for a second connection; one effect
+    assert result.outcome is Outcome.DUPLICATE, result.reason
+    assert spent < POOL_TIMEOUT / 2
+    assert env.effects() == {"M1": 1}
+
+
+def test_a_rejection_met_by_its_own_row_on_a_pool_of_one_connection_is_answered_at_once(
+        env: Env, one_connection: sa.Engine) -> None:
+    # Given: a message rejected once (its FAILED row recorded), on a pool of one connection
+    app = _app(env, one_connection, reject=True)
+    pipe = app.pipeline()
+    try:
+        assert pipe.process(delivery("M2")).outcome is Outcome.REJECTED
+        # When: the broker delivers it again and the handler rejects it again
+        started = time.monotonic()
+        result = pipe.process(delivery("M2"))
+        spent = time.monotonic() - started
+    finally:
+        app.close()
+    # Then: the recorded rejection stands (a duplicate that may run again), found at once
+    assert result.outcome is Outcome.DUPLICATE, result.reason
+    assert spent < POOL_TIMEOUT / 2
+    assert env.processed() == [("M2", "FAILED", "not for us")]
+
+
+def test_a_row_gone_between_the_clash_and_its_read_retries_the_message(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: the store says a row clashed, but there is none when it is read (purged)
+    app = env.app(use_redis=False, local_cache=0)
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, msg.id)
+
+    pipe = app.pipeline()
+    store = pipe.store
+    monkeypatch.setattr(store, "claim", lambda *a, **k: RowClaim.TAKEN)
+    try:
+        # When
+        result = pipe.process(delivery("M3"))
+    finally:
+        app.close()
+    # Then: consumed again later, with why; no effect
+    assert result.outcome is Outcome.RETRY
+    assert "gone" in (result.reason or "")
+    assert env.effects() == {}
+    with env.db.engine.connect() as conn, pytest.raises(ProcessedRowGone):
+        store.decide(conn, Message.from_delivery(delivery("M3")))
