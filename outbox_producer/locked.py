@@ -162,6 +162,10 @@ class LockedSender:
         if attempt.outage is not None and attempt.fatal is None:
             stats.released = len(attempt.unsent)
             stats.outage = attempt.outage_text(stats.released, "left as they were")
+        elif attempt.unsent and attempt.fatal is None and attempt.stopped:
+            log.info("--claim lock: %d rows of the batch left PENDING, not sent: the relay is "
+                     "stopping and they were to wait for their turn under the rate cap",
+                     len(attempt.unsent))
         elif attempt.unsent and attempt.fatal is None:
             log.info("--claim lock: %d rows of the batch not sent within half the lease (%s); "
                      "due again at once", len(attempt.unsent), self.lease)

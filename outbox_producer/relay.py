@@ -50,12 +50,15 @@ class RateLimiter:
         self.interval = 1.0 / rate
         self.next_at = time.monotonic()
 
-    def acquire(self, stop: threading.Event) -> None:
-        """Wait for the next token (returns early when `stop` is set)."""
+    def acquire(self, stop: threading.Event) -> bool:
+        """Wait for the next token and take it (True). False, at once and with no token
+        taken, when `stop` is set while the token is still to come: the caller sends nothing
+        more (a stopping relay must not send the rest of its batch in a burst)."""
         now = time.monotonic()
-        if self.next_at > now:
-            stop.wait(self.next_at - now)
+        if self.next_at > now and stop.wait(self.next_at - now):
+            return False
         self.next_at = max(self.next_at, now) + self.interval
+        return True
 
 
 @dataclasses.dataclass
@@ -150,7 +153,9 @@ class Relay:
         self._next_metrics = 0.0
 
     def stop(self) -> None:
-        """Ask `run` to finish the current batch and return (safe from a signal handler)."""
+        """Ask `run` to finish the current batch and return (safe from a signal handler).
+        With `max_rate`, the rows of the batch still to wait for their turn are released
+        instead (PENDING as they were, no retry counted): the cap holds to the end."""
         self.stopping.set()
 
     def step(self) -> SendStats | None:

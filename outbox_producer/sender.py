@@ -75,6 +75,8 @@ class Attempt:
     unsent: list[OutboxRow] = dataclasses.field(default_factory=list)
     outage: TransportUnavailable | None = None
     fatal: CkitError | None = None
+    #: the pace said stop (the relay is stopping): `unsent` holds the rows not tried
+    stopped: bool = False
 
     def outage_text(self, released: int, where: str | None = None) -> str:
         """The `SendStats.outage` line for this batch's outage (`where`: where the unsent rows
@@ -105,7 +107,9 @@ class Sender:
     ) -> SendStats:
         """Send each row; mark SENT, or schedule a retry, or FAILED after `max_retries`.
 
-        `pace` runs before each send (the relay's rate cap). `deadline` (a `time.monotonic()`
+        `pace` runs before each send (the relay's rate cap); when it returns False (the
+        relay is stopping) no more sends start, and the rows not tried are released as past
+        the deadline, never sent in a burst. `deadline` (a `time.monotonic()`
         value: `claim.send_deadline` of the claim's start and lease) is when sends stop: rows
         not sent by then are released, as they were before the claim with no retry counted
         (`released`; logged at info), so a batch of slow sends never outlives its lease and
@@ -159,6 +163,10 @@ class Sender:
             stats.conflicts += len(attempt.unsent) - released
             if attempt.outage is not None:
                 stats.outage = attempt.outage_text(released)
+            elif attempt.stopped:
+                log.info("%d rows of the batch released, not sent: the relay is stopping and "
+                         "they were to wait for their turn under the rate cap (first message "
+                         "%s)", released, attempt.unsent[0].message_id)
             elif not attempt.sent and not attempt.failures:
                 # not one send started: the claim itself took half the lease. Claiming again at
                 # once would do the same, so the caller backs off as from an outage
@@ -185,8 +193,10 @@ class Sender:
             if doubt.failures.get(row.topic, 0) >= SUSPECT_AFTER:  # its topic failed enough
                 doubt.aside.append(row)
                 continue
-            if pace is not None:
-                pace()
+            if pace is not None and pace() is False:  # stopping: the rest waits its turn
+                doubt.stop(out, rows[i:])
+                out.stopped = True
+                break
             if deadline is not None and time.monotonic() >= deadline:
                 doubt.stop(out, rows[i:])
                 break

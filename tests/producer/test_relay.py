@@ -586,3 +586,36 @@ def test_a_topic_failing_after_another_topic_went_through_is_charged_not_an_outa
     assert row(db, good)["state"] == int(OutboxState.SENT)
     assert {(row(db, m)["state"], row(db, m)["retry_count"]) for m in bad} == {
         (int(OutboxState.PENDING), 1)}
+
+
+def _stop_in_a_paced_batch(db: Db, claim: str) -> None:
+    # Given: 20 rows and a relay capped at 10 sends a second (batches of 10, 0.1 s apart)
+    publish_many(db, 20)
+    transport = RecordingTransport()
+    relay = Relay(db.engine, transport, table=db.names.outbox, max_rate=10, claim=claim,
+                  lease=dt.timedelta(seconds=30))
+    worker = threading.Thread(target=relay.run, daemon=True)
+    worker.start()
+    assert wait_for(lambda: len(transport.sent) >= 3)
+    # When: it is stopped in the middle of its first batch
+    relay.stop()
+    at_stop = len(transport.sent)
+    worker.join(5)
+    # Then: it returned at once, sent at most the send already under way, and every row is
+    # SENT or PENDING (none left leased): the rest of the batch is due again, not lost
+    assert not worker.is_alive()
+    assert len(transport.sent) <= at_stop + 1 < 10
+    with db.engine.connect() as conn:
+        states = dict(conn.execute(sa.text(
+            f"SELECT state, COUNT(*) FROM {db.names.outbox} GROUP BY state")).all())
+    assert states == {int(OutboxState.SENT): len(transport.sent),
+                      int(OutboxState.PENDING): 20 - len(transport.sent)}
+
+
+def test_a_stop_during_a_paced_batch_sends_no_burst_and_releases_the_rest(db: Db) -> None:
+    _stop_in_a_paced_batch(db, "lease")
+
+
+def test_a_stop_during_a_paced_locked_batch_sends_no_burst_and_leaves_the_rest(
+        server_db: Db) -> None:
+    _stop_in_a_paced_batch(server_db, "lock")
