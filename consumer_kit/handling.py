@@ -153,6 +153,8 @@ class Handling:
                             "(a handler without a session is at-least-once)", msg.id)
         except DBAPIError as exc:
             return Result(Outcome.RETRY, f"database unavailable after the handler: {exc.orig}")
+        except ProcessedRowGone as exc:
+            return Result(Outcome.RETRY, str(exc))
         return Result(Outcome.SUCCEEDED)
 
     def failure(self, listener: Listener | None, msg: Message, exc: Exception, *,

@@ -27,7 +27,7 @@ from consumer_kit.handling import Handling
 from consumer_kit.listeners import DedupeKey, Listener, Router
 from consumer_kit.message import Message
 from consumer_kit.outcome import Outcome, Result, broker_ack
-from consumer_kit.processed import ProcessedStore
+from consumer_kit.processed import ProcessedRowGone, ProcessedStore
 from consumer_kit.receipts import ReceiptSender
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ class Pipeline:
         except DBAPIError as exc:
             return self._count(msg, Result(
                 Outcome.RETRY, f"database unavailable to look up the listener's key: {exc.orig}"))
+        except ProcessedRowGone as exc:
+            return self._count(msg, Result(Outcome.RETRY, str(exc)))
         log.info("message %s: processed before under its listener's dedupe_key %r; recorded "
                  "again under its ckit_id", msg.id, key)
         return self._finish(msg, "", receipt, Result(

@@ -5,6 +5,7 @@ timeout, then retried)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -106,3 +107,36 @@ def test_a_row_gone_between_the_clash_and_its_read_retries_the_message(
     assert env.effects() == {}
     with env.db.engine.connect() as conn, pytest.raises(ProcessedRowGone):
         store.decide(conn, Message.from_delivery(delivery("M3")))
+
+
+def test_a_row_gone_after_a_handler_without_a_session_retries_and_dead_letters_at_the_end(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: a handler without a session, and its row clashing but gone when read (once per
+    # delivery: the dead letter's own row then goes in)
+    app = env.app(use_redis=False, local_cache=0)
+
+    @app.listener("ORDER_CREATED")
+    def note(msg: Message) -> None:
+        pass
+
+    pipe = app.pipeline()
+    real_claim = pipe.store.claim
+    gone_once: list[bool] = []
+
+    def claim(*args: Any, **kwargs: Any) -> RowClaim:
+        gone_once.append(True)
+        return RowClaim.TAKEN if len(gone_once) % 2 else real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(pipe.store, "claim", claim)
+    try:
+        # When: it is delivered, then delivered for the last time
+        first = pipe.process(delivery("M4"))
+        gone_once.clear()
+        last_delivery = dataclasses.replace(delivery("M4", reconsume=3), max_reconsume_times=3)
+        last = pipe.process(last_delivery)
+    finally:
+        app.close()
+    # Then: consumed again later with why (not a pipeline error), and dead-lettered at the end
+    assert first.outcome is Outcome.RETRY and "gone" in (first.reason or "")
+    assert last.outcome is Outcome.DEAD_LETTER, last
+    assert [row[:2] for row in env.processed()] == [("M4", "DEAD_LETTERED")]
