@@ -52,6 +52,8 @@ def give_back(conn: Connection) -> None:
         return
     try:
         close_special(transaction_reset=True)  # as Connection.close after its own rollback
-    finally:
-        conn._dbapi_connection = None  # given back: not twice
-        conn.close()  # marks the Connection closed; no pool work left for it
+    except TypeError:  # another SQLAlchemy's signature: nothing was given back, close as usual
+        conn.close()
+        return
+    conn._dbapi_connection = None  # given back: not twice
+    conn.close()  # marks the Connection closed; no pool work left for it
