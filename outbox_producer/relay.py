@@ -49,16 +49,17 @@ class RateLimiter:
     def __init__(self, rate: float) -> None:
         self.interval = 1.0 / rate
         self.next_at = time.monotonic()
+        self._lock = threading.Lock()  # the relay's worker threads share one bucket
 
     def acquire(self, stop: threading.Event) -> bool:
-        """Wait for the next token and take it (True). False, at once and with no token
-        taken, when `stop` is set while the token is still to come: the caller sends nothing
-        more (a stopping relay must not send the rest of its batch in a burst)."""
-        now = time.monotonic()
-        if self.next_at > now and stop.wait(self.next_at - now):
-            return False
-        self.next_at = max(self.next_at, now) + self.interval
-        return True
+        """Take the next token and wait for its time (True). False, at once, when `stop` is
+        set while that time is still to come: the caller sends nothing more (a stopping relay
+        must not send the rest of its batch in a burst)."""
+        with self._lock:  # each caller its own slot: concurrent workers never share one
+            now = time.monotonic()
+            slot = max(self.next_at, now)
+            self.next_at = slot + self.interval
+        return not (slot > now and stop.wait(slot - now))
 
 
 @dataclasses.dataclass
@@ -153,9 +154,10 @@ class Relay:
         self._next_metrics = 0.0
 
     def stop(self) -> None:
-        """Ask `run` to finish the current batch and return (safe from a signal handler).
-        With `max_rate`, the rows of the batch still to wait for their turn are released
-        instead (PENDING as they were, no retry counted): the cap holds to the end."""
+        """Ask `run` to return after the current batch (safe from a signal handler): without
+        `max_rate` it sends the rest of that batch; with it, the rows still to wait for their
+        turn are released instead (PENDING as they were, no retry counted), so the cap holds
+        to the last send."""
         self.stopping.set()
 
     def step(self) -> SendStats | None:

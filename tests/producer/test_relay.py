@@ -23,6 +23,7 @@ from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Backoff, Outbox, Relay, Shard
 from outbox_producer.claim import Claimer
+from outbox_producer.relay import RateLimiter
 from tests.conftest import Db
 from tests.recording import HeldTransport, RecordingTransport, SlowTransport
 
@@ -619,3 +620,26 @@ def test_a_stop_during_a_paced_batch_sends_no_burst_and_releases_the_rest(db: Db
 def test_a_stop_during_a_paced_locked_batch_sends_no_burst_and_leaves_the_rest(
         server_db: Db) -> None:
     _stop_in_a_paced_batch(server_db, "lock")
+
+
+def test_the_rate_cap_holds_across_worker_threads() -> None:
+    # Given: one bucket of 100 tokens a second, shared by 8 threads (a relay's workers)
+    limiter = RateLimiter(100)
+    stop = threading.Event()
+    taken: list[float] = []
+    started = time.monotonic()
+
+    def work() -> None:
+        while time.monotonic() - started < 1.0:
+            if limiter.acquire(stop):
+                taken.append(time.monotonic())
+
+    # When: they all take tokens for a second
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Then: no more than the cap allowed over that time (one slot each, never shared)
+    spent = max(taken) - started
+    assert len(taken) <= 100 * spent + 1, (len(taken), spent)
