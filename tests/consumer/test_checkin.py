@@ -134,3 +134,28 @@ def test_a_consumed_message_sends_no_rollback_after_its_commit_on_mariadb(
         app.close()
         stock.drop(engine)
         engine.dispose()
+
+
+def test_a_pool_without_the_expected_internals_gets_its_connection_closed_as_usual(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: a pool whose connections' `_close_special` takes other arguments
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    table = _table(engine)
+    resets = _resets(engine)
+    conn = engine.connect()
+    fairy = conn._dbapi_connection
+
+    def other_signature() -> None:
+        raise AssertionError("not to be called with no arguments")
+
+    monkeypatch.setattr(fairy, "_close_special", other_signature)
+    with conn.begin():
+        conn.execute(table.insert().values(n=1))
+    # When
+    checkin.give_back(conn)
+    # Then: closed and checked in the usual way (reset included), the row kept
+    assert conn.closed
+    assert resets == [False]
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    with engine.connect() as again:
+        assert again.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 1
