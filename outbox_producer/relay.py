@@ -156,8 +156,8 @@ class Relay:
     def stop(self) -> None:
         """Ask `run` to return after the current batch (safe from a signal handler): without
         `max_rate` it sends the rest of that batch; with it, the rows still to wait for their
-        turn are released instead (PENDING as they were, no retry counted), so the cap holds
-        to the last send."""
+        turn are released instead (back to the state they were claimed from, no retry
+        counted), so the cap holds to the last send."""
         self.stopping.set()
 
     def step(self) -> SendStats | None:
