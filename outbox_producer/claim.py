@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.rows import READ_COLUMNS, OutboxRow
+from consumer_kit.core.rows import READ_COLUMNS, OutboxRow, headers_column
 from consumer_kit.core.states import OutboxState, transition
 from consumer_kit.core.transitions import Ids, Versions, Where, cas, cas_returning
 
@@ -103,7 +103,8 @@ class Claimer:
         self._skip_locked: bool | None = None
         # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
         self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
-        self.columns = [self.table.c[name] for name in READ_COLUMNS]
+        self.columns = [headers_column(self.table) if name == "headers" else self.table.c[name]
+                        for name in READ_COLUMNS]
 
     @property
     def skip_locked(self) -> bool:

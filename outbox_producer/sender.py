@@ -200,6 +200,9 @@ class Sender:
             if deadline is not None and time.monotonic() >= deadline:
                 doubt.stop(out, rows[i:])
                 break
+            if row.defect is not None:  # e.g. a hand-edited headers column: no send can help
+                out.failures.append((row, f"not sent: {row.defect}", True))
+                continue
             try:
                 result = self.transport.send(to_message(row))
             except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import sqlalchemy as sa
 
 from consumer_kit.core.states import OutboxState
 
@@ -50,6 +53,9 @@ class OutboxRow:
     created_by: str | None = None
     sent_before: bool = False
     claimed_from: OutboxState = OutboxState.PENDING
+    #: why the row cannot be sent as stored (its `headers` column is not a JSON object: a
+    #: hand edit on SQLite, whose JSON is text); the sender fails it, not its batch
+    defect: str | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any], *, sent_before: bool | None = None
@@ -74,14 +80,43 @@ class OutboxRow:
         (id_, message_id, biz_type, biz_key, topic, tags, keys, headers, body, retry_count,
          max_retries, created_by, gmt_create, lock_version, state, sent_at) = row
         retry_count = int(retry_count or 0)
+        defect = None
+        if headers is not None and type(headers) is not dict:
+            headers, defect = read_headers(headers)
         return cls(id_, message_id, biz_type, biz_key, topic,
                    body if type(body) is bytes else bytes(body), lock_version, gmt_create,
                    tags, keys, headers, retry_count, int(max_retries or 0), created_by,
                    sent_at is not None or retry_count > 0,
-                   OutboxState.PENDING if state is None else _STATES[state])
+                   OutboxState.PENDING if state is None else _STATES[state], defect)
 
     def next_version(self) -> OutboxRow:
         """This row after a compare-and-set bumped its `lock_version` (updated in place: a
         relay moves thousands of rows a second, and a copy per row costs)."""
         self.lock_version += 1
         return self
+
+
+def headers_column(table: sa.Table) -> sa.ColumnElement[Any]:
+    """`table`'s `headers` column selected as stored, undecoded (`from_row` decodes it, row by
+    row): SQLAlchemy's JSON type would decode it while fetching, and one row that is not JSON
+    would fail the whole fetch, every batch it is claimed in, so the rows with it too."""
+    return sa.type_coerce(table.c.headers, sa.Text).label("headers")
+
+
+def read_headers(stored: Any) -> tuple[dict[str, str] | None, str | None]:
+    """The `headers` column as read (JSON text from SQLite and MariaDB, a decoded value from
+    PostgreSQL's driver) as a dict, or None and why it is not a JSON object. Claims select it
+    as text (`headers_column`) so that one bad row fails alone instead of its whole batch."""
+    value = stored
+    if isinstance(stored, (bytes, bytearray, memoryview)):
+        stored = bytes(stored).decode("utf-8", "replace")
+    if isinstance(stored, str):
+        try:
+            value = json.loads(stored)
+        except ValueError as exc:
+            return None, f"its headers column is not JSON ({exc}): {stored[:80]!r}"
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        return None, f"its headers column is not a JSON object but {type(value).__name__}"
+    return value, None
