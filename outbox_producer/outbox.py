@@ -16,6 +16,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError, PayloadError, PublishConflict
 from consumer_kit.core.rows import OutboxRow
+from consumer_kit.core.same_database import database_mismatch
 from consumer_kit.core.schema import (
     BIZ_KEY_LEN,
     BIZ_TYPE_LEN,
@@ -90,6 +91,15 @@ class Outbox:
                               f"(the column's INT), not {max_retries!r}")
         self.max_retries = max_retries
         self.dispatcher = dispatcher
+        #: the last caller's engine found to reach the dispatcher's database (`_check_dispatch`)
+        self._dispatch_engine: Engine | None = None
+        if dispatcher is not None:
+            if dispatcher.table.name != self.table.name:
+                raise ConfigError(
+                    f"the dispatcher claims from table {dispatcher.table.name!r}, this outbox "
+                    f"writes {self.table.name!r}: it would send nothing (give both the same "
+                    "table=)")
+            self._check_dispatch(self.engine)
         transport = dispatcher.sender.transport if dispatcher is not None else None
         limit = max_body_bytes if max_body_bytes is not None else (
             transport.max_body_bytes if transport is not None else _rocketmq_limit())
@@ -159,6 +169,8 @@ class Outbox:
         # CONFLICT DO NOTHING (see outbox_producer.insert).
         dispatch = (isinstance(conn_or_session, Session) and self.dispatcher is not None
                     and delay_s <= 0)
+        if dispatch and conn.engine is not self._dispatch_engine:
+            self._check_dispatch(conn.engine)
         try:
             row_id = self._insert(conn, row, want_id=dispatch)
         except IntegrityError:
@@ -200,6 +212,20 @@ class Outbox:
             query = query.with_for_update(read=True)
         found = conn.execute(query).first()
         return (str(found[0]), str(found[1])) if found is not None else None
+
+    def _check_dispatch(self, engine: Engine) -> None:
+        """Refuse to hand rows written through `engine` to a dispatcher working on another
+        database: it would claim none of them and say nothing (they would wait for a relay)."""
+        assert self.dispatcher is not None
+        mismatch = database_mismatch(engine, self.dispatcher.engine)
+        if mismatch is not None:
+            who = ("the outbox's engine" if engine is self.engine
+                   else "this Session's engine; nothing written")
+            raise ConfigError(
+                f"the dispatcher works on another database ({mismatch}; the first is {who}): "
+                "it would send none of these rows; build the Dispatcher on the engine the "
+                "outbox writes through")
+        self._dispatch_engine = engine
 
     def _after_commit(self, session: Session, conn: Connection, row: OutboxRow) -> None:
         assert self.dispatcher is not None
