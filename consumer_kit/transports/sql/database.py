@@ -51,6 +51,11 @@ _MYSQL_DUPLICATE = {1062, 1586, 1022}
 _PG_NO_TABLE = {"42P01"}
 _PG_DUPLICATE = {"23505"}
 _PG_TRANSIENT = {"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"}
+#: What a PostgreSQL server answers a connection it refuses for good (a wrong password, user or
+#: database, no pg_hba.conf entry): psycopg gives such a failed connect no SQLSTATE, like one
+#: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
+_PG_REFUSED = ("authentication failed", "no pg_hba.conf entry", "does not exist",
+               "permission denied")
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
                      "unable to open database file", "disk i/o error")
 
@@ -235,8 +240,10 @@ class Database:
             return True
         if self.dialect == "postgresql":
             state = _sqlstate(error)
-            if state is None:  # no server answer: refused, reset, timed out
-                return isinstance(error, exc.OperationalError)
+            if state is None:  # no server answer (refused, reset, timed out) or a failed connect
+                text = str(error.orig).lower()
+                return (isinstance(error, exc.OperationalError)
+                        and not any(marker in text for marker in _PG_REFUSED))
             return state in _PG_TRANSIENT or state.startswith("08")
         return _driver_code(error) in _MYSQL_TRANSIENT
 
