@@ -23,6 +23,7 @@ from consumer_kit.core.errors import (
     TransportError,
     TransportUnavailable,
 )
+from consumer_kit.core.messages import dlq_topic
 from consumer_kit.core.states import OutboxState
 from consumer_kit.testing.harness import unique, wait_for
 from consumer_kit.transports import (
@@ -32,6 +33,7 @@ from consumer_kit.transports import (
     Subscription,
     open_transport,
 )
+from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
 from outbox_producer import Outbox, Relay
 from tests import services
@@ -245,7 +247,8 @@ def test_an_app_on_a_topic_that_does_not_exist_fails_without_creating_it(
     assert t.admin.topic_route(missing) is None
 
 
-def test_a_name_server_of_another_cluster_is_refused_at_start(t: RocketMQ5Transport) -> None:
+def test_a_name_server_of_another_cluster_is_refused_before_anything_is_written_to_it(
+        t: RocketMQ5Transport) -> None:
     services.require("rocketmq", services.ping_rocketmq)
     # Given: a topic on the proxy's cluster, and a transport whose name server is the 4.x one
     assert t.admin is not None
@@ -256,11 +259,18 @@ def test_a_name_server_of_another_cluster_is_refused_at_start(t: RocketMQ5Transp
     consumer = wrong.consumer(group, [Subscription(topic)],
                               lambda _d: ConsumeStatus.CONSUME_SUCCESS)
     try:
-        # When / Then: the limit the proxy reports is not the one configured: one line
+        # When / Then: the name server does not route the proxy's topic: one line
         with pytest.raises(TransportError) as exc:
             consumer.start()
     finally:
         consumer.shutdown()
         wrong.close()
-    assert (f"max_reconsume_times=1 was set through the name server {other}, but the proxy "
-            f"at {t.endpoint} allows the group 16 reconsumes") in one_line(exc)
+    assert (f"topic {topic} is on the cluster behind the RocketMQ 5 proxy at {t.endpoint} "
+            f"(brokers broker5-a), but the name server {other} has no route for it") \
+        in one_line(exc)
+    # and the other cluster got neither the group (it used to get it, with its retry limit,
+    # before the start compared what the proxy reported) nor its dead-letter topic
+    other_admin = RocketMQAdmin(other)
+    assert all(group not in other_admin.subscription_groups(addr)
+               for addr in other_admin.master_brokers().values())
+    assert other_admin.topic_route(dlq_topic(group)) is None

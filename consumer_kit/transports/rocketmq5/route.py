@@ -28,6 +28,8 @@ class Route:
     #: message types its queues accept: NORMAL, FIFO, DELAY, TRANSACTION
     accepts: frozenset[str]
     queues: int
+    #: the names of the brokers holding its queues (how `check_name_server` tells clusters apart)
+    brokers: frozenset[str] = frozenset()
 
 
 def _first(endpoint: str) -> tuple[str, int]:
@@ -78,9 +80,12 @@ def query_route(endpoint: str, topic: str, *, timeout: float = DEFAULT_ROUTE_TIM
     if status.code != _CODE_OK:
         raise TransportError(f"route of {topic} at {endpoint}: {status.code} {status.message}")
     accepts: set[str] = set()
+    brokers: set[str] = set()
     for queue in response.message_queues:
         accepts.update(definition_pb2.MessageType.Name(t) for t in queue.accept_message_types)
-    return Route(topic, frozenset(accepts), len(response.message_queues))
+        if queue.broker.name:
+            brokers.add(queue.broker.name)
+    return Route(topic, frozenset(accepts), len(response.message_queues), frozenset(brokers))
 
 
 def _metadata() -> list[tuple[str, str]]:

@@ -28,7 +28,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from consumer_kit.core.envelope import PROP_ID
-from consumer_kit.core.errors import ConfigError, EmptyBody, MessageTooLarge, TransportError
+from consumer_kit.core.errors import (
+    ConfigError,
+    EmptyBody,
+    MessageTooLarge,
+    TransportError,
+    TransportUnavailable,
+)
 from consumer_kit.core.messages import (
     Delivery,
     OutgoingMessage,
@@ -39,6 +45,7 @@ from consumer_kit.core.messages import (
 from consumer_kit.transports.base import Transport
 from consumer_kit.transports.rocketmq5 import client
 from consumer_kit.transports.rocketmq5.admin import RocketMQ5Admin
+from consumer_kit.transports.rocketmq5.cluster import name_server_problem
 from consumer_kit.transports.rocketmq5.consumer import AnswerCallback, RocketMQ5Consumer
 from consumer_kit.transports.rocketmq5.route import Route, query_route, route_failure
 from consumer_kit.transports.rocketmq5.wire import (
@@ -179,16 +186,35 @@ class RocketMQ5Transport(Transport):
         """The proxy's route of `topic` (cached; created first when `create_topics` is on).
 
         Raises:
-            TransportUnavailable / TransportError / ConfigError: see `query_route`.
+            TransportUnavailable / TransportError / ConfigError: see `query_route`; also
+                TransportError when the name server is another cluster's (`cluster`).
         """
         cached = self._routes.get(topic)
         if cached is not None:
             return cached
-        if self.create_topics:
-            self.ensure_topic(topic)
+        if self.create_topics:  # only when the name server has no route (the proxy would
+            self.ensure_topic(topic)  # remember a topic it was asked for before it existed)
         found = query_route(self.endpoint, topic, timeout=self.send_timeout)
+        self._check_name_server(found)  # before the group is written through the name server
         self._routes[topic] = found
         return found
+
+    def _check_name_server(self, route: Route) -> None:
+        """Refuse a name server of another cluster before anything is written through it (see
+        `cluster`); one that cannot be reached is left to the writes, which fail on their own
+        (sending needs no name server)."""
+        if self.admin is None:
+            return
+        try:
+            known = self.admin.topic_route(route.topic)
+        except TransportUnavailable as exc:
+            log.warning("name server %s not checked against the proxy's cluster: %s",
+                        self.namesrv, exc)
+            return
+        problem = name_server_problem(known, route, namesrv=str(self.namesrv),
+                                      endpoint=self.endpoint)
+        if problem:
+            raise TransportError(problem)
 
     def failure(self, exc: BaseException, what: str, *, topic: str) -> TransportError:
         """`exc` from the client as one consumer-kit error (a failed route lookup diagnosed)."""
