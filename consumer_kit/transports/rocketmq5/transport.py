@@ -148,6 +148,8 @@ class RocketMQ5Transport(Transport):
         self._configuration: Any = None
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
+        #: topics `ensure_topic` found or created
+        self._known_topics: set[str] = set()
         self._closed = False
 
     # ------------------------------------------------------------------------------- the client
@@ -302,12 +304,15 @@ class RocketMQ5Transport(Transport):
         Raises:
             TransportUnavailable: the name server or a broker cannot be reached.
         """
-        if self.admin is None or topic in self._routes:
+        if self.admin is None or topic in self._known_topics:
             return
         if self.admin.topic_route(topic) is None:
             kind = "FIFO" if topic in self.ordered_topics else "NORMAL"
             self.admin.create_typed_topic(topic, message_type=kind, queues=self.topic_queues)
             log.info("created %s topic %s with %d queues", kind, topic, self.topic_queues)
+        # once per topic: the producer calls this before every send (it used to ask the name
+        # server each time, one more round trip per message)
+        self._known_topics.add(topic)
 
     def prepare_group(self, group: str, *, fifo: bool = False) -> None:
         """Before a consumer of `group` starts: set its retry limit and whether it is a FIFO
