@@ -126,7 +126,8 @@ def show_cmd(
             typer.echo(f"{field.ljust(width)}  {'' if value is None else value}")
         body = str(message.get("body", ""))
         more = f" ... ({len(body)} chars)" if len(body) > BODY_PREVIEW else ""
-        typer.echo(f"{'headers'.ljust(width)}  {message.get('headers')}")
+        problem = f"  ({message['headers_problem']})" if "headers_problem" in message else ""
+        typer.echo(f"{'headers'.ljust(width)}  {message.get('headers')}{problem}")
         typer.echo(f"{'body'.ljust(width)}  {body[:BODY_PREVIEW]}{more}")
         typer.echo("receipts:" if view.receipts else "receipts: none")
         if view.receipts:

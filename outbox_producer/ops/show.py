@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.db import check_tables
+from consumer_kit.core.rows import headers_column, read_headers
 from consumer_kit.core.states import OutboxState
 from outbox_producer.ops.resolve import resolve
 from outbox_producer.ops.tables import OutboxTables
@@ -31,6 +32,12 @@ class MessageView:
         """JSON-ready form: state by name, body as text (or base64 when it is not UTF-8)."""
         row = dict(self.row)
         row["state"] = self.state.name
+        if row.get("headers") is not None:  # read as stored: shown even when it is not JSON
+            headers, defect = read_headers(row["headers"])
+            if defect is None:
+                row["headers"] = headers
+            else:
+                row["headers_problem"] = defect
         body = row.get("body")
         if isinstance(body, (bytes, bytearray, memoryview)):
             raw = bytes(body)
@@ -55,7 +62,9 @@ def show(engine: Engine, tables: OutboxTables, ident: str) -> list[MessageView]:
     r = tables.receipts
     with engine.connect() as conn:
         views = []
-        for row in resolve(conn, tables.outbox, ident):
+        o = tables.outbox
+        columns = [headers_column(o) if c.name == "headers" else c for c in o.columns]
+        for row in resolve(conn, o, ident, columns):
             found = conn.execute(
                 sa.select(r).where(r.c.message_id == row.message_id).order_by(r.c.consumer_group)
             ).mappings()

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.rows import read_headers
 from consumer_kit.core.states import OutboxState
-from outbox_producer import Backoff, Outbox, Relay
+from outbox_producer import Backoff, Outbox, Relay, ops
 from tests.conftest import Db
 from tests.recording import RecordingTransport
 
@@ -98,3 +98,21 @@ def test_read_headers_gives_the_object_stored(stored: object, expected: object) 
 def test_read_headers_says_why_a_value_is_not_a_json_object(stored: object, why: str) -> None:
     headers, defect = read_headers(stored)
     assert headers is None and defect is not None and why in defect
+
+
+def test_show_gives_the_headers_object_on_every_database(db: Db) -> None:
+    first, _, _ = publish_three(db)
+    [view] = ops.show(db.engine, ops.OutboxTables.from_names(db.names), first)
+    assert view.to_dict()["message"]["headers"] == {"h": "0"}
+
+
+def test_show_prints_headers_that_are_not_json_as_stored_with_the_problem(sqlite_db: Db) -> None:
+    # Given a row whose headers were hand-edited into text that is not JSON
+    db = sqlite_db
+    _, bad, _ = publish_three(db)
+    spoil_headers(db, bad, "h=1")
+    # When it is shown (this failed with the JSON decoder's bare message)
+    [view] = ops.show(db.engine, ops.OutboxTables.from_names(db.names), bad)
+    # Then the operator sees what is stored, and why it cannot be sent
+    shown = view.to_dict()["message"]
+    assert shown["headers"] == "h=1" and "headers column is not JSON" in shown["headers_problem"]
