@@ -310,12 +310,10 @@ class RocketMQConsumer(Consumer):
 
     def _dead_letter(self, handle: Any, reason: str) -> int:
         """A message no handler can be given (a body marked base64 that is not): moved to the
-        dead-letter queue at once, as stored, with `reason`, and acked. An ordered consumer
-        cannot skip it: it is retried in place, as its queue requires."""
-        if self.orderly:
-            log.error("consumer %s: %s; an ordered queue cannot skip it: reconsume later",
-                      self.group, reason)
-            return int(ConsumeStatus.RECONSUME_LATER)
+        dead-letter queue at once, as stored, with `reason`, and acked. On an ordered queue
+        too: retried in place it would hold every message behind it for good (the 4.x
+        client's ordered retries have no limit), and no retry can decode it; the messages
+        after it go on in their order, as on a 5.x FIFO group."""
         try:
             raw = self._copy(handle, stored=True)
             sent = self.send_back.send_back(raw, native.commit_log_offset(handle), reason,
