@@ -103,8 +103,9 @@ class Claimer:
         self._skip_locked: bool | None = None
         # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
         self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
-        self.columns = [headers_column(self.table) if name == "headers" else self.table.c[name]
-                        for name in READ_COLUMNS]
+        dialect = dialect_name(self.engine)
+        self.columns = [headers_column(self.table, dialect) if name == "headers"
+                        else self.table.c[name] for name in READ_COLUMNS]
 
     @property
     def skip_locked(self) -> bool:

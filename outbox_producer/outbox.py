@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,15 +92,23 @@ class Outbox:
                               f"(the column's INT), not {max_retries!r}")
         self.max_retries = max_retries
         self.dispatcher = dispatcher
-        #: the last caller's engine found to reach the dispatcher's database (`_check_dispatch`)
+        #: the last caller's engine found to reach the dispatcher's database (`_dispatches`),
+        #: and every engine judged, with the dispatcher it was judged against and the verdict
         self._dispatch_engine: Engine | None = None
+        self._dispatch_for: Dispatcher | None = None
+        self._judged: weakref.WeakKeyDictionary[Engine, tuple[Dispatcher, bool]] = (
+            weakref.WeakKeyDictionary())
         if dispatcher is not None:
             if dispatcher.table.name != self.table.name:
                 raise ConfigError(
                     f"the dispatcher claims from table {dispatcher.table.name!r}, this outbox "
                     f"writes {self.table.name!r}: it would send nothing (give both the same "
                     "table=)")
-            self._check_dispatch(self.engine)
+            mismatch = database_mismatch(self.engine, dispatcher.engine)
+            if mismatch is not None:
+                raise ConfigError(
+                    f"the dispatcher works on another database than the outbox ({mismatch}): "
+                    "it would send none of its rows; build the Dispatcher on the outbox's engine")
         transport = dispatcher.sender.transport if dispatcher is not None else None
         limit = max_body_bytes if max_body_bytes is not None else (
             transport.max_body_bytes if transport is not None else _rocketmq_limit())
@@ -169,8 +178,9 @@ class Outbox:
         # CONFLICT DO NOTHING (see outbox_producer.insert).
         dispatch = (isinstance(conn_or_session, Session) and self.dispatcher is not None
                     and delay_s <= 0)
-        if dispatch and conn.engine is not self._dispatch_engine:
-            self._check_dispatch(conn.engine)
+        if dispatch and (conn.engine is not self._dispatch_engine
+                         or self.dispatcher is not self._dispatch_for):
+            dispatch = self._dispatches(conn.engine)
         try:
             row_id = self._insert(conn, row, want_id=dispatch)
         except IntegrityError:
@@ -213,19 +223,24 @@ class Outbox:
         found = conn.execute(query).first()
         return (str(found[0]), str(found[1])) if found is not None else None
 
-    def _check_dispatch(self, engine: Engine) -> None:
-        """Refuse to hand rows written through `engine` to a dispatcher working on another
-        database: it would claim none of them and say nothing (they would wait for a relay)."""
-        assert self.dispatcher is not None
-        mismatch = database_mismatch(engine, self.dispatcher.engine)
-        if mismatch is not None:
-            who = ("the outbox's engine" if engine is self.engine
-                   else "this Session's engine; nothing written")
-            raise ConfigError(
-                f"the dispatcher works on another database ({mismatch}; the first is {who}): "
-                "it would send none of these rows; build the Dispatcher on the engine the "
-                "outbox writes through")
-        self._dispatch_engine = engine
+    def _dispatches(self, engine: Engine) -> bool:
+        """Whether rows written through `engine` go to the dispatcher: not when it works on
+        another database, where its claim would find none of them. Such rows are left to the
+        relay of the database they were written to (a warning, once per engine)."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        judged = self._judged.get(engine)
+        if judged is None or judged[0] is not dispatcher:
+            mismatch = database_mismatch(engine, dispatcher.engine)
+            judged = (dispatcher, mismatch is None)
+            self._judged[engine] = judged
+            if mismatch is not None:
+                log.warning("publish through a Session on another database than the outbox's "
+                            "dispatcher works on (%s, the first is the Session's): its rows are "
+                            "left to the relay of that database", mismatch)
+        if judged[1]:
+            self._dispatch_engine, self._dispatch_for = engine, dispatcher
+        return judged[1]
 
     def _after_commit(self, session: Session, conn: Connection, row: OutboxRow) -> None:
         assert self.dispatcher is not None

@@ -53,8 +53,8 @@ class OutboxRow:
     created_by: str | None = None
     sent_before: bool = False
     claimed_from: OutboxState = OutboxState.PENDING
-    #: why the row cannot be sent as stored (its `headers` column is not a JSON object: a
-    #: hand edit on SQLite, whose JSON is text); the sender fails it, not its batch
+    #: why the row cannot be sent as stored (its `headers` column is not a JSON object: a hand
+    #: edit, e.g. a JSON array, or on SQLite text that is not JSON); the sender fails it alone
     defect: str | None = None
 
     @classmethod
@@ -96,25 +96,31 @@ class OutboxRow:
         return self
 
 
-def headers_column(table: sa.Table) -> sa.ColumnElement[Any]:
-    """`table`'s `headers` column selected as stored, undecoded (`from_row` decodes it, row by
-    row): SQLAlchemy's JSON type would decode it while fetching, and one row that is not JSON
-    would fail the whole fetch, every batch it is claimed in, so the rows with it too."""
+def headers_column(table: sa.Table, dialect: str) -> sa.ColumnElement[Any]:
+    """`table`'s `headers` column selected as its JSON text, undecoded (`from_row` decodes it,
+    row by row): SQLAlchemy's JSON type would decode it while fetching, and one row that is not
+    JSON (SQLite keeps any text) would fail the whole fetch, every batch it is claimed in, so
+    the rows with it too. PostgreSQL's driver decodes `json` itself: there it is cast to text,
+    so that every database hands `read_headers` the same thing (a JSON string stored there would
+    otherwise arrive as a Python str and be read as JSON text once more)."""
+    if dialect == "postgresql":
+        return sa.cast(table.c.headers, sa.Text).label("headers")
     return sa.type_coerce(table.c.headers, sa.Text).label("headers")
 
 
 def read_headers(stored: Any) -> tuple[dict[str, str] | None, str | None]:
-    """The `headers` column as read (JSON text from SQLite and MariaDB, a decoded value from
-    PostgreSQL's driver) as a dict, or None and why it is not a JSON object. Claims select it
-    as text (`headers_column`) so that one bad row fails alone instead of its whole batch."""
-    value = stored
+    """The `headers` column as `headers_column` reads it (JSON text; a mapping passes as it is)
+    as a dict, or None and why it is not a JSON object."""
+    if isinstance(stored, Mapping):
+        return dict(stored), None
     if isinstance(stored, (bytes, bytearray, memoryview)):
         stored = bytes(stored).decode("utf-8", "replace")
-    if isinstance(stored, str):
-        try:
-            value = json.loads(stored)
-        except ValueError as exc:
-            return None, f"its headers column is not JSON ({exc}): {stored[:80]!r}"
+    if not isinstance(stored, str):
+        return None, f"its headers column is not JSON text but {type(stored).__name__}"
+    try:
+        value = json.loads(stored)
+    except ValueError as exc:
+        return None, f"its headers column is not JSON ({exc}): {stored[:80]!r}"
     if value is None:
         return None, None
     if not isinstance(value, dict):

@@ -1,10 +1,11 @@
 """Whether two engines can reach the same database: the check that a component given an engine of
 its own (the after-commit `Dispatcher`) works on the database its partner writes to.
 
-Only what the URLs prove is judged: engines sharing a pool are one database; another backend,
-SQLite file, database name, host or port is another database. Host names are compared as
-written (`localhost`, `127.0.0.1` and `::1` as one), so one server reached by two names reads as
-two: give both components the same engine, which is what the message says.
+Only what the URLs prove is judged: engines sharing a pool are one database; another backend
+(MySQL and MariaDB are one), SQLite file, database name, host or port is another database.
+Host names are compared as written (`localhost`, `127.0.0.1` and `::1` as one), so one server
+reached by two names reads as two: give both components the same engine, which is what the
+message says.
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ import os
 
 from sqlalchemy.engine import URL, Engine
 
+from consumer_kit.core.urls import mask_url
+
 #: the port a URL without one reaches, per backend
-_DEFAULT_PORTS = {"mysql": 3306, "mariadb": 3306, "postgresql": 5432}
+_DEFAULT_PORTS = {"mysql": 3306, "postgresql": 5432}
+#: query keys that place the server (libpq's host, hostaddr, port, service; MySQL's socket)
+_QUERY_ADDRESS = ("host", "hostaddr", "port", "service", "unix_socket")
 _LOOPBACK = {"", "localhost", "127.0.0.1", "::1", "[::1]"}
 
 
 def database_mismatch(a: Engine, b: Engine) -> str | None:
     """None when `a` and `b` may reach the same database, else what differs and both URLs
-    (passwords masked), e.g. "database differs: mysql+pymysql://app:***@db/a and ...".
+    (passwords masked, in the query too), e.g. "database differs: mysql+pymysql://app:***@db/a
+    and ...". What a URL does not say is not judged: an SQLite engine without a file (in
+    memory, or made by a `creator`), a host or port given in the query (libpq's `?host=`).
 
     >>> import sqlalchemy as sa
     >>> database_mismatch(sa.create_engine("sqlite:///a.db"), sa.create_engine("sqlite:///b.db"))
@@ -29,20 +36,18 @@ def database_mismatch(a: Engine, b: Engine) -> str | None:
     if a is b or a.pool is b.pool:
         return None
     ua, ub = a.url, b.url
-    backend = ua.get_backend_name()
-    if backend != ub.get_backend_name():
+    backend = _backend(ua)
+    if backend != _backend(ub):
         return _differ("backend", ua, ub)
     if backend == "sqlite":
         fa, fb = _sqlite_file(ua), _sqlite_file(ub)
         if fa is None or fb is None:
-            # in-memory: each engine (each pool) has its own database, unless the URIs name a
-            # shared one, which is not judged here
-            if ua.query.get("uri") or ub.query.get("uri"):
-                return None
-            return _differ("in-memory SQLite database (one per engine)", ua, ub)
+            return None
         return None if fa == fb else _differ("SQLite file", ua, ub)
     if ua.database and ub.database and ua.database != ub.database:
         return _differ("database", ua, ub)
+    if any(key in url.query for url in (ua, ub) for key in _QUERY_ADDRESS):
+        return None
     if _host(ua) != _host(ub):
         return _differ("host", ua, ub)
     if (ua.port or _DEFAULT_PORTS.get(backend)) != (ub.port or _DEFAULT_PORTS.get(backend)):
@@ -50,9 +55,15 @@ def database_mismatch(a: Engine, b: Engine) -> str | None:
     return None
 
 
+def _backend(url: URL) -> str:
+    name = url.get_backend_name()
+    return "mysql" if name == "mariadb" else name  # one server, either dialect name
+
+
 def _sqlite_file(url: URL) -> str | None:
     name = url.database or ""
-    if name in ("", ":memory:") or name.startswith("file:") or "mode=memory" in name:
+    if name in ("", ":memory:") or name.startswith("file:") or "mode=memory" in name \
+            or url.query.get("uri"):
         return None
     return os.path.realpath(name)
 
@@ -63,5 +74,5 @@ def _host(url: URL) -> str:
 
 
 def _differ(what: str, a: URL, b: URL) -> str:
-    return (f"{what} differs: {a.render_as_string(hide_password=True)} and "
-            f"{b.render_as_string(hide_password=True)}")
+    return (f"{what} differs: {mask_url(a.render_as_string(hide_password=False))} and "
+            f"{mask_url(b.render_as_string(hide_password=False))}")

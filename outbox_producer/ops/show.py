@@ -63,7 +63,8 @@ def show(engine: Engine, tables: OutboxTables, ident: str) -> list[MessageView]:
     with engine.connect() as conn:
         views = []
         o = tables.outbox
-        columns = [headers_column(o) if c.name == "headers" else c for c in o.columns]
+        columns = [headers_column(o, conn.dialect.name) if c.name == "headers" else c
+                   for c in o.columns]
         for row in resolve(conn, o, ident, columns):
             found = conn.execute(
                 sa.select(r).where(r.c.message_id == row.message_id).order_by(r.c.consumer_group)

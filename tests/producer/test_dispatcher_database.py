@@ -15,7 +15,7 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.same_database import database_mismatch
 from consumer_kit.core.schema import build_metadata
 from consumer_kit.core.states import OutboxState
-from outbox_producer import Dispatcher, Outbox
+from outbox_producer import Dispatcher, Outbox, Relay
 from tests.conftest import Db, database_url
 from tests.recording import RecordingTransport
 
@@ -45,24 +45,34 @@ def test_an_outbox_refuses_a_dispatcher_on_another_database(db: Db, other: sa.En
     with pytest.raises(ConfigError, match="dispatcher works on another database") as caught:
         Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
     message = str(caught.value)
-    assert "differs" in message and "the first is the outbox's engine" in message
+    assert "differs" in message and "build the Dispatcher on the outbox's engine" in message
     assert db.kind == "sqlite" or (":***@" in message and f":{other.url.password}@" not in message)
 
 
-def test_publish_through_a_session_on_another_database_writes_nothing(
-        db: Db, other: sa.Engine) -> None:
+def test_a_session_on_another_database_than_the_dispatchers_leaves_its_rows_to_the_relay(
+        db: Db, other: sa.Engine, caplog: pytest.LogCaptureFixture) -> None:
     # Given an outbox and its dispatcher on the other database, and a Session on the first
+    # (a service with one outbox per database publishing through the wrong one's object)
     transport = RecordingTransport()
     dispatcher = Dispatcher(other, transport, table=db.names.outbox).start()
     outbox = Outbox(other, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
     try:
-        # When a message is published through that Session, then it is refused
-        with (Session(db.engine) as session, session.begin(),
-              pytest.raises(ConfigError, match="this Session's engine; nothing written")):
-            outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
-        # and no row was written anywhere (the row used to commit here and go unsent)
-        assert outbox_rows(db.engine, db) == outbox_rows(other, db) == 0
-        # while the Session on the dispatcher's own database dispatches as always
+        # When two messages are published through that Session
+        with Session(db.engine) as session, session.begin():
+            first = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+            second = outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="2")
+        assert dispatcher.flush(10)
+        # Then both rows committed with the Session's transaction, none went to the dispatcher
+        # (its claim would find none of them), and one warning says why
+        assert outbox_rows(db.engine, db) == 2 and outbox_rows(other, db) == 0
+        assert transport.sent == []
+        warned = [r.getMessage() for r in caplog.records if "left to the relay" in r.message]
+        assert len(warned) == 1 and "differs" in warned[0]
+        # and that database's relay sends them
+        relayed = RecordingTransport()
+        Relay(db.engine, relayed, table=db.names.outbox).run_once()
+        assert set(relayed.counts()) == {first, second}
+        # while a Session on the dispatcher's own database dispatches as always
         with Session(other) as session, session.begin():
             mid = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
         assert dispatcher.flush(10)
@@ -100,8 +110,13 @@ def test_two_engines_built_from_one_url_are_one_database(db: Db) -> None:
     ("mysql+pymysql://u:p@localhost/x", "mysql+pymysql://u:q@127.0.0.1:3306/x"),
     ("postgresql+psycopg://u@[::1]/x", "postgresql+psycopg://v@localhost:5432/x"),
     ("postgresql+psycopg://u@db/x", "postgresql+psycopg://u@DB/x?sslmode=require"),
+    ("mysql+pymysql://u:p@db/x", "mariadb+pymysql://u:p@db:3306/x"),
+    ("postgresql+psycopg://u@/x?host=db1", "postgresql+psycopg://u@db1/x"),
+    ("postgresql+psycopg://u@db/x?port=5433", "postgresql+psycopg://u@db:5433/x"),
+    ("sqlite://", "sqlite://"),  # in memory, or made by a creator: the URL cannot say
 ])
-def test_urls_of_one_database_in_other_spellings_match(a: str, b: str) -> None:
+def test_urls_of_one_database_in_other_spellings_match_or_are_not_judged(a: str, b: str
+                                                                       ) -> None:
     assert database_mismatch(sa.create_engine(a),
                              sa.create_engine(b)) is None
 
@@ -111,10 +126,39 @@ def test_urls_of_one_database_in_other_spellings_match(a: str, b: str) -> None:
     ("mysql+pymysql://u:s3cret@db/x", "mysql+pymysql://u:s3cret@db2/x", "host"),
     ("mysql+pymysql://u:s3cret@db/x", "mysql+pymysql://u:s3cret@db:3307/x", "port"),
     ("mysql+pymysql://u:s3cret@db/x", "postgresql+psycopg://u:s3cret@db/x", "backend"),
-    ("sqlite://", "sqlite://", "in-memory SQLite database"),
+    ("postgresql+psycopg://u@db/x", "postgresql+psycopg://u@db/y?password=s3cret", "database"),
 ])
 def test_urls_of_other_databases_differ_and_the_message_hides_the_password(
         a: str, b: str, what: str) -> None:
     found = database_mismatch(sa.create_engine(a),
                               sa.create_engine(b))
     assert found is not None and found.startswith(what) and "s3cret" not in found
+
+
+def test_a_dispatcher_given_to_the_outbox_later_is_judged_again(
+        sqlite_db: Db, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given an outbox whose dispatcher was judged to work on the Session's database
+    db = sqlite_db
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(db.engine, transport, table=db.names.outbox).start()
+    outbox = Outbox(db.engine, producer="orders", table=db.names.outbox, dispatcher=dispatcher)
+    with Session(db.engine) as session, session.begin():
+        outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+    # When it is given a dispatcher on another database
+    elsewhere = make_engine(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    other = Dispatcher(elsewhere, RecordingTransport(), table=db.names.outbox).start()
+    outbox.dispatcher = other
+    try:
+        with Session(db.engine) as session, session.begin():
+            outbox.publish(session, "T", {"n": 2}, biz_type="t", biz_key="2")
+        # Then the new one is not handed rows it cannot claim: they stay for the relay, and a
+        # warning says so (the old verdict would have been kept for the new dispatcher)
+        assert other.flush(10) and dispatcher.flush(10)
+        assert any("left to the relay" in r.message for r in caplog.records)
+        with db.engine.connect() as conn:
+            states = sorted(conn.execute(sa.text(f"SELECT biz_key, state FROM {db.names.outbox}")))
+        assert states == [("1", int(OutboxState.SENT)), ("2", int(OutboxState.PENDING))]
+    finally:
+        dispatcher.close()
+        other.close()
+        elsewhere.dispose()

@@ -28,7 +28,7 @@ class Route:
     #: message types its queues accept: NORMAL, FIFO, DELAY, TRANSACTION
     accepts: frozenset[str]
     queues: int
-    #: the names of the brokers holding its queues (how `check_name_server` tells clusters apart)
+    #: the names of the brokers holding its queues (how `cluster` tells clusters apart)
     brokers: frozenset[str] = frozenset()
 
 
