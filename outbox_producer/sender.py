@@ -193,6 +193,10 @@ class Sender:
             if doubt.failures.get(row.topic, 0) >= SUSPECT_AFTER:  # its topic failed enough
                 doubt.aside.append(row)
                 continue
+            if row.defect is not None:  # e.g. a hand-edited headers column: no send can help
+                # (and it sends nothing, so it takes no turn under a rate cap)
+                out.failures.append((row, f"not sent: {row.defect}", True))
+                continue
             if pace is not None and pace() is False:  # stopping: the rest waits its turn
                 doubt.stop(out, rows[i:])
                 out.stopped = True
@@ -200,9 +204,6 @@ class Sender:
             if deadline is not None and time.monotonic() >= deadline:
                 doubt.stop(out, rows[i:])
                 break
-            if row.defect is not None:  # e.g. a hand-edited headers column: no send can help
-                out.failures.append((row, f"not sent: {row.defect}", True))
-                continue
             try:
                 result = self.transport.send(to_message(row))
             except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none

@@ -29,8 +29,8 @@ def name_server_problem(namesrv_route: dict[str, Any] | None, route: Route, *, n
     """
     if not route.brokers:  # the proxy named no broker: nothing to compare
         return None
-    fix = ("namesrv= must be the name server of the cluster behind the proxy; nothing was "
-           "written through it")
+    fix = ("namesrv= must be the name server of the cluster behind the proxy (the consumer's "
+           "group was not written through it)")
     if namesrv_route is None:
         return (f"topic {route.topic} is on the cluster behind the RocketMQ 5 proxy at "
                 f"{endpoint} (brokers {', '.join(sorted(route.brokers))}), but the name server "

@@ -202,9 +202,9 @@ class RocketMQ5Transport(Transport):
         return found
 
     def _check_name_server(self, route: Route) -> None:
-        """Refuse a name server of another cluster before anything is written through it (see
-        `cluster`); one that cannot be reached is left to the writes, which fail on their own
-        (sending needs no name server)."""
+        """Refuse a name server of another cluster before a consumer's group is written through
+        it (see `cluster`); one that cannot be reached is left to those writes, which fail on
+        their own (sending needs no name server)."""
         if self.admin is None:
             return
         try:
