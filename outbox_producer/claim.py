@@ -102,8 +102,8 @@ class Claimer:
     def __post_init__(self) -> None:
         self._skip_locked: bool | None = None
         # PostgreSQL and SQLite claim and read in one UPDATE ... RETURNING
-        self.returning = dialect_name(self.engine) in ("postgresql", "sqlite")
         dialect = dialect_name(self.engine)
+        self.returning = dialect in ("postgresql", "sqlite")
         self.columns = [headers_column(self.table, dialect) if name == "headers"
                         else self.table.c[name] for name in READ_COLUMNS]
 

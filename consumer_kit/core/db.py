@@ -91,10 +91,9 @@ def check_sqlite_path(database: str | None, query: Any = None, *, must_exist: bo
     Raises:
         ConfigError: naming the path and what is wrong with it.
     """
-    if not database or database == ":memory:" or database.startswith("file:") \
-            or (query and str(query.get("uri", "")).lower() in ("true", "1")):
+    path = sqlite_file(database, query)
+    if path is None:
         return
-    path = Path(database).expanduser()
     folder = path.resolve().parent
     if not folder.is_dir():
         raise ConfigError(f"SQLite database {database!r}: folder {str(folder)!r} does not exist "
@@ -103,6 +102,15 @@ def check_sqlite_path(database: str | None, query: Any = None, *, must_exist: bo
         raise ConfigError(f"SQLite database {database!r} is a folder, not a file")
     if must_exist and not path.exists():
         raise ConfigError(f"SQLite database {database} does not exist")
+
+
+def sqlite_file(database: str | None, query: Any = None) -> Path | None:
+    """The file a SQLite URL's database names, or None when it names none: in memory, a
+    `file:` URI, or a URL with `uri=true` (the driver reads the name as a URI)."""
+    if not database or database == ":memory:" or database.startswith("file:") \
+            or (query and str(query.get("uri", "")).lower() in ("true", "1")):
+        return None
+    return Path(database).expanduser()
 
 
 def driver_hint(drivername: str, missing: str) -> str:

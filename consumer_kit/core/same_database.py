@@ -14,6 +14,7 @@ import os
 
 from sqlalchemy.engine import URL, Engine
 
+from consumer_kit.core.db import sqlite_file
 from consumer_kit.core.urls import mask_url
 
 #: the port a URL without one reaches, per backend
@@ -61,11 +62,8 @@ def _backend(url: URL) -> str:
 
 
 def _sqlite_file(url: URL) -> str | None:
-    name = url.database or ""
-    if name in ("", ":memory:") or name.startswith("file:") or "mode=memory" in name \
-            or url.query.get("uri"):
-        return None
-    return os.path.realpath(name)
+    path = sqlite_file(url.database, url.query)
+    return None if path is None else os.path.realpath(path)
 
 
 def _host(url: URL) -> str:
