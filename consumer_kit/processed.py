@@ -30,6 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.driver_sql import DriverSQL, execute
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
     MESSAGE_ID_LEN,
@@ -258,22 +259,24 @@ class ProcessedStore:
         t = self.table
         horizon = utcnow() - older_than
         deleted = batches = 0
-        while max_batches is None or batches < max_batches:
-            with self.engine.begin() as conn:
-                keys = conn.execute(
-                    sa.select(t.c.message_id).where(t.c.consumer_group == self.group,
-                                                    t.c.processed_at < horizon,
-                                                    t.c.receipt_due_at.is_(None))
-                    .order_by(t.c.processed_at).limit(batch)
-                ).scalars().all()
-                if not keys:
+        with committed_on_error(lambda: counted(deleted, "processed row", "deleted", batches)):
+            while max_batches is None or batches < max_batches:
+                with self.engine.begin() as conn:
+                    keys = conn.execute(
+                        sa.select(t.c.message_id).where(t.c.consumer_group == self.group,
+                                                        t.c.processed_at < horizon,
+                                                        t.c.receipt_due_at.is_(None))
+                        .order_by(t.c.processed_at).limit(batch)
+                    ).scalars().all()
+                    if not keys:
+                        break
+                    gone = conn.execute(sa.delete(t).where(
+                        t.c.consumer_group == self.group, t.c.message_id.in_(keys),
+                        t.c.receipt_due_at.is_(None))).rowcount
+                deleted += gone  # counted once committed
+                batches += 1
+                if len(keys) < batch:
                     break
-                deleted += conn.execute(sa.delete(t).where(
-                    t.c.consumer_group == self.group, t.c.message_id.in_(keys),
-                    t.c.receipt_due_at.is_(None))).rowcount
-            batches += 1
-            if len(keys) < batch:
-                break
-            if pause:
-                time.sleep(pause)
+                if pause:
+                    time.sleep(pause)
         return deleted

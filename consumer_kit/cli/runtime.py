@@ -23,13 +23,16 @@ except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
 
 from consumer_kit.core.errors import CkitError
+from consumer_kit.core.progress import committed_before
 from consumer_kit.core.urls import mask_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger(__name__)
 
-#: Exit codes: 2 a usage or configuration error (nothing was done), 1 an unexpected failure.
+#: Exit codes: 2 a usage, configuration or database error before any work was committed
+#: (nothing was done); 1 an unexpected failure, or any failure after a batch run committed
+#: part of its work (`core.progress`: the line says how much).
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 #: `ckit consume`: the consumer stalled and rebuilding it did not help (restart the process)
@@ -115,7 +118,10 @@ class OneLineCommand(TyperCommand):
 
 
 def friendly_errors(fn: F) -> F:
-    """Turn library and driver errors into one clear line and a non-zero exit (no traceback)."""
+    """Turn library and driver errors into one clear line and a non-zero exit (no traceback).
+
+    Exit 2 says nothing was done. An error raised after a batch run committed part of its
+    work (`core.progress`) exits 1 instead, and its line says what stays committed."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -123,20 +129,32 @@ def friendly_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
             raise
-        except (CkitError, ValueError) as exc:
-            fail(str(exc))
-        except Exception as exc:  # driver errors: say what failed, never dump a traceback
-            from sqlalchemy.exc import SQLAlchemyError
-
-            if isinstance(exc, SQLAlchemyError):
-                detail = getattr(exc, "orig", None) or exc
-                fail(f"database error: {type(detail).__name__}: {str(detail).splitlines()[0]}")
-            if isinstance(exc, OSError):
-                fail(f"{type(exc).__name__}: {exc}")
-            log.debug("unexpected error", exc_info=True)
-            fail(f"{type(exc).__name__}: {exc}", code=EXIT_FAILURE)
+        except Exception as exc:
+            line, code = error_line(exc)
+            done = committed_before(exc)
+            if done:
+                line, code = (f"{line} (after {done}: that stays committed; running the "
+                              "command again goes on from there)", EXIT_FAILURE)
+            fail(line, code=code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def error_line(exc: Exception) -> tuple[str, int]:
+    """The one line `friendly_errors` prints for `exc` (before any progress), and its exit
+    code: 2 for library, option, database and OS errors, 1 for anything unexpected."""
+    if isinstance(exc, (CkitError, ValueError)):
+        return str(exc), EXIT_USAGE
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(exc, SQLAlchemyError):  # driver errors: say what failed, never a traceback
+        detail = getattr(exc, "orig", None) or exc
+        return f"database error: {type(detail).__name__}: {str(detail).splitlines()[0]}", \
+            EXIT_USAGE
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc}", EXIT_USAGE
+    log.debug("unexpected error", exc_info=True)
+    return f"{type(exc).__name__}: {exc}", EXIT_FAILURE
 
 
 def configure_logging(verbose: int) -> None:

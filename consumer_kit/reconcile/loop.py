@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.reconcile.classify import classify
 from consumer_kit.reconcile.known import KnownIds
 from consumer_kit.reconcile.model import IN_CHUNK, Orphan, chunks
@@ -34,23 +35,28 @@ def reconcile(source: Source) -> ReconcileSummary:
                               dry_run=config.dry_run, batch_size=config.batch_size)
                 for p in config.producers]
     done = 0
-    for row, evidence in source.window():
-        decision = classify(row, evidence, config.groups, max_retries=config.max_retries)
-        builder.decision(decision)
-        appliers[row.shard].add(decision)
-        done += 1
-        if done % PROGRESS_EVERY == 0:
-            run.progress(f"classified {done}")
-    result = RepairResult()
-    for applier in appliers:
-        result.add(applier.finish())
-    run.progress(f"classified {done} window rows; {result.statements} repair statements")
-    durations["window_and_repairs"] = time.monotonic() - started
-    phase = time.monotonic()
-    for orphan in find_orphans(source):
-        builder.orphan(orphan)
-    durations["orphans"] = time.monotonic() - phase
-    return builder.finish(result)
+    # repairs commit batch by batch: an error after some (a window read, the orphan lookups,
+    # the output folder) carries how many, so the caller does not report "nothing done"
+    with committed_on_error(lambda: counted(
+            sum(c.applied for a in appliers for c in a.result.counts.values()),
+            "repair", "applied")):
+        for row, evidence in source.window():
+            decision = classify(row, evidence, config.groups, max_retries=config.max_retries)
+            builder.decision(decision)
+            appliers[row.shard].add(decision)
+            done += 1
+            if done % PROGRESS_EVERY == 0:
+                run.progress(f"classified {done}")
+        result = RepairResult()
+        for applier in appliers:
+            result.add(applier.finish())
+        run.progress(f"classified {done} window rows; {result.statements} repair statements")
+        durations["window_and_repairs"] = time.monotonic() - started
+        phase = time.monotonic()
+        for orphan in find_orphans(source):
+            builder.orphan(orphan)
+        durations["orphans"] = time.monotonic() - phase
+        return builder.finish(result)
 
 
 def find_orphans(source: Source) -> list[Orphan]:

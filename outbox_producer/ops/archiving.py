@@ -36,6 +36,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import check_tables, dialect_name, read_committed
 from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.states import TERMINAL_STATES, OutboxState
 from consumer_kit.core.transitions import OPTION
@@ -149,7 +150,8 @@ def archive(
     moved = batches = 0
     last_id = 0
     more = False
-    with single_instance(engine, tables.outbox.name):
+    with single_instance(engine, tables.outbox.name), committed_on_error(
+            lambda: counted(moved, "row", "archived", batches)):
         while True:
             if max_batches is not None and batches >= max_batches:
                 more = True

@@ -56,6 +56,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, read_committed
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.identifiers import validate_identifier
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.schema.types import MYSQL_TABLE
 from consumer_kit.core.states import OutboxState
@@ -133,6 +134,13 @@ class RotateResult:
         """JSON-ready form."""
         return dataclasses.asdict(self)
 
+    def done(self) -> str | None:
+        """What is committed so far, in words, or None for nothing (`committed_on_error`)."""
+        parts = [counted(len(self.added), "partition", "added"),
+                 counted(self.archived, "row", "copied to the archive"),
+                 counted(len(self.dropped), "partition", "dropped")]
+        return ", ".join(p for p in parts if p) or None
+
 
 def _require_mysql(engine: Engine) -> None:
     if dialect_name(engine) != "mysql":
@@ -207,7 +215,7 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
     now = now or utcnow()
     name = tables.outbox.name
     result = RotateResult()
-    with single_instance(engine, name):
+    with single_instance(engine, name), committed_on_error(result.done):
         found = partitions(engine, name)
         if not found or found[-1].upper != MAX:
             raise ConfigError(f"table {name} is not a partitioned outbox (ckit outbox "
@@ -255,7 +263,7 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     with engine.connect() as conn:
         if _open_rows(conn, name, part.name, done):
             return "rows not yet CONSUMED"
-    result.archived += _copy_to_archive(engine, tables, part.name, batch, pause)
+    _copy_to_archive(engine, tables, part.name, batch, pause, result)
     with engine.connect() as conn:  # only this run writes the archive (the archive's lock)
         archived = int(conn.scalar(
             sa.select(sa.func.count()).select_from(tables.archive)
@@ -326,9 +334,10 @@ def _open_rows(conn: Connection, table: str, part: str, done: set[int]) -> bool:
 
 
 def _copy_to_archive(engine: Engine, tables: OutboxTables, part: str, batch: int,
-                     pause: float) -> int:
+                     pause: float, result: RotateResult) -> int:
     """Copy the partition's rows into the archive in id order, `batch` rows per transaction,
-    skipping rows an interrupted earlier run copied already."""
+    skipping rows an interrupted earlier run copied already; each committed batch is counted
+    into `result.archived`. Returns the rows this call copied."""
     outbox, archive = tables.outbox, tables.archive
     quote = engine.dialect.identifier_preparer.quote  # `keys` is a reserved word
     columns = ", ".join(quote(c.name) for c in outbox.columns)
@@ -340,7 +349,9 @@ def _copy_to_archive(engine: Engine, tables: OutboxTables, part: str, batch: int
                 "ORDER BY id LIMIT :n"), {"last": last, "n": batch}).scalars())
             if not ids:
                 return copied
-            copied += _insert_missing(conn, outbox.name, archive.name, columns, part, ids)
+            moved = _insert_missing(conn, outbox.name, archive.name, columns, part, ids)
+        copied += moved
+        result.archived += moved
         last = ids[-1]
         if len(ids) < batch:
             return copied

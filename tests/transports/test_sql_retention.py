@@ -10,12 +10,14 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
+from consumer_kit.cli.runtime import EXIT_FAILURE
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.messages import ConsumeStatus, Delivery, OutgoingMessage, Subscription
 from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.retention import PURGE_FLOOR
 from tests.cli import error_line
+from tests.poison import POISON, refused
 
 TIMEOUT = 20.0
 
@@ -112,3 +114,36 @@ def test_the_cli_refuses_a_window_under_the_safety_floor_unless_forced(
     assert "deleted 0 messages" in forced.output
     assert "kept 1 of topic floor_t: no group consumes it yet" in forced.output
     assert bodies(transport, "floor_t") == [b"x"]
+
+
+def test_a_cli_purge_failing_part_way_says_how_many_it_deleted_and_exits_1(
+        transport: SqlTransport, db: tuple[str, str]) -> None:
+    # Given three messages one group consumed, purged one per batch, and the database refusing
+    # to delete the second
+    url, prefix = db
+    topic = "partial_t"
+    transport.ensure_topic(topic)
+    for n in range(3):
+        transport.send(OutgoingMessage(topic, f"p{n}".encode(), sharding_key="one"))
+    consumer = transport.consumer("only", [Subscription(topic, "*")],
+                                  lambda _d: ConsumeStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:
+        assert wait_for(lambda: committed(transport, "only", topic) == 3, TIMEOUT)
+    finally:
+        consumer.shutdown()
+    engine = transport.db.engine
+    m = transport.tables.message
+    with engine.connect() as conn:
+        second = str(conn.execute(sa.select(m.c.id).where(m.c.topic == topic)
+                                  .order_by(m.c.queue_offset)).scalars().all()[1])
+    with refused(engine, m.name, "DELETE", "id", second):
+        # When the purge runs
+        result = CliRunner().invoke(app, [
+            "mq", "purge", "--transport", f"sql+{url}", "--mq-prefix", prefix,
+            "--older-than", "0s", "--force", "--batch", "1"])
+    # Then the first message stays deleted, the line says so, and it exits 1, not 2
+    assert result.exit_code == EXIT_FAILURE, result.output
+    line = error_line(result.output)
+    assert POISON in line and "after 1 message deleted: that stays committed" in line
+    assert bodies(transport, topic) == [b"p1", b"p2"]

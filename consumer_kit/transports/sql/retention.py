@@ -18,9 +18,11 @@ import dataclasses
 import datetime as dt
 import functools
 from collections import defaultdict
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import MqTables
 from consumer_kit.transports.sql.database import Database
 
@@ -66,6 +68,15 @@ def purge(db: Database, tables: MqTables, before: dt.datetime, *, batch: int) ->
         return PurgeResult()
     groups, committed = _progress(db, tables)
     result = PurgeResult()
+    with committed_on_error(lambda: counted(result.deleted, "message", "deleted")):
+        _purge_queues(db, tables, before, batch, old, groups, committed, result)
+    return result
+
+
+def _purge_queues(db: Database, tables: MqTables, before: dt.datetime, batch: int,
+                  old: Sequence[sa.Row], groups: dict[str, set[str]],
+                  committed: dict[tuple[str, str, int], int], result: PurgeResult) -> None:
+    """`purge` queue by queue, counting into `result` batch by batch."""
     for topic, queue_id, count in sorted(old):
         key = (str(topic), int(queue_id))
         known = groups.get(key[0])
@@ -75,15 +86,14 @@ def purge(db: Database, tables: MqTables, before: dt.datetime, *, batch: int) ->
             result.kept[key[0]] = result.kept.get(key[0], 0) + int(count)
             continue
         floor = min(committed.get((group, *key), 0) for group in known)
-        deleted = _delete_below(db, tables, key, floor, before, batch)
-        result.deleted += deleted
-        left = int(count) - deleted
+        before_queue = result.deleted
+        _delete_below(db, tables, key, floor, before, batch, result)
+        left = int(count) - (result.deleted - before_queue)
         if left > 0:
             result.kept[key[0]] = result.kept.get(key[0], 0) + left
             last = _last_old_offset(db, tables, key, before)
             behind = sorted(g for g in known if committed.get((g, *key), 0) <= last)
             result.behind[key[0]] = sorted({*result.behind.get(key[0], []), *behind})
-    return result
 
 
 def _progress(db: Database, tables: MqTables
@@ -109,21 +119,20 @@ def _progress(db: Database, tables: MqTables
 
 
 def _delete_below(db: Database, tables: MqTables, key: QueueKey, floor: int,
-                  before: dt.datetime, batch: int) -> int:
-    """Delete the messages of one queue below `floor` and born before `before`."""
+                  before: dt.datetime, batch: int, result: PurgeResult) -> None:
+    """Delete the messages of one queue below `floor` and born before `before`, adding each
+    committed batch to `result.deleted`."""
     m = tables.message
     where = (m.c.topic == key[0], m.c.queue_id == key[1], m.c.queue_offset < floor,
              m.c.born_at < before)
-    total = 0
     while floor > 0:
         ids = db.run(lambda conn: conn.execute(
             sa.select(m.c.id).where(*where).order_by(m.c.queue_offset).limit(batch)
         ).scalars().all(), write=False, what="find consumed messages")
         if not ids:
             break
-        total += db.run(functools.partial(_delete_ids, table=m, ids=list(ids)), write=True,
-                        what="purge")
-    return total
+        result.deleted += db.run(functools.partial(_delete_ids, table=m, ids=list(ids)),
+                                 write=True, what="purge")
 
 
 def _delete_ids(conn: sa.Connection, *, table: sa.Table, ids: list[int]) -> int:
