@@ -14,6 +14,8 @@ RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retr
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
 RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])
+CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",
+                     "The outbox database's clock minus this relay host's, as last measured")
 OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
                        "Age of the oldest SENT row still waiting for its receipts")
 

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.db_clock import ClockWatch
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
@@ -152,6 +153,7 @@ class Relay:
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
         self._next_metrics = 0.0
+        self.clock = ClockWatch(self.engine, lease, "relay", metrics.CLOCK_OFFSET.set)
 
     def stop(self) -> None:
         """Ask `run` to return after the current batch (safe from a signal handler): without
@@ -197,6 +199,7 @@ class Relay:
         the run: one that fails again, due again at once (`failed_retry_after` of 0), waits for
         the next run, so the run ends."""
         self.claimer.failed_due_by = utcnow() if once else None
+        self.clock.check()  # warns when this host's clock would misjudge other relays' leases
         try:
             return self._run(once, max_batches)
         finally:
@@ -282,13 +285,16 @@ class Relay:
         return result
 
     def _refresh_metrics_when_due(self) -> None:
-        """Refresh the gauges if METRICS_INTERVAL has passed: once per relay, not per loop."""
+        """Refresh the gauges, and measure the clock again, if METRICS_INTERVAL has passed:
+        once per relay, not per loop (the first time: just after `run` measured it)."""
         with self._metrics_lock:
             now = time.monotonic()
             if now < self._next_metrics:
                 return
-            self._next_metrics = now + METRICS_INTERVAL
+            first, self._next_metrics = not self._next_metrics, now + METRICS_INTERVAL
         self._refresh_metrics()
+        if not first:
+            self.clock.check()
 
     def _refresh_metrics(self) -> None:
         try:

@@ -3,7 +3,9 @@
 Every state change is a guarded UPDATE whose row count is checked: a lease is taken with a CAS on
 `lock_version` when it is free, expired or already ours; renewed and released only by its owner;
 offsets only move forward. Clocks: lease times are the members' UTC clocks, so hosts sharing a
-MariaDB need clocks within a small part of `lease_seconds` (NTP).
+MariaDB need clocks within a small part of `lease_seconds` (NTP); each member measures its
+clock against the database's when it joins and every `CLOCK_CHECK_EVERY` seconds after, and
+warns beyond a quarter of the lease (`core.db_clock`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 
 import sqlalchemy as sa
 
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db_clock import ClockWatch
 from consumer_kit.core.errors import DuplicateKey
 from consumer_kit.core.schema import MqTables
 from consumer_kit.transports.sql.database import Database
@@ -26,6 +30,9 @@ from consumer_kit.transports.sql.database import Database
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+
+#: seconds between two measurements of a member's clock against the database's
+CLOCK_CHECK_EVERY = 60.0
 
 
 def new_member_id() -> str:
@@ -62,11 +69,16 @@ class GroupStore:
         self.group = group
         self.member_id = member_id
         self.lease = dt.timedelta(seconds=lease_seconds)
+        self.clock = ClockWatch(db.engine, self.lease, f"SQL transport consumer of {group}")
+        self._clock_due = 0.0
 
     # -- membership ------------------------------------------------------------------------------
 
     def heartbeat(self) -> list[str]:
         """Mark this member alive for one lease; return the live members of the group."""
+        if time.monotonic() >= self._clock_due:
+            self._clock_due = time.monotonic() + CLOCK_CHECK_EVERY
+            self.clock.check()
         mem = self.t.member
         now = utcnow()
         mine = (mem.c.consumer_group == self.group) & (mem.c.member_id == self.member_id)
