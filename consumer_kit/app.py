@@ -37,7 +37,15 @@ from consumer_kit.listeners import (
 )
 from consumer_kit.pipeline import CLAIM_MODES, Pipeline
 from consumer_kit.processed import ProcessedStore
-from consumer_kit.receipts import ReceiptRoute, ReceiptSender, SqlRoute, TopicRoute
+from consumer_kit.receipts import (
+    ByProducer,
+    ReceiptRoute,
+    Receipts,
+    ReceiptSender,
+    SqlRoute,
+    TopicRoute,
+    check_receipts,
+)
 from consumer_kit.transports import open_transport
 from consumer_kit.transports.base import Transport
 from consumer_kit.transports.running import Activity, run_consumer
@@ -67,8 +75,10 @@ class ConsumerApp:
             overrides it.
         receipts: where receipts to the producers go: `"topic"` (the producer's receipt topic
             over the same transport, applied by `ckit receipts`), a SQLAlchemy URL of the
-            producer's database (applied there directly), a `ReceiptRoute` of your own, or None
-            (off). Receipts are durable: the processed row owes them until they are delivered.
+            producer's database (applied there directly), a `ReceiptRoute` of your own, None
+            (off), or a mapping from producer name (the publishing `Outbox`'s `producer`) to
+            one of the first three, `"*"` for every producer not named (`ByProducer`).
+            Receipts are durable: the processed row owes them until they are delivered.
         permanent_errors: exception types that reject a message instead of retrying it.
         redis_claims: `"every"` (default): every message claims its id in Redis before its
             handler runs (one round trip: done already, held by another consumer, or leased to
@@ -86,7 +96,7 @@ class ConsumerApp:
         db: str | Engine,
         redis: str | redis_lib.Redis | None = None,
         transport: str | Transport | None = None,
-        receipts: str | ReceiptRoute | None = "topic",
+        receipts: Receipts = "topic",
         processed_table: str = DEFAULT_PROCESSED_TABLE,
         permanent_errors: tuple[type[BaseException], ...] = (),
         done_ttl: dt.timedelta = DEFAULT_DONE_TTL,
@@ -107,6 +117,7 @@ class ConsumerApp:
         self.db = db
         self.redis_config = redis
         self.transport_config = transport
+        check_receipts(receipts)
         self.receipts = receipts
         self.processed_table = validate_identifier(processed_table)
         self.permanent_errors = exception_types(permanent_errors, "permanent_errors")
@@ -238,15 +249,24 @@ class ConsumerApp:
         return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
 
     def _receipt_route(self) -> ReceiptRoute | None:
-        if self.receipts is None or isinstance(self.receipts, ReceiptRoute):
-            return self.receipts
-        if self.receipts == "topic":
+        if self.receipts is None or isinstance(self.receipts, str | ReceiptRoute):
+            return None if self.receipts is None else self._one_route(self.receipts)
+        made: dict[str, ReceiptRoute] = {}  # one route per URL: producers sharing a database
+        routes: dict[str, ReceiptRoute] = {}
+        for producer, spec in self.receipts.items():
+            if isinstance(spec, ReceiptRoute):
+                routes[producer] = spec
+            else:
+                routes[producer] = made.get(spec) or made.setdefault(spec, self._one_route(spec))
+        return ByProducer(routes)
+
+    def _one_route(self, spec: str | ReceiptRoute) -> ReceiptRoute:
+        if isinstance(spec, ReceiptRoute):
+            return spec
+        if spec == "topic":
             return TopicRoute(self.transport())
-        if "://" in self.receipts:
-            outbox, receipts = self.receipt_tables
-            return SqlRoute(self.receipts, outbox_table=outbox, receipt_table=receipts)
-        raise ConfigError(f"invalid receipts={mask_url(self.receipts)!r}: use 'topic', the "
-                          "producer's database URL, or None")
+        outbox, receipts = self.receipt_tables
+        return SqlRoute(spec, outbox_table=outbox, receipt_table=receipts)
 
     def pipeline(self) -> Pipeline:
         """The message pipeline (built on first use)."""

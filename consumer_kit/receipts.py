@@ -24,13 +24,16 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 from consumer_kit import metrics
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome, encode_receipts, receipt_topic
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, DEFAULT_RECEIPT_TABLE, ProcessedStatus
+from consumer_kit.core.urls import mask_url
 from consumer_kit.processed import OwedReceipt, ProcessedStore
 from consumer_kit.transports.base import Transport
 
@@ -91,6 +94,81 @@ class SqlRoute(ReceiptRoute):
 
     def close(self) -> None:
         self.applier.engine.dispose()
+
+
+#: the `ByProducer` key of the route for every producer not named
+ANY_PRODUCER = "*"
+#: a `ByProducer` warns about a producer without a route at most this often (seconds)
+UNROUTED_WARN_EVERY = 60.0
+
+
+class ByProducer(ReceiptRoute):
+    """Each producer's receipts by its own route (`receipts={"orders": URL, ...}`): the route
+    named for the producer, else the one named `"*"`. A producer with neither gets a warning
+    (at most one a minute, with how many receipts since the last) and its receipts are left to
+    its reconciler, as a database route leaves ids its outbox does not hold."""
+
+    name = "by-producer"
+
+    def __init__(self, routes: Mapping[str, ReceiptRoute]) -> None:
+        self.routes = dict(routes)
+        self._unrouted: dict[str, tuple[float, int]] = {}  # producer -> (warned at, since)
+
+    def deliver(self, producer: str, receipts: list[Receipt]) -> None:
+        route = self.routes.get(producer) or self.routes.get(ANY_PRODUCER)
+        if route is not None:
+            route.deliver(producer, receipts)
+            return
+        warned, since = self._unrouted.get(producer, (-UNROUTED_WARN_EVERY, 0))
+        since += len(receipts)
+        now = time.monotonic()
+        if now - warned >= UNROUTED_WARN_EVERY:
+            log.warning("%d receipt(s) for producer %s (message %s, ...): receipts= names no "
+                        "route for it (%s) and no '*'; they are left to its reconciler",
+                        since, producer, receipts[0].message_id,
+                        ", ".join(sorted(self.routes)))
+            warned, since = now, 0
+        self._unrouted[producer] = (warned, since)
+
+    def close(self) -> None:
+        for route in {id(r): r for r in self.routes.values()}.values():
+            route.close()
+
+
+#: what `ConsumerApp(receipts=...)` takes: "topic", a database URL, a route, None, or a mapping
+#: from producer name (or "*") to one of the first three
+Receipts = str | ReceiptRoute | Mapping[str, str | ReceiptRoute] | None
+
+
+def check_receipts(receipts: object) -> None:
+    """Refuse a `receipts=` setting that names no route, before anything runs.
+
+    Raises:
+        ConfigError: not "topic", a URL, a `ReceiptRoute`, None, or a non-empty mapping from
+            producer names to one of the first three.
+    """
+    if isinstance(receipts, Mapping):
+        if not receipts:
+            raise ConfigError("receipts={} names no producer: give {producer: route}, "
+                              "'topic', a database URL, or None")
+        for producer, spec in receipts.items():
+            if not isinstance(producer, str) or not producer.strip():
+                raise ConfigError(f"receipts: {producer!r} is not a producer name (or '*')")
+            _check_route(spec, f"receipts[{producer!r}]")
+    elif receipts is not None:
+        _check_route(receipts, "receipts")
+
+
+def _check_route(spec: object, name: str) -> None:
+    if isinstance(spec, ReceiptRoute) or spec == "topic" or (
+            isinstance(spec, str) and "://" in spec):
+        return
+    shown = mask_url(spec) if isinstance(spec, str) else type(spec).__name__
+    if "@" in shown:  # not a URL, so not masked: what comes before an @ may be a password
+        shown = "***@" + shown.rsplit("@", 1)[1]
+    raise ConfigError(f"invalid {name}={shown!r}: use 'topic', the producer's database URL"
+                      + (", a ReceiptRoute" if "[" in name else ", a ReceiptRoute, None, or a "
+                         "mapping from producer name to one of those"))
 
 
 @dataclasses.dataclass(frozen=True)
