@@ -23,6 +23,7 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTableComment
 
 from consumer_kit.core.errors import ConfigError, SchemaError
+from consumer_kit.core.progress import counted, mark_committed
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.schema.check import (
     BINARY_COLLATION,
@@ -184,6 +185,20 @@ def split_statements(ddl: str) -> list[str]:
 MAX_NAME_LEN = 63
 
 
+def _mark_created(exc: Exception, engine: Engine, metadata: sa.MetaData,
+                  existing: set[str]) -> None:
+    """Record on `exc` the tables that exist now and did not before: MySQL/MariaDB commit each
+    CREATE by itself, so a DDL that failed part way leaves those (`core.progress`). Said only
+    when the database can still be asked."""
+    try:
+        now = set(sa.inspect(engine).get_table_names())
+    except Exception:  # the database is away too: claim nothing
+        return
+    made = sorted(name for name in metadata.tables if name in now and name not in existing)
+    if made:
+        mark_committed(exc, f"{counted(len(made), 'table', 'created')} ({', '.join(made)})")
+
+
 def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = False
             ) -> list[str]:
     """Create every missing consumer-kit table and index; return the names of the tables created.
@@ -208,7 +223,11 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     if lacking and not upgrade:
         raise SchemaError(f"{describe_missing(lacking)} (made by an older consumer-kit): run "
                           "`ckit db init --upgrade` to add them (README, Upgrading from 0.1.0)")
-    metadata.create_all(engine, checkfirst=True)
+    try:
+        metadata.create_all(engine, checkfirst=True)
+    except Exception as exc:
+        _mark_created(exc, engine, metadata, existing)
+        raise
     if not upgrade:  # an index built on a large existing table is the operator's decision
         return sorted(name for name in metadata.tables if name not in existing)
     folding = case_folding_tables(engine, [metadata.tables[n] for n in existing & set(
