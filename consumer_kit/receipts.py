@@ -113,22 +113,25 @@ class ByProducer(ReceiptRoute):
     def __init__(self, routes: Mapping[str, ReceiptRoute]) -> None:
         self.routes = dict(routes)
         self._unrouted: dict[str, tuple[float, int]] = {}  # producer -> (warned at, since)
+        # the sender's thread and a caller's flush (`ReceiptSender.flush`) deliver at once
+        self._lock = threading.Lock()
 
     def deliver(self, producer: str, receipts: list[Receipt]) -> None:
         route = self.routes.get(producer) or self.routes.get(ANY_PRODUCER)
         if route is not None:
             route.deliver(producer, receipts)
             return
-        warned, since = self._unrouted.get(producer, (-UNROUTED_WARN_EVERY, 0))
-        since += len(receipts)
-        now = time.monotonic()
-        if now - warned >= UNROUTED_WARN_EVERY:
+        with self._lock:
+            warned, since = self._unrouted.get(producer, (-UNROUTED_WARN_EVERY, 0))
+            since += len(receipts)
+            now = time.monotonic()
+            due = now - warned >= UNROUTED_WARN_EVERY
+            self._unrouted[producer] = (now, 0) if due else (warned, since)
+        if due:
             log.warning("%d receipt(s) for producer %s (message %s, ...): receipts= names no "
                         "route for it (%s) and no '*'; they are left to its reconciler",
-                        since, producer, receipts[0].message_id,
-                        ", ".join(sorted(self.routes)))
-            warned, since = now, 0
-        self._unrouted[producer] = (warned, since)
+                        since, shown(producer), receipts[0].message_id,
+                        ", ".join(sorted(shown(p) for p in self.routes)))
 
     def close(self) -> None:
         for route in {id(r): r for r in self.routes.values()}.values():
@@ -154,19 +157,27 @@ def check_receipts(receipts: object) -> None:
         for producer, spec in receipts.items():
             if not isinstance(producer, str) or not producer.strip():
                 raise ConfigError(f"receipts: {producer!r} is not a producer name (or '*')")
-            _check_route(spec, f"receipts[{producer!r}]")
+            _check_route(spec, f"receipts[{shown(producer)!r}]")
     elif receipts is not None:
         _check_route(receipts, "receipts")
+
+
+def shown(text: str) -> str:
+    """`text` (a producer name or a route of `receipts=`) fit for a message: a URL's password
+    masked, and whatever comes before an `@` in text that is no URL (a URL put as a key, or
+    its scheme left out)."""
+    text = mask_url(text)
+    if "@" in text and "***@" not in text:
+        text = "***@" + text.rsplit("@", 1)[1]
+    return text
 
 
 def _check_route(spec: object, name: str) -> None:
     if isinstance(spec, ReceiptRoute) or spec == "topic" or (
             isinstance(spec, str) and "://" in spec):
         return
-    shown = mask_url(spec) if isinstance(spec, str) else type(spec).__name__
-    if "@" in shown:  # not a URL, so not masked: what comes before an @ may be a password
-        shown = "***@" + shown.rsplit("@", 1)[1]
-    raise ConfigError(f"invalid {name}={shown!r}: use 'topic', the producer's database URL"
+    what = shown(spec) if isinstance(spec, str) else type(spec).__name__
+    raise ConfigError(f"invalid {name}={what!r}: use 'topic', the producer's database URL"
                       + (", a ReceiptRoute" if "[" in name else ", a ReceiptRoute, None, or a "
                          "mapping from producer name to one of those"))
 

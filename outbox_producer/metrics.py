@@ -15,7 +15,15 @@ FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their sen
 RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])
 CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",
-                     "The outbox database's clock minus this relay host's, as last measured")
+                     "The outbox database's clock minus this relay host's, as last measured",
+                     ["database"])
+
+
+def database_label(engine: Engine) -> str:
+    """`host:port/database` of `engine` (no user, no password): a label naming one outbox
+    database of a relay that serves several."""
+    url = engine.url
+    return f"{url.host or ''}:{url.port or ''}/{url.database or ''}"
 OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
                        "Age of the oldest SENT row still waiting for its receipts")
 

@@ -153,7 +153,8 @@ class Relay:
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
         self._next_metrics = 0.0
-        self.clock = ClockWatch(self.engine, lease, "relay", metrics.CLOCK_OFFSET.set)
+        self.clock = ClockWatch(self.engine, lease, "relay", metrics.CLOCK_OFFSET.labels(
+            metrics.database_label(self.engine)).set)
 
     def stop(self) -> None:
         """Ask `run` to return after the current batch (safe from a signal handler): without

@@ -46,3 +46,17 @@ def test_counted_words_plural_and_thousands() -> None:
     assert counted(2000, "row", "archived", 2) == "2,000 rows archived in 2 batches"
     assert counted(1, "repair", "applied") == "1 repair applied"
     assert counted(0, "row", "archived", 3) is None
+
+
+class NoAddNote(RuntimeError):
+    """An error without `add_note`, as every exception is on Python 3.10."""
+
+    def add_note(self, note: str) -> None:
+        raise AttributeError("add_note")
+
+
+def test_the_mark_needs_no_add_note_so_python_3_10_keeps_the_error() -> None:
+    with pytest.raises(NoAddNote) as caught, committed_on_error(lambda: "1 row deleted"):
+        raise NoAddNote("the database went away")
+    assert committed_before(caught.value) == "1 row deleted"
+    assert caught.value.__notes__ == ["committed before the error: 1 row deleted"]

@@ -27,13 +27,17 @@ _NOTE = "committed before the error: "
 
 
 def mark_committed(exc: BaseException, done: str) -> None:
-    """Record on `exc` that `done` was committed before it was raised. A run wrapping another
-    marks after it and replaces its record: the outer run counts the whole run."""
+    """Record on `exc` that `done` was committed before it was raised, and say so in its
+    notes (`__notes__`, which a traceback prints from Python 3.11; kept by hand, as
+    `add_note` would, so that Python 3.10 keeps the error too). A run wrapping another marks
+    after it and replaces its record: the outer run counts the whole run."""
     setattr(exc, _ATTR, done)
     notes = getattr(exc, "__notes__", None)
-    if notes is not None:
-        notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(_NOTE))]
-    exc.add_note(_NOTE + done)
+    if not isinstance(notes, list):
+        notes = []
+        exc.__notes__ = notes
+    notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(_NOTE))]
+    notes.append(_NOTE + done)
 
 
 @contextlib.contextmanager

@@ -150,8 +150,10 @@ def archive(
     moved = batches = 0
     last_id = 0
     more = False
-    with single_instance(engine, tables.outbox.name), committed_on_error(
-            lambda: counted(moved, "row", "archived", batches)):
+    # the count outside the lock: an error releasing it (its connection lost with the
+    # batch's) must still say what was archived
+    with committed_on_error(lambda: counted(moved, "row", "archived", batches)), \
+            single_instance(engine, tables.outbox.name):
         while True:
             if max_batches is not None and batches >= max_batches:
                 more = True

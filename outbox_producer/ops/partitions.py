@@ -129,6 +129,8 @@ class RotateResult:
     dropped: list[str] = dataclasses.field(default_factory=list)
     archived: int = 0
     kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: receipt and key rows deleted with their dropped days (or left by earlier drops)
+    cleaned: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -138,7 +140,8 @@ class RotateResult:
         """What is committed so far, in words, or None for nothing (`committed_on_error`)."""
         parts = [counted(len(self.added), "partition", "added"),
                  counted(self.archived, "row", "copied to the archive"),
-                 counted(len(self.dropped), "partition", "dropped")]
+                 counted(len(self.dropped), "partition", "dropped"),
+                 counted(self.cleaned, "receipt or key row", "deleted")]
         return ", ".join(p for p in parts if p) or None
 
 
@@ -215,13 +218,14 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
     now = now or utcnow()
     name = tables.outbox.name
     result = RotateResult()
-    with single_instance(engine, name), committed_on_error(result.done):
+    # the count outside the lock: an error releasing it must still say what was done
+    with committed_on_error(result.done), single_instance(engine, name):
         found = partitions(engine, name)
         if not found or found[-1].upper != MAX:
             raise ConfigError(f"table {name} is not a partitioned outbox (ckit outbox "
                               "partitions create)")
         result.added = _add_days(engine, name, found, now.date(), days_ahead)
-        _sweep_absorbed(engine, tables, found, batch, pause)
+        _sweep_absorbed(engine, tables, found, batch, pause, result)
         horizon = ulid_floor(now - older_than)
         done = {int(OutboxState.CONSUMED)}
         if include_rejected:
@@ -295,7 +299,7 @@ def _retire(engine: Engine, tables: OutboxTables, part: Partition, lower: str, d
     # only now: a key row deleted while its row is still in the outbox lets the key be
     # published again. Dying here leaves key rows whose publish fails (a duplicate key, never
     # a second send) until the next run's `_sweep_absorbed` deletes them.
-    _delete_orphans(engine, tables, lower, part.upper, batch, pause)
+    _delete_orphans(engine, tables, lower, part.upper, batch, pause, result)
     return None
 
 
@@ -309,22 +313,22 @@ def _day_start(part: Partition) -> str | None:
 
 
 def _sweep_absorbed(engine: Engine, tables: OutboxTables, found: list[Partition], batch: int,
-                    pause: float) -> None:
+                    pause: float, result: RotateResult) -> None:
     """Delete the receipt and key rows left in the ranges of dropped days: a dropped day's
     range joins the next partition's, below the first id of that partition's own day."""
     lower = ""
     for part in found[:-1]:
         start = _day_start(part)
         if start is not None and lower < start:
-            _delete_orphans(engine, tables, lower, start, batch, pause)
+            _delete_orphans(engine, tables, lower, start, batch, pause, result)
         lower = part.upper
 
 
 def _delete_orphans(engine: Engine, tables: OutboxTables, lower: str, upper: str, batch: int,
-                    pause: float) -> None:
+                    pause: float, result: RotateResult) -> None:
     """Delete the receipt and key rows in [lower, upper) whose message is not in the outbox."""
     for table in (tables.receipts, key_table(sa.MetaData(), tables.outbox.name)):
-        _delete_range(engine, table, tables.outbox, lower, upper, batch, pause)
+        _delete_range(engine, table, tables.outbox, lower, upper, batch, pause, result)
 
 
 def _open_rows(conn: Connection, table: str, part: str, done: set[int]) -> bool:
@@ -369,9 +373,10 @@ def _insert_missing(conn: Connection, outbox: str, archive: str, columns: str, p
 
 
 def _delete_range(engine: Engine, table: sa.Table, outbox: sa.Table, lower: str, upper: str,
-                  batch: int, pause: float) -> None:
+                  batch: int, pause: float, result: RotateResult) -> None:
     """Delete `table`'s rows whose message_id is in [lower, upper) and not in the outbox (a
-    message published into the range meanwhile keeps its rows), in message_id order."""
+    message published into the range meanwhile keeps its rows), in message_id order; each
+    committed batch is counted into `result.cleaned`."""
     m = table.c.message_id
     # the message id's range lets the server read only the partition that holds it
     gone = ~sa.exists().where(outbox.c.message_id == m, outbox.c.message_id >= lower,
@@ -383,7 +388,8 @@ def _delete_range(engine: Engine, table: sa.Table, outbox: sa.Table, lower: str,
             if not ids:
                 return
             # by the message_id index: a statement that scans locks rows of publishes in flight
-            conn.execute(sa.delete(table).where(m.in_(ids)))
+            gone_rows = conn.execute(sa.delete(table).where(m.in_(ids))).rowcount
+        result.cleaned += gone_rows
         if len(ids) < batch:
             return
         if pause:

@@ -5,6 +5,8 @@ a warning, and a setting that names no route is refused before anything runs."""
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,13 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message
+from consumer_kit import receipts as receipts_module
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.states import OutboxState
+from consumer_kit.receipts import ByProducer
 from consumer_kit.testing.harness import wait_for
 from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Outbox, Relay
@@ -127,6 +132,8 @@ def test_a_producer_without_a_route_is_named_and_left_to_its_reconciler(
     ({"orders": None}, "invalid receipts['orders']='NoneType'"),
     ({"orders": "nonsense://x:s3cret@db/orders"}, None),
     ({"orders": "ckit:s3cret@127.0.0.1/orders"}, "invalid receipts['orders']='***@127.0.0.1"),
+    ({"mysql+pymysql://app:s3cret@db/orders": "orders"},  # key and value swapped
+     "invalid receipts['mysql+pymysql://app:***@db/orders']='orders'"),
     ("mysql", "invalid receipts='mysql'"),
 ])
 def test_a_receipts_setting_that_names_no_route_is_refused_at_once(
@@ -138,3 +145,25 @@ def test_a_receipts_setting_that_names_no_route_is_refused_at_once(
         ConsumerApp(group="g", db="sqlite://", receipts=receipts, transport="memory://x")
     assert says in str(refused.value)
     assert "s3cret" not in str(refused.value)
+
+
+def test_two_threads_delivering_receipts_without_a_route_count_every_one(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a route for orders only, warning once in the test's time (the first delivery)
+    monkeypatch.setattr(receipts_module, "UNROUTED_WARN_EVERY", 3600.0)
+    route = ByProducer({"orders": ByProducer({})})
+    receipt = [Receipt("m1", "inventory")]
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        # When two threads deliver payments' receipts at once (the sender and a flush)
+        threads = [threading.Thread(target=lambda: [route.deliver("payments", receipt)
+                                                    for _ in range(20_000)]) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(before)
+    # Then every receipt after the first warning is counted for the next one
+    assert route._unrouted["payments"][1] == 2 * 20_000 - 1

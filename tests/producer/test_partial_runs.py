@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.schema import TableNames, processed_table
 from outbox_producer import Relay
+from outbox_producer.ops import archiving
 from outbox_producer.ops import partitions as parts
 from tests.cli import error_line
 from tests.conftest import Db
@@ -140,3 +142,55 @@ def test_a_rotation_failing_while_it_copies_a_day_says_what_it_copied(
     assert POISON in line and "after 1 row copied to the archive:" in line
     assert count(db, names.outbox_archive) == 1
     assert day in [p.name for p in parts.partitions(db.engine, names.outbox)]
+
+
+@pytest.mark.mariadb
+def test_an_archive_whose_lock_connection_is_killed_still_says_what_it_moved(
+        mariadb: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given six consumed rows archived two at a time, the fifth refused, and the connection
+    # holding the run's lock killed after the first batch (a server restart, a DBA's KILL)
+    db = mariadb
+    ids = consumed(db, 6)
+    batch = archiving._archive_batch
+    calls: list[int] = []
+
+    def batch_then_kill_the_lock(*args: Any) -> tuple[int, int]:
+        if len(calls) == 1:
+            with db.engine.begin() as conn:
+                holder = conn.scalar(sa.text("SELECT IS_USED_LOCK(:n)"), {
+                    "n": f"ckit_archive:{db.engine.url.database}.{db.names.outbox}"})
+                conn.exec_driver_sql(f"KILL CONNECTION {int(holder)}")
+        calls.append(1)
+        return batch(*args)
+
+    monkeypatch.setattr(archiving, "_archive_batch", batch_then_kill_the_lock)
+    with refused(db.engine, db.names.outbox, "DELETE", "message_id", ids[4]):
+        # When they are archived (the lock's release fails too, after the batch's error)
+        result = CliRunner().invoke(app, archive_args(db))
+    # Then the line still says what stays archived, with exit 1
+    assert result.exit_code == EXIT_FAILURE, result.output
+    assert "after 4 rows archived in 2 batches:" in error_line(result.output)
+    assert remaining(db) == set(ids[4:])
+
+
+@pytest.mark.mariadb
+def test_a_rotation_failing_while_it_sweeps_old_receipts_says_what_it_deleted(
+        partitioned: tuple[Db, TableNames], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, names = partitioned
+    # Given a partitioned outbox, three receipt rows below its first day (their days dropped
+    # by an earlier run), swept one per batch, and the second refused
+    consumed_day(db, names, monkeypatch, 3, ("a",))
+    receipts = sa.table(names.receipts, sa.column("message_id"), sa.column("consumer_group"),
+                        sa.column("outcome"), sa.column("received_at"))
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(receipts), [
+            {"message_id": f"00ORPHAN{i}", "consumer_group": "inventory",
+             "outcome": "consumed", "received_at": utcnow()} for i in range(3)])
+    with refused(db.engine, names.receipts, "DELETE", "message_id", "00ORPHAN1"):
+        # When the partitions rotate (keeping every day)
+        result = CliRunner().invoke(app, [
+            "outbox", "partitions", "rotate", "--url", db.url, "--outbox-table", names.outbox,
+            "--receipt-table", names.receipts, "--days-ahead", "0", "--batch", "1"])
+    # Then the line says the first was deleted, with exit 1
+    assert result.exit_code == EXIT_FAILURE, result.output
+    assert "after 1 receipt or key row deleted:" in error_line(result.output)
