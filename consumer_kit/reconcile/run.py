@@ -69,7 +69,16 @@ def run_reconcile(config: ReconcileConfig, *, progress: Progress | None = None
               engines=engines)
     source = cls(run)
     try:
-        return reconcile(source)
-    finally:
-        source.close()
-        engines.dispose()
+        summary = reconcile(source)
+    except BaseException:
+        # the run's own error is the one to report (it says what repairs stay committed): a
+        # second one while closing is logged, never raised in its place
+        try:
+            source.close()
+            engines.dispose()
+        except Exception as exc:
+            log.warning("reconcile: closing after the error failed too: %s", exc)
+        raise
+    source.close()
+    engines.dispose()
+    return summary
