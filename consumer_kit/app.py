@@ -77,7 +77,7 @@ class ConsumerApp:
             over the same transport, applied by `ckit receipts`), a SQLAlchemy URL of the
             producer's database (applied there directly), a `ReceiptRoute` of your own, None
             (off), or a mapping from producer name (the publishing `Outbox`'s `producer`) to
-            one of the first three, `"*"` for every producer not named (`ByProducer`).
+            one of the first four, `"*"` for every producer not named (`ByProducer`).
             Receipts are durable: the processed row owes them until they are delivered.
         permanent_errors: exception types that reject a message instead of retrying it.
         redis_claims: `"every"` (default): every message claims its id in Redis before its
@@ -252,9 +252,9 @@ class ConsumerApp:
         if self.receipts is None or isinstance(self.receipts, str | ReceiptRoute):
             return None if self.receipts is None else self._one_route(self.receipts)
         made: dict[str, ReceiptRoute] = {}  # one route per URL: producers sharing a database
-        routes: dict[str, ReceiptRoute] = {}
+        routes: dict[str, ReceiptRoute | None] = {}
         for producer, spec in self.receipts.items():
-            if isinstance(spec, ReceiptRoute):
+            if spec is None or isinstance(spec, ReceiptRoute):
                 routes[producer] = spec
             else:
                 routes[producer] = made.get(spec) or made.setdefault(spec, self._one_route(spec))

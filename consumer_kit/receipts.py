@@ -98,28 +98,34 @@ class SqlRoute(ReceiptRoute):
 
 #: the `ByProducer` key of the route for every producer not named
 ANY_PRODUCER = "*"
+_UNNAMED = object()
 #: a `ByProducer` warns about a producer without a route at most this often (seconds)
 UNROUTED_WARN_EVERY = 60.0
 
 
 class ByProducer(ReceiptRoute):
     """Each producer's receipts by its own route (`receipts={"orders": URL, ...}`): the route
-    named for the producer, else the one named `"*"`. A producer with neither gets a warning
-    (at most one a minute, with how many receipts since the last) and its receipts are left to
-    its reconciler, as a database route leaves ids its outbox does not hold."""
+    named for the producer, else the one named `"*"`; None turns a producer's receipts off (its
+    rows stay SENT for its reconciler, as it asked). A producer with neither gets a warning (at
+    most one a minute, with how many receipts since the last) and its receipts are left to its
+    reconciler, as a database route leaves ids its outbox does not hold."""
 
     name = "by-producer"
 
-    def __init__(self, routes: Mapping[str, ReceiptRoute]) -> None:
+    def __init__(self, routes: Mapping[str, ReceiptRoute | None]) -> None:
         self.routes = dict(routes)
         self._unrouted: dict[str, tuple[float, int]] = {}  # producer -> (warned at, since)
         # the sender's thread and a caller's flush (`ReceiptSender.flush`) deliver at once
         self._lock = threading.Lock()
 
     def deliver(self, producer: str, receipts: list[Receipt]) -> None:
-        route = self.routes.get(producer) or self.routes.get(ANY_PRODUCER)
-        if route is not None:
+        route = self.routes.get(producer, _UNNAMED)
+        if route is _UNNAMED:
+            route = self.routes.get(ANY_PRODUCER, _UNNAMED)
+        if isinstance(route, ReceiptRoute):
             route.deliver(producer, receipts)
+            return
+        if route is None:  # off for this producer, by the setting
             return
         with self._lock:
             warned, since = self._unrouted.get(producer, (-UNROUTED_WARN_EVERY, 0))
@@ -134,13 +140,13 @@ class ByProducer(ReceiptRoute):
                         ", ".join(sorted(shown(p) for p in self.routes)))
 
     def close(self) -> None:
-        for route in {id(r): r for r in self.routes.values()}.values():
+        for route in {id(r): r for r in self.routes.values() if r is not None}.values():
             route.close()
 
 
 #: what `ConsumerApp(receipts=...)` takes: "topic", a database URL, a route, None, or a mapping
-#: from producer name (or "*") to one of the first three
-Receipts = str | ReceiptRoute | Mapping[str, str | ReceiptRoute] | None
+#: from producer name (or "*") to one of the first four
+Receipts = str | ReceiptRoute | Mapping[str, str | ReceiptRoute | None] | None
 
 
 def check_receipts(receipts: object) -> None:
@@ -148,7 +154,7 @@ def check_receipts(receipts: object) -> None:
 
     Raises:
         ConfigError: not "topic", a URL, a `ReceiptRoute`, None, or a non-empty mapping from
-            producer names to one of the first three.
+            producer names to one of those.
     """
     if isinstance(receipts, Mapping):
         if not receipts:
@@ -157,7 +163,8 @@ def check_receipts(receipts: object) -> None:
         for producer, spec in receipts.items():
             if not isinstance(producer, str) or not producer.strip():
                 raise ConfigError(f"receipts: {producer!r} is not a producer name (or '*')")
-            _check_route(spec, f"receipts[{shown(producer)!r}]")
+            if spec is not None:
+                _check_route(spec, f"receipts[{shown(producer)!r}]")
     elif receipts is not None:
         _check_route(receipts, "receipts")
 

@@ -125,11 +125,28 @@ def test_a_producer_without_a_route_is_named_and_left_to_its_reconciler(
     assert "names no route for it (orders) and no '*'" in warnings[0]
 
 
+def test_none_turns_one_producers_receipts_off_without_a_warning(
+        env: Env, payments: Db, caplog: pytest.LogCaptureFixture) -> None:
+    # Given receipts for orders, and none for payments (by the setting)
+    transport = MemoryTransport()
+    orders_ids = publish(env.db, "orders", transport, ["A"])
+    payment_ids = publish(payments, "payments", transport, ["C"])
+    caplog.set_level(logging.WARNING, logger="consumer_kit.receipts")
+    app = consume(env, transport, {"orders": env.db.url, "payments": None})
+    try:
+        # Then orders' row is CONSUMED, payments' stays SENT, nothing is owed, nothing said
+        assert wait_for(lambda: states(env.db, orders_ids) == {int(OutboxState.CONSUMED)}, 15)
+        assert wait_for(lambda: app.pipeline().store.owed() == 0, 5)
+    finally:
+        app.close()
+    assert states(payments, payment_ids) == {int(OutboxState.SENT)}
+    assert not [r for r in caplog.records if "producer payments" in r.getMessage()]
+
+
 @pytest.mark.parametrize(("receipts", "says"), [
     ({}, "receipts={} names no producer"),
     ({"orders": "nonsense"}, "invalid receipts['orders']='nonsense'"),
     ({"": "topic"}, "'' is not a producer name"),
-    ({"orders": None}, "invalid receipts['orders']='NoneType'"),
     ({"orders": "nonsense://x:s3cret@db/orders"}, None),
     ({"orders": "ckit:s3cret@127.0.0.1/orders"}, "invalid receipts['orders']='***@127.0.0.1"),
     ({"mysql+pymysql://app:s3cret@db/orders": "orders"},  # key and value swapped
