@@ -187,9 +187,10 @@ MAX_NAME_LEN = 63
 
 def _mark_created(exc: Exception, engine: Engine, metadata: sa.MetaData,
                   existing: set[str]) -> None:
-    """Record on `exc` the tables that exist now and did not before: MySQL/MariaDB commit each
-    CREATE by itself, so a DDL that failed part way leaves those (`core.progress`). Said only
-    when the database can still be asked."""
+    """Record on `exc` the tables that exist now and did not before: MySQL/MariaDB (and SQLite
+    through its driver) commit each CREATE by itself, so a DDL that failed part way leaves those
+    (`core.progress`); PostgreSQL rolls the whole DDL back. Said only when the database can
+    still be asked."""
     try:
         now = set(sa.inspect(engine).get_table_names())
     except Exception:  # the database is away too: claim nothing

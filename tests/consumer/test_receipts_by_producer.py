@@ -103,44 +103,39 @@ def test_a_star_routes_every_producer_not_named(env: Env, payments: Db) -> None:
         app.close()
 
 
-def test_a_producer_without_a_route_is_named_and_left_to_its_reconciler(
-        env: Env, payments: Db, caplog: pytest.LogCaptureFixture) -> None:
-    # Given a group whose receipts name orders only, and a message of payments
+def payments_left(env: Env, payments: Db, caplog: pytest.LogCaptureFixture,
+                  receipts: dict[str, str | None]) -> list[str]:
+    """orders and payments publish (one and two messages) to a group with `receipts`, which
+    routes orders' receipts to its database and none of payments': orders' row reaches
+    CONSUMED, payments' rows stay SENT for their reconciler, nothing stays owed. The
+    warnings that named payments."""
     transport = MemoryTransport()
     orders_ids = publish(env.db, "orders", transport, ["A"])
     payment_ids = publish(payments, "payments", transport, ["C", "D"])
     caplog.set_level(logging.WARNING, logger="consumer_kit.receipts")
-    # When it consumes both
-    app = consume(env, transport, {"orders": env.db.url})
+    app = consume(env, transport, receipts)
     try:
-        # Then orders' row is CONSUMED; payments' rows stay SENT for their reconciler, and
-        # the warning names the producer, the count and the routes there are
         assert wait_for(lambda: states(env.db, orders_ids) == {int(OutboxState.CONSUMED)}, 15)
         assert wait_for(lambda: app.pipeline().store.owed() == 0, 5)
     finally:
         app.close()
     assert states(payments, payment_ids) == {int(OutboxState.SENT)}
-    warnings = [r.getMessage() for r in caplog.records if "producer payments" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if "producer payments" in r.getMessage()]
+
+
+def test_a_producer_without_a_route_is_named_and_left_to_its_reconciler(
+        env: Env, payments: Db, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a group whose receipts name orders only, When it consumes both producers'
+    # messages, Then the warning names payments, the count and the routes there are
+    warnings = payments_left(env, payments, caplog, {"orders": env.db.url})
     assert warnings and warnings[0].startswith("2 receipt(s) for producer payments")
     assert "names no route for it (orders) and no '*'" in warnings[0]
 
 
 def test_none_turns_one_producers_receipts_off_without_a_warning(
         env: Env, payments: Db, caplog: pytest.LogCaptureFixture) -> None:
-    # Given receipts for orders, and none for payments (by the setting)
-    transport = MemoryTransport()
-    orders_ids = publish(env.db, "orders", transport, ["A"])
-    payment_ids = publish(payments, "payments", transport, ["C"])
-    caplog.set_level(logging.WARNING, logger="consumer_kit.receipts")
-    app = consume(env, transport, {"orders": env.db.url, "payments": None})
-    try:
-        # Then orders' row is CONSUMED, payments' stays SENT, nothing is owed, nothing said
-        assert wait_for(lambda: states(env.db, orders_ids) == {int(OutboxState.CONSUMED)}, 15)
-        assert wait_for(lambda: app.pipeline().store.owed() == 0, 5)
-    finally:
-        app.close()
-    assert states(payments, payment_ids) == {int(OutboxState.SENT)}
-    assert not [r for r in caplog.records if "producer payments" in r.getMessage()]
+    # Given receipts for orders and none for payments (by the setting): nothing is said
+    assert payments_left(env, payments, caplog, {"orders": env.db.url, "payments": None}) == []
 
 
 @pytest.mark.parametrize(("receipts", "says"), [

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import Result
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
@@ -53,13 +54,18 @@ def purge_args(db: Db) -> list[str]:
             db.names.processed, "--batch", "2"]
 
 
+def purge_refusing(db: Db, rows: int, refused_at: int) -> tuple[Result, list[str]]:
+    """`ckit processed purge` two rows a batch over `rows` old rows, the database refusing to
+    delete the `refused_at`-th oldest: its result, and the ids in purge order."""
+    order = processed_rows(db, rows)
+    with refused(db.engine, db.names.processed, "DELETE", "message_id", order[refused_at]):
+        return CliRunner().invoke(app, purge_args(db)), order
+
+
 def test_a_purge_failing_after_two_batches_says_what_it_deleted_and_exits_1(db: Db) -> None:
     # Given six old processed rows, purged two at a time, and the database refusing to delete
-    # the fifth oldest
-    order = processed_rows(db, 6)
-    with refused(db.engine, db.names.processed, "DELETE", "message_id", order[4]):
-        # When the purge runs
-        result = CliRunner().invoke(app, purge_args(db))
+    # the fifth oldest; When the purge runs
+    result, order = purge_refusing(db, 6, 4)
     # Then it fails with the database's error, says the first two batches stay deleted, and
     # exits 1: not 2, which says nothing was done
     assert result.exit_code == EXIT_FAILURE, result.output
@@ -70,9 +76,7 @@ def test_a_purge_failing_after_two_batches_says_what_it_deleted_and_exits_1(db: 
 
 
 def test_a_purge_failing_in_its_first_batch_still_says_nothing_was_done(db: Db) -> None:
-    order = processed_rows(db, 4)
-    with refused(db.engine, db.names.processed, "DELETE", "message_id", order[0]):
-        result = CliRunner().invoke(app, purge_args(db))
+    result, order = purge_refusing(db, 4, 0)
     assert result.exit_code == EXIT_USAGE, result.output
     line = error_line(result.output)
     assert POISON in line and "after" not in line
