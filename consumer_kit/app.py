@@ -257,7 +257,9 @@ class ConsumerApp:
             if spec is None or isinstance(spec, ReceiptRoute):
                 routes[producer] = spec
             else:
-                routes[producer] = made.get(spec) or made.setdefault(spec, self._one_route(spec))
+                if spec not in made:
+                    made[spec] = self._one_route(spec)
+                routes[producer] = made[spec]
         return ByProducer(routes)
 
     def _one_route(self, spec: str | ReceiptRoute) -> ReceiptRoute:

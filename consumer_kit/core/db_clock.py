@@ -104,8 +104,14 @@ class ClockWatch:
         if self.on_offset is not None:
             self.on_offset(offset.seconds)
         skewed = offset.beyond(self.limit)
+        if skewed != self.skewed:  # said only when it changes: most checks say nothing
+            self._say(offset, skewed)
+        self.skewed = skewed
+        return offset
+
+    def _say(self, offset: ClockOffset, skewed: bool) -> None:
         where = mask_url(self.engine.url.render_as_string(hide_password=True))
-        if skewed and not self.skewed:
+        if skewed:
             log.warning(
                 "%s on %s: %s (to within %.3f s). Leases are written and judged by each host's "
                 "clock: hosts whose clocks differ by half the lease (%.1f s) take what another "
@@ -113,8 +119,6 @@ class ClockWatch:
                 "the lease (%.1f s) of the database: synchronize the clocks (NTP)",
                 self.who, where, offset.describe(), offset.error,
                 self.lease.total_seconds() / 2, self.limit.total_seconds())
-        elif self.skewed and not skewed:
+        else:
             log.warning("%s on %s: the clocks agree again (%s)", self.who, where,
                         offset.describe())
-        self.skewed = skewed
-        return offset

@@ -14,6 +14,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import build_metadata
 from outbox_producer import Relay
+from outbox_producer import relay as relay_module
 from outbox_producer.metrics import CLOCK_OFFSET, database_label
 from tests.conftest import Db, database_url
 from tests.recording import RecordingTransport
@@ -101,3 +102,19 @@ def test_each_outbox_database_has_its_own_offset_gauge(
     finally:
         metadata.drop_all(other)
         other.dispose()
+
+
+def test_a_running_relay_measures_again_with_its_gauges(
+        server_db: Db, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    # Given a running relay whose start found the clocks agreeing
+    monkeypatch.setattr(relay_module, "METRICS_INTERVAL", 0.0)
+    r = relay(server_db)
+    r.run_once()
+    assert clock_warnings(caplog) == []
+    # When the host's clock jumps ahead while it runs, and its gauges fall due twice
+    monkeypatch.setattr(db_clock, "utcnow", lambda: utcnow() + dt.timedelta(minutes=1))
+    r._refresh_metrics_when_due()
+    r._refresh_metrics_when_due()
+    # Then it warned, without waiting for a new run
+    assert len(clock_warnings(caplog)) == 1

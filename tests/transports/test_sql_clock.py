@@ -13,6 +13,8 @@ from consumer_kit.core import db_clock
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.messages import ConsumeStatus, Subscription
 from consumer_kit.transports.sql import SqlTransport
+from consumer_kit.transports.sql import group as group_module
+from consumer_kit.transports.sql.group import GroupStore
 
 
 def clock_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -49,3 +51,19 @@ def test_a_member_whose_clock_agrees_says_nothing(
         transport: SqlTransport, caplog: pytest.LogCaptureFixture) -> None:
     joined(transport)
     assert clock_warnings(caplog) == []
+
+
+def test_a_member_measures_again_every_interval_while_it_runs(
+        transport: SqlTransport, db: tuple[str, str], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a member that joined with its clock right, measuring at every heartbeat
+    monkeypatch.setattr(group_module, "CLOCK_CHECK_EVERY", 0.0)
+    joined(transport)  # (its tables made)
+    store = GroupStore(transport.db, transport.tables, "clocked", "m1", 30)
+    store.heartbeat()
+    # When its clock jumps 40 s ahead and it beats again
+    monkeypatch.setattr(db_clock, "utcnow", lambda: utcnow() + dt.timedelta(seconds=40))
+    store.heartbeat()
+    # Then it warned (SQLite reads the host's own clock: nothing to say)
+    assert len(clock_warnings(caplog)) == (0 if db[0].startswith("sqlite") else 1)
+    store.leave()
