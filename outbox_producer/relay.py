@@ -10,12 +10,14 @@ import time
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
+from consumer_kit.core.db_errors import is_transient
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
@@ -79,6 +81,25 @@ class RelayResult:
         self.stats.add(other.stats)
         self.errors += other.errors
         self.gave_up = self.gave_up or other.gave_up
+
+    @classmethod
+    def total(cls, parts: list[RelayResult]) -> RelayResult:
+        """The totals of several loops' (or relays') results."""
+        total = cls()
+        for part in parts:
+            total.add(part)
+        return total
+
+    def committed(self) -> str | None:
+        """What the batches so far committed, for an error that stops the run part way
+        (`core.progress`): "12 messages sent, 1 retried in 3 batches", or None for nothing."""
+        outcomes = [counted(self.stats.sent, "message", "sent"),
+                    self.stats.retried and f"{self.stats.retried:,} retried",
+                    self.stats.failed and f"{self.stats.failed:,} failed"]
+        done = ", ".join(o for o in outcomes if o)
+        if not done:
+            return None
+        return f"{done} in {self.batches:,} batch{'' if self.batches == 1 else 'es'}"
 
 
 class Relay:
@@ -152,6 +173,8 @@ class Relay:
         self.limiter = RateLimiter(max_rate) if max_rate else None
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
+        #: the current (or last) run's totals, one per loop, added to as batches commit
+        self.progress: list[RelayResult] = [RelayResult()]
         self._next_metrics = 0.0
         self.clock = ClockWatch(self.engine, lease, "relay", metrics.CLOCK_OFFSET.labels(
             metrics.database_label(self.engine)).set)
@@ -201,21 +224,24 @@ class Relay:
         the next run, so the run ends."""
         self.claimer.failed_due_by = utcnow() if once else None
         self.clock.check()  # warns when this host's clock would misjudge other relays' leases
+        # each loop's totals, kept as they grow: a database error that waiting cannot fix
+        # stops the run, and says what the batches before it had committed
+        self.progress = [RelayResult() for _ in range(self.workers)]
         try:
-            return self._run(once, max_batches)
+            with committed_on_error(lambda: RelayResult.total(self.progress).committed()):
+                return self._run(once, max_batches)
         finally:
             self.claimer.failed_due_by = None
             self._refresh_metrics()
 
     def _run(self, once: bool, max_batches: int | None) -> RelayResult:
         if self.workers == 1:
-            return self._loop(once, max_batches)
-        parts = [RelayResult() for _ in range(self.workers)]
+            return self._loop(once, max_batches, self.progress[0])
         errors: list[BaseException] = []
 
         def work(i: int) -> None:
             try:
-                parts[i] = self._loop(once, max_batches)
+                self._loop(once, max_batches, self.progress[i])
             except BaseException as exc:  # re-raised below, once the other loops stopped
                 if not errors:
                     self.stopping.set()
@@ -230,13 +256,11 @@ class Relay:
         if errors:
             self.stopping.clear()  # (set above to end the other loops, not by stop())
             raise errors[0]
-        total = RelayResult()
-        for part in parts:
-            total.add(part)
-        return total
+        return RelayResult.total(self.progress)
 
-    def _loop(self, once: bool, max_batches: int | None) -> RelayResult:
-        result = RelayResult()
+    def _loop(self, once: bool, max_batches: int | None, result: RelayResult) -> RelayResult:
+        """Claim and send batches until told to stop (or, with `once`, until nothing is
+        due), adding up their totals in `result` as they commit; return it."""
         outage_wait = OUTAGE_BACKOFF[0]
         outage_since: float | None = None
         swept = False
@@ -248,7 +272,8 @@ class Relay:
             try:
                 stats = self.step()
             except DBAPIError as exc:
-                if not transient(exc):  # a bug or a schema problem: waiting cannot fix it
+                # a bug or a schema, permission or integrity problem: waiting cannot fix it
+                if not is_transient(exc, self.engine.dialect.name):
                     raise
                 stats = None
                 what = "database error: " + (
@@ -306,10 +331,3 @@ class Relay:
     def run_once(self) -> RelayResult:
         """Drain what is due now, then return."""
         return self.run(once=True)
-
-
-def transient(exc: DBAPIError) -> bool:
-    """Whether a database error is one an outage causes (a lost connection, a server going
-    away, a lock timeout or deadlock), worth waiting out; a syntax, schema or integrity error is
-    not, and fails the relay at once."""
-    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.progress import mark_committed
 from consumer_kit.core.urls import mask_url
 from consumer_kit.transports.base import Transport
 from outbox_producer.relay import Relay, RelayResult
@@ -70,11 +71,13 @@ class MultiRelay:
         for thread in threads:
             thread.join()
         if errors:
+            # what every database's batches committed before the first error stopped them
+            done = RelayResult.total([RelayResult.total(r.progress) for r in self.relays])
+            committed = done.committed()
+            if committed:
+                mark_committed(errors[0], committed)
             raise errors[0]
-        total = RelayResult()
-        for part in self.results:
-            total.add(part)
-        return total
+        return RelayResult.total(self.results)
 
     def names(self) -> list[str]:
         """The databases, passwords masked, in the order of `urls`."""

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc
 
 from consumer_kit.core.db import driver_hint
+from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_transient
 from consumer_kit.core.errors import (
     ConfigError,
     DuplicateKey,
@@ -38,37 +39,6 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_UNAVAILABLE_AFTER = 30.0
 SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-
-#: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections,
-#: can't connect, server gone away, lost connection, connection killed, read-only failover.
-_MYSQL_TRANSIENT = {1205, 1213, 1040, 1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
-_MYSQL_NO_TABLE = {1146}
-#: Duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY).
-_MYSQL_DUPLICATE = {1062, 1586, 1022}
-#: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
-#: failure, deadlock, lock not available, too many connections, admin/crash shutdown, cannot
-#: connect now (and class 08, connection exceptions).
-_PG_NO_TABLE = {"42P01"}
-_PG_DUPLICATE = {"23505"}
-_PG_TRANSIENT = {"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"}
-#: What a PostgreSQL server answers a connection it refuses for good (a wrong password, user or
-#: database, no pg_hba.conf entry): psycopg gives such a failed connect no SQLSTATE, like one
-#: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
-_PG_REFUSED = ("authentication failed", "no pg_hba.conf entry", "does not exist",
-               "permission denied")
-_SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
-                     "unable to open database file", "disk i/o error")
-
-
-def _driver_code(error: exc.DBAPIError) -> int | None:
-    args = getattr(error.orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-def _sqlstate(error: exc.DBAPIError) -> str | None:
-    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
-    return getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
-
 
 class Database:
     """One engine and the retry policy around it. Thread-safe."""
@@ -215,37 +185,13 @@ class Database:
         self.engine.dispose()
 
     def _is_missing_table(self, error: exc.DBAPIError) -> bool:
-        if self.is_sqlite:
-            return "no such table" in str(error.orig).lower()
-        if self.dialect == "postgresql":
-            return _sqlstate(error) in _PG_NO_TABLE
-        return _driver_code(error) in _MYSQL_NO_TABLE
+        return is_missing_table(error, self.dialect)
 
     def _is_duplicate(self, error: exc.DBAPIError) -> bool:
-        if not isinstance(error, exc.IntegrityError):
-            return False
-        if self.is_sqlite:
-            return "unique constraint failed" in str(error.orig).lower()
-        if self.dialect == "postgresql":
-            return _sqlstate(error) in _PG_DUPLICATE
-        return _driver_code(error) in _MYSQL_DUPLICATE
+        return is_duplicate(error, self.dialect)
 
     def _is_transient(self, error: exc.DBAPIError) -> bool:
-        if error.connection_invalidated:
-            return True
-        if self.is_sqlite:
-            text = str(error.orig).lower()
-            return any(marker in text for marker in _SQLITE_TRANSIENT)
-        if isinstance(error, exc.InterfaceError):
-            return True
-        if self.dialect == "postgresql":
-            state = _sqlstate(error)
-            if state is None:  # no server answer (refused, reset, timed out) or a failed connect
-                text = str(error.orig).lower()
-                return (isinstance(error, exc.OperationalError)
-                        and not any(marker in text for marker in _PG_REFUSED))
-            return state in _PG_TRANSIENT or state.startswith("08")
-        return _driver_code(error) in _MYSQL_TRANSIENT
+        return is_transient(error, self.dialect)
 
 
 def _configure_sqlite(engine: sa.Engine, busy_timeout: float, synchronous: str) -> None:

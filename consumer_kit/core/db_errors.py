@@ -1,0 +1,86 @@
+"""Which database errors an outage causes, told apart per dialect by the server's own codes.
+
+Waiting out a lost connection, a server restarting, a lock timeout or a deadlock is right; a
+syntax, schema, permission or integrity error stays whatever we wait, and must fail at once.
+The exception class alone cannot tell them apart on MariaDB: PyMySQL raises `OperationalError`
+for every server code it does not map, an unknown column (1054) or a trigger's SIGNAL (1644)
+as well as a lost connection (2013). So MariaDB/MySQL errors are judged by their code,
+PostgreSQL errors by their SQLSTATE, and SQLite's by their text.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import exc
+
+#: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections,
+#: server shutdown in progress, read-only (a failover), connection killed, can't connect,
+#: server gone away, lost connection, client-side network error, idle session killed.
+MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1290, 1927, 2002, 2003, 2006, 2013, 2055,
+                             4031})
+MYSQL_NO_TABLE = frozenset({1146})
+#: duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY)
+MYSQL_DUPLICATE = frozenset({1062, 1586, 1022})
+#: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
+#: failure, deadlock, lock not available, too many connections, admin/crash shutdown, cannot
+#: connect now (and class 08, connection exceptions).
+PG_NO_TABLE = frozenset({"42P01"})
+PG_DUPLICATE = frozenset({"23505"})
+PG_TRANSIENT = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+#: What a PostgreSQL server answers a connection it refuses for good (a wrong password, user or
+#: database, no pg_hba.conf entry): psycopg gives such a failed connect no SQLSTATE, like one
+#: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
+PG_REFUSED = ("authentication failed", "no pg_hba.conf entry", "does not exist",
+              "permission denied")
+SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
+                    "unable to open database file", "disk i/o error")
+
+
+def driver_code(error: exc.DBAPIError) -> int | None:
+    """The MySQL/MariaDB error code of `error` (PyMySQL's first argument), if it has one."""
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def sqlstate(error: exc.DBAPIError) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
+    return getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+
+
+def is_transient(error: exc.DBAPIError, dialect: str) -> bool:
+    """Whether `error`, raised by a `dialect` ("sqlite", "postgresql", "mysql") database, is one
+    an outage causes (worth waiting out) rather than one that waiting cannot fix."""
+    if error.connection_invalidated:
+        return True
+    if dialect == "sqlite":
+        text = str(error.orig).lower()
+        return any(marker in text for marker in SQLITE_TRANSIENT)
+    if isinstance(error, exc.InterfaceError):
+        return True
+    if dialect == "postgresql":
+        state = sqlstate(error)
+        if state is None:  # no server answer (refused, reset, timed out) or a failed connect
+            text = str(error.orig).lower()
+            return (isinstance(error, exc.OperationalError)
+                    and not any(marker in text for marker in PG_REFUSED))
+        return state in PG_TRANSIENT or state.startswith("08")
+    return driver_code(error) in MYSQL_TRANSIENT
+
+
+def is_missing_table(error: exc.DBAPIError, dialect: str) -> bool:
+    """Whether `error` says a table does not exist."""
+    if dialect == "sqlite":
+        return "no such table" in str(error.orig).lower()
+    if dialect == "postgresql":
+        return sqlstate(error) in PG_NO_TABLE
+    return driver_code(error) in MYSQL_NO_TABLE
+
+
+def is_duplicate(error: exc.DBAPIError, dialect: str) -> bool:
+    """Whether `error` is a duplicate key on insert."""
+    if not isinstance(error, exc.IntegrityError):
+        return False
+    if dialect == "sqlite":
+        return "unique constraint failed" in str(error.orig).lower()
+    if dialect == "postgresql":
+        return sqlstate(error) in PG_DUPLICATE
+    return driver_code(error) in MYSQL_DUPLICATE
