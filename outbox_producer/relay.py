@@ -213,6 +213,9 @@ class Relay:
         batch's unsent rows back to PENDING without counting a retry; after a database outage
         claimed rows keep their lease and are reclaimed when it expires, so nothing is lost
         (with `claim="lock"` they were never written: the rolled-back rows are due at once).
+        A database error that waiting cannot fix (`core.db_errors`: a schema, permission,
+        integrity or trigger error) is raised at once, marked with what the batches before it
+        had sent (`core.progress.committed_before`).
 
         With `workers > 1` that many loops run on threads of this process; their claims never
         overlap (row locks or claim tokens), so database round trips of one overlap the sends
