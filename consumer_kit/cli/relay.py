@@ -23,6 +23,7 @@ from consumer_kit.cli.runtime import (
 from consumer_kit.cli.transports import open_for_processes
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import check_tables
+from consumer_kit.core.db_errors import is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.transports.base import Consumer, Transport
 from outbox_producer.checks import Checker
@@ -127,9 +128,12 @@ def relay(
             if worker.read_engine is not None:
                 try:
                     check_replica(worker.engine, worker.read_engine, worker.table, index)
-                except sa_exc.OperationalError as exc:
+                except sa_exc.DBAPIError as exc:
                     # unreachable is an outage, which the relay rides out on the primary (a
-                    # relay must start while its replica is down); a wrong one is refused
+                    # relay must start while its replica is down); a wrong one (a password,
+                    # a user's grants) is refused
+                    if not is_transient(exc, worker.read_engine.dialect.name):
+                        raise
                     log.warning("--read-url number %d does not answer (%s): scanning the "
                                 "primary until it does", index + 1, exc.orig or exc)
         target.check()

@@ -11,14 +11,19 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from click.testing import Result
+from typer.testing import CliRunner
 
+from consumer_kit.cli.main import app
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Outbox, Relay
 from outbox_producer.replica import ReplicaClaimer
+from tests.cli import error_line
 from tests.integration.replica import ReplicaPair, replica_pair
 from tests.recording import RecordingTransport
 
@@ -132,3 +137,37 @@ def test_a_relay_whose_replica_is_unreachable_scans_the_primary_instead(
     # Then every row went out once, through the primary
     assert result.stats.sent == 20 and transport.counts() == {m: 1 for m in ids}
     assert scans(worker).stats.fallbacks >= 1 and scans(worker).stats.replica_scans == 0
+
+
+def relay_command(pair: ReplicaPair, read_url: str, tmp_path: Path) -> Result:
+    """`ckit relay --once` on the primary with `read_url`, to a SQL transport in `tmp_path`."""
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    assert CliRunner().invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    return CliRunner().invoke(app, [
+        "relay", "--url", pair.primary_url, "--read-url", read_url, "--outbox-table",
+        pair.names.outbox, "--transport", f"sql+{mq}", "--once"])
+
+
+def test_ckit_relay_starts_while_its_replica_is_down_and_scans_the_primary(
+        pair: ReplicaPair, tmp_path: Path) -> None:
+    ids = publish(pair, range(5))
+    down = sa.engine.make_url(pair.replica_url).set(port=closed_port())
+    result = relay_command(pair, down.render_as_string(hide_password=False), tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "--read-url number 1 does not answer" in result.output
+    assert set(states(pair).values()) == {OutboxState.SENT} and len(ids) == 5
+
+
+def test_ckit_relay_refuses_a_replica_that_refuses_its_login_before_any_row_moves(
+        pair: ReplicaPair, tmp_path: Path) -> None:
+    # Given due rows, and a replica URL whose password is wrong (a misconfiguration: waiting
+    # cannot fix it, as it would fix a replica that is down)
+    publish(pair, range(5))
+    wrong = sa.engine.make_url(pair.replica_url).set(password="not-the-password")
+    # When `ckit relay --once` starts
+    result = relay_command(pair, wrong.render_as_string(hide_password=False), tmp_path)
+    # Then it stops with one line naming the refusal, exit 2, and nothing was sent
+    assert result.exit_code == 2, result.output
+    line = error_line(result.output)
+    assert "Access denied" in line and "not-the-password" not in result.output
+    assert set(states(pair).values()) == {OutboxState.PENDING}
