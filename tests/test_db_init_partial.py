@@ -1,6 +1,7 @@
 """`ckit db init` stopped by a failing CREATE part way: where each CREATE commits by itself
 (MariaDB, SQLite) the line names the tables made and the exit is 1; where the DDL is one
-transaction (PostgreSQL) nothing stays and the exit is 2, "nothing was done"."""
+transaction (PostgreSQL) nothing stays and the exit is 2, "nothing was done". `db init
+--upgrade` stopped part way names the changes the tables show."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from consumer_kit.cli.runtime import EXIT_FAILURE, EXIT_USAGE
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames
 from tests.cli import error_line
-from tests.conftest import DB_KINDS, database_url
+from tests.conftest import DB_KINDS, Db, database_url
 
 
 @pytest.fixture(params=DB_KINDS)
@@ -69,3 +70,62 @@ def test_db_init_failing_at_its_third_table_says_which_tables_it_made(
     assert result.exit_code == EXIT_FAILURE, result.output
     made = ", ".join(sorted(seen[:2]))
     assert f"after 2 tables created ({made}): that stays committed" in line
+
+
+def older_processed_table(db: Db) -> str:
+    """Make `db`'s processed table as 0.1.0 made it: without the receipt columns and their
+    index (and on MariaDB comparing text without case). Its name."""
+    name = db.names.processed
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP INDEX ix_{name}_receipt_due"
+                             + (f" ON {name}" if db.kind == "mariadb" else ""))
+        for column in ("receipt_due_at", "receipt_attempts"):
+            conn.exec_driver_sql(f"ALTER TABLE {name} DROP COLUMN {column}")
+        if db.kind == "mariadb":
+            conn.exec_driver_sql(f"ALTER TABLE {name} CONVERT TO CHARACTER SET utf8mb4 "
+                                 "COLLATE utf8mb4_general_ci")
+    return name
+
+
+def test_db_init_upgrade_failing_at_an_index_says_which_changes_stay(db: Db) -> None:
+    # Given a processed table an older version made, no SQL transport tables yet, and a
+    # database refusing the processed table's new index
+    name = older_processed_table(db)
+    index = f"ix_{name}_receipt_due"
+
+    def refuse_the_index(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("CREATE INDEX") and index in statement:
+            raise sa.exc.OperationalError(statement, {}, RuntimeError("no space left on device"))
+
+    event.listen(sa.engine.Engine, "before_cursor_execute", refuse_the_index)
+    try:
+        # When `ckit db init --upgrade` runs
+        result = CliRunner().invoke(app, [
+            "db", "init", "--upgrade", "--url", db.url, "--outbox-table", db.names.outbox,
+            "--receipt-table", db.names.receipts, "--processed-table", name,
+            "--mq-prefix", db.names.mq_prefix])
+    finally:
+        event.remove(sa.engine.Engine, "before_cursor_execute", refuse_the_index)
+        made = sorted(t for t in sa.inspect(db.engine).get_table_names()
+                      if t.startswith(db.names.mq_prefix))
+        with db.engine.begin() as conn:
+            for table in made:
+                conn.exec_driver_sql(f"DROP TABLE {table}")
+    # Then it exits 1, and its line names what stays done, as the tables show it: the
+    # transport's tables it made (committed before the upgrade began), and where each ALTER
+    # commits by itself (MariaDB, SQLite) the conversion and the columns; PostgreSQL rolled
+    # the upgrade back whole
+    assert result.exit_code == EXIT_FAILURE, result.output
+    line = error_line(result.output)
+    assert "no space left on device" in line
+    done = f"{len(made)} tables created ({', '.join(made)})"
+    assert len(made) == 6
+    columns = {c["name"] for c in sa.inspect(db.engine).get_columns(name)}
+    if db.kind == "postgresql":
+        assert "receipt_due_at" not in columns
+    else:
+        assert {"receipt_due_at", "receipt_attempts"} <= columns
+        if db.kind == "mariadb":
+            done += f", 1 table converted to utf8mb4_bin ({name})"
+        done += f", 2 columns added ({name}.receipt_attempts, {name}.receipt_due_at)"
+    assert f"(after {done}: that stays committed" in line

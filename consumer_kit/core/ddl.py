@@ -25,12 +25,8 @@ from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTab
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.progress import counted, mark_committed
 from consumer_kit.core.schema import TableNames, build_metadata
-from consumer_kit.core.schema.check import (
-    BINARY_COLLATION,
-    case_folding_tables,
-    describe_missing,
-    missing_columns,
-)
+from consumer_kit.core.schema.check import describe_missing, missing_columns
+from consumer_kit.core.schema_upgrade import upgrade_tables
 from consumer_kit.core.states import MEANINGS, OutboxState
 
 DIALECTS: tuple[str, ...] = ("mysql", "postgresql", "sqlite")
@@ -185,6 +181,11 @@ def split_statements(ddl: str) -> list[str]:
 MAX_NAME_LEN = 63
 
 
+def _created(made: list[str]) -> str:
+    """`2 tables created (a, b)`."""
+    return f"{counted(len(made), 'table', 'created')} ({', '.join(made)})"
+
+
 def _mark_created(exc: Exception, engine: Engine, metadata: sa.MetaData,
                   existing: set[str]) -> None:
     """Record on `exc` the tables that exist now and did not before: MySQL/MariaDB (and SQLite
@@ -197,7 +198,7 @@ def _mark_created(exc: Exception, engine: Engine, metadata: sa.MetaData,
         return
     made = sorted(name for name in metadata.tables if name in now and name not in existing)
     if made:
-        mark_committed(exc, f"{counted(len(made), 'table', 'created')} ({', '.join(made)})")
+        mark_committed(exc, _created(made))
 
 
 def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = False
@@ -229,41 +230,11 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     except Exception as exc:
         _mark_created(exc, engine, metadata, existing)
         raise
-    if not upgrade:  # an index built on a large existing table is the operator's decision
-        return sorted(name for name in metadata.tables if name not in existing)
-    folding = case_folding_tables(engine, [metadata.tables[n] for n in existing & set(
-        metadata.tables)])
-    with engine.begin() as conn:
-        for name in folding:  # a binary collation only splits values: no unique key breaks
-            conn.exec_driver_sql(f"ALTER TABLE {engine.dialect.identifier_preparer.quote(name)} "
-                                 f"CONVERT TO CHARACTER SET utf8mb4 COLLATE {BINARY_COLLATION}")
-        for table, columns in lacking:
-            for column in columns:
-                conn.exec_driver_sql(upgrade_statement(table, column, engine.dialect))
-        inspector = sa.inspect(conn)
-        for name in existing & set(metadata.tables):
-            table = metadata.tables[name]
-            there = {i["name"] for i in inspector.get_indexes(name)}
-            for index in table.indexes:
-                if index.name not in there:
-                    index.create(conn)
-    return sorted(name for name in metadata.tables if name not in existing)
-
-
-def upgrade_statement(table: sa.Table, column: sa.Column[object], dialect: Dialect) -> str:
-    """`ALTER TABLE ... ADD COLUMN ...` for a column an older table lacks, as `dialect` writes
-    it (type, NULL, default and comment from the definition).
-
-    Raises:
-        ConfigError: the column is NOT NULL without a default (existing rows could not take
-            it): no column of the schema is.
-    """
-    if not column.nullable and column.server_default is None:
-        raise ConfigError(f"{table.name}.{column.name} is NOT NULL without a default: it cannot "
-                          "be added to a table that has rows")
-    preparer = dialect.identifier_preparer
-    spec = str(sa.schema.CreateColumn(column).compile(dialect=dialect)).strip()
-    return f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {spec}"
+    made = sorted(name for name in metadata.tables if name not in existing)
+    if upgrade:  # only when asked: an index built on a large table is the operator's decision
+        upgrade_tables(engine, [metadata.tables[n] for n in sorted(existing & set(
+            metadata.tables))], lacking, _created(made) if made else None)
+    return made
 
 
 def check_name_lengths(metadata: sa.MetaData) -> None:
