@@ -49,8 +49,9 @@ def test_schema_and_trigger_errors_are_not_outages(db: Db) -> None:
     assert is_duplicate(duplicate, dialect) and not is_duplicate(trigger, dialect)
 
 
-@pytest.mark.parametrize("kind", ["lock timeout", "killed connection"])
-def test_lock_timeouts_and_killed_connections_are_outages(server_db: Db, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["lock timeout", "killed connection", "statement timeout"])
+def test_lock_and_statement_timeouts_and_killed_connections_are_outages(
+        server_db: Db, kind: str) -> None:
     table = seed(server_db)
     engine = server_db.engine
     mysql = engine.dialect.name != "postgresql"
@@ -59,6 +60,11 @@ def test_lock_timeouts_and_killed_connections_are_outages(server_db: Db, kind: s
             holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
             victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
                                    else "SET lock_timeout = '200ms'")
+        elif kind == "statement timeout":  # a query the server stopped, not the session
+            holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+            victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 30, "
+                                   "max_statement_time = 0.2" if mysql
+                                   else "SET statement_timeout = '200ms'")
         else:
             pid = victim.exec_driver_sql("SELECT CONNECTION_ID()" if mysql
                                          else "SELECT pg_backend_pid()").scalar()

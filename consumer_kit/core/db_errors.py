@@ -13,19 +13,23 @@ from __future__ import annotations
 from sqlalchemy import exc
 
 #: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections,
-#: server shutdown in progress, read-only (a failover), connection killed, can't connect,
-#: server gone away, lost connection, client-side network error, idle session killed.
-MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1290, 1927, 2002, 2003, 2006, 2013, 2055,
-                             4031})
+#: server shutdown in progress, query interrupted (KILL QUERY, a shutdown), statement timeout
+#: (MariaDB's max_statement_time, MySQL's max_execution_time), read-only (a failover),
+#: connection killed, can't connect, server gone away, lost connection, client-side network
+#: error, idle session killed.
+MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1317, 1969, 3024, 1290, 1927, 2002, 2003,
+                             2006, 2013, 2055, 4031})
 MYSQL_NO_TABLE = frozenset({1146})
 #: duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY)
 MYSQL_DUPLICATE = frozenset({1062, 1586, 1022})
 #: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
-#: failure, deadlock, lock not available, too many connections, admin/crash shutdown, cannot
-#: connect now (and class 08, connection exceptions).
+#: failure, deadlock, lock not available, too many connections, query canceled (a statement
+#: timeout, pg_cancel_backend), admin/crash shutdown, cannot connect now (and class 08,
+#: connection exceptions).
 PG_NO_TABLE = frozenset({"42P01"})
 PG_DUPLICATE = frozenset({"23505"})
-PG_TRANSIENT = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+PG_TRANSIENT = frozenset({"40001", "40P01", "55P03", "53300", "57014", "57P01", "57P02",
+                          "57P03"})
 #: What a PostgreSQL server answers a connection it refuses for good (a wrong password, user or
 #: database, no pg_hba.conf entry): psycopg gives such a failed connect no SQLSTATE, like one
 #: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
