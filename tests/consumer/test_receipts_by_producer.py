@@ -86,7 +86,7 @@ def test_each_producers_receipts_reach_its_own_database(env: Env, payments: Db) 
         # Then every message is CONSUMED in its own producer's outbox, without a reconciler
         assert wait_for(lambda: states(env.db, orders_ids) == {int(OutboxState.CONSUMED)}
                         and states(payments, payment_ids) == {int(OutboxState.CONSUMED)}, 15)
-        assert wait_for(lambda: app.pipeline().store.owed() == 0, 5)
+        assert wait_for(lambda: app.pipeline().store.owed() == 0, 30)
     finally:
         app.close()
     assert env.effects() == {"A": 1, "B": 1, "C": 1}
@@ -117,7 +117,7 @@ def payments_left(env: Env, payments: Db, caplog: pytest.LogCaptureFixture,
     app = consume(env, transport, receipts)
     try:
         assert wait_for(lambda: states(env.db, orders_ids) == {int(OutboxState.CONSUMED)}, 15)
-        assert wait_for(lambda: app.pipeline().store.owed() == 0, 5)
+        assert wait_for(lambda: app.pipeline().store.owed() == 0, 30)
     finally:
         app.close()
     assert states(payments, payment_ids) == {int(OutboxState.SENT)}

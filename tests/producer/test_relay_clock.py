@@ -4,7 +4,6 @@ off by more than a quarter of the lease: leases are judged by each relay host's 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from consumer_kit.core.schema import build_metadata
 from outbox_producer import Relay
 from outbox_producer import relay as relay_module
 from outbox_producer.metrics import CLOCK_OFFSET, database_label
+from tests.clocks import assert_offset_said, clock_warnings
 from tests.conftest import Db, database_url
 from tests.recording import RecordingTransport
 
@@ -24,11 +24,6 @@ LEASE = dt.timedelta(seconds=30)
 
 def relay(db: Db) -> Relay:
     return Relay(db.engine, RecordingTransport(), table=db.names.outbox, lease=LEASE)
-
-
-def clock_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "consumer_kit.core.db_clock" and r.levelno == logging.WARNING]
 
 
 def test_a_relay_whose_clock_agrees_with_the_database_says_nothing(
@@ -55,7 +50,7 @@ def test_a_relay_host_a_minute_ahead_is_warned_once_and_told_when_the_clocks_agr
     r.run_once()
     # Then it warned once, with the offset, the lease's half and NTP, and no password
     (warning,) = clock_warnings(caplog)
-    assert "this host's clock is 60." in warning and "s ahead of the database's" in warning
+    assert_offset_said(warning, 60, "ahead of")
     assert warning.startswith("relay on ")
     assert "half the lease (15.0 s)" in warning and "NTP" in warning
     assert "ckit:ckit@" not in warning and "***" in warning
@@ -73,7 +68,7 @@ def test_a_relay_behind_the_database_is_warned_too(
     monkeypatch.setattr(db_clock, "utcnow", lambda: utcnow() - dt.timedelta(seconds=20))
     relay(server_db).run_once()
     (warning,) = clock_warnings(caplog)
-    assert "this host's clock is 20." in warning and "s behind the database's" in warning
+    assert_offset_said(warning, 20, "behind")
 
 
 def test_sqlite_reads_the_hosts_own_clock_and_is_not_measured(sqlite_db: Db) -> None:
