@@ -52,7 +52,7 @@ from consumer_kit.core.errors import CkitError, ConfigError
 from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
 from outbox_producer.claim import Claimer, send_deadline
-from outbox_producer.sender import Sender, SendStats
+from outbox_producer.sender import Sender, SendStats, carry_committed
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,16 @@ class LockedSender:
                 conn.invalidate()  # never pool a session whose timeout was changed
                 raise
             if stats is not None and not self._postgres:
-                conn.exec_driver_sql(_MARIADB_RESTORE)
-                conn.commit()
+                try:
+                    conn.exec_driver_sql(_MARIADB_RESTORE)
+                    conn.commit()
+                except Exception as exc:  # the batch's marks are committed all the same
+                    conn.invalidate()
+                    carry_committed(exc, stats)
+                    raise
         if fatal is not None:
+            if stats is not None:
+                carry_committed(fatal, stats)
             raise fatal
         return stats
 

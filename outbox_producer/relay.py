@@ -10,12 +10,11 @@ import time
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
-from consumer_kit.core.db_errors import is_transient
+from consumer_kit.core.db_errors import database_errors, is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -32,7 +31,7 @@ from outbox_producer.claim import (
 )
 from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
-from outbox_producer.sender import Sender, SendStats
+from outbox_producer.sender import Sender, SendStats, committed_part
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +172,9 @@ class Relay:
         self.limiter = RateLimiter(max_rate) if max_rate else None
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
+        #: the errors of the database: SQLAlchemy's, and the driver's own that a connect hook
+        #: (the isolation level of `read_committed`) raises unwrapped
+        self._db_errors = database_errors(self.engine, self.read_engine)
         #: the current (or last) run's totals, one per loop, added to as batches commit
         self.progress: list[RelayResult] = [RelayResult()]
         self._next_metrics = 0.0
@@ -274,13 +276,18 @@ class Relay:
             what = None
             try:
                 stats = self.step()
-            except DBAPIError as exc:
+            except Exception as exc:
+                partial = committed_part(exc)  # marks of the batch committed before it
+                if partial is not None and partial.committed():
+                    result.batches += 1
+                    result.stats.add(partial)
                 # a bug or a schema, permission or integrity problem: waiting cannot fix it
-                if not is_transient(exc, self.engine.dialect.name):
+                if not isinstance(exc, self._db_errors) or not is_transient(
+                        exc, self.engine.dialect.name):
                     raise
                 stats = None
-                what = "database error: " + (
-                    str(exc.orig).splitlines()[0] if exc.orig else str(exc))
+                orig = getattr(exc, "orig", None) or exc
+                what = "database error: " + (str(orig).splitlines() or [""])[0]
             if stats is not None and stats.outage:
                 result.batches += 1
                 result.stats.add(stats)
@@ -328,7 +335,7 @@ class Relay:
     def _refresh_metrics(self) -> None:
         try:
             metrics.refresh_backlog(self.read_engine or self.engine, self.table)
-        except DBAPIError as exc:  # a metric must never stop the relay
+        except self._db_errors as exc:  # a metric must never stop the relay
             log.debug("relay %s: backlog metrics skipped: %s", self.owner, exc)
 
     def run_once(self) -> RelayResult:

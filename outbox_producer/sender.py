@@ -54,6 +54,10 @@ class SendStats:
     released: int = 0
     outage: str | None = None
 
+    def committed(self) -> bool:
+        """Whether these counts record any mark written (a send, a retry or a failure)."""
+        return bool(self.sent or self.retried or self.failed)
+
     def add(self, other: SendStats) -> None:
         """Accumulate another batch's counts (the last outage wins)."""
         self.sent += other.sent
@@ -62,6 +66,22 @@ class SendStats:
         self.conflicts += other.conflicts
         self.released += other.released
         self.outage = other.outage or self.outage
+
+
+#: the attribute of an error raised part way through a batch holding what it had committed
+_PARTIAL = "ckit_batch_committed"
+
+
+def carry_committed(exc: BaseException, stats: SendStats) -> None:
+    """Record on `exc`, raised part way through a batch, the marks the batch had committed
+    before it (a copy of `stats`): the relay counts them in its totals."""
+    setattr(exc, _PARTIAL, dataclasses.replace(stats))
+
+
+def committed_part(exc: BaseException) -> SendStats | None:
+    """What the batch that raised `exc` had committed before it (`carry_committed`)."""
+    stats = getattr(exc, _PARTIAL, None)
+    return stats if isinstance(stats, SendStats) else None
 
 
 @dataclasses.dataclass
@@ -146,17 +166,25 @@ class Sender:
         """
         attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
-        if attempt.sent:
-            with self.engine.begin() as conn:
-                stats.sent, stats.conflicts = self.mark_sent(conn, attempt.sent, "mark_sent")
-            metrics.SENT.inc(stats.sent)
-        for row, reason, permanent in attempt.failures:
-            with self.engine.begin() as conn:
-                self.mark_failure(conn, row, reason, permanent, stats,
-                                  moves=("retry_later", "give_up"))
-        if attempt.fatal is not None:
-            self._release(attempt.unsent)
-            raise attempt.fatal
+        committed = SendStats()  # `stats` as of the last commit: what an error leaves done
+        try:
+            if attempt.sent:
+                with self.engine.begin() as conn:
+                    stats.sent, stats.conflicts = self.mark_sent(conn, attempt.sent,
+                                                                 "mark_sent")
+                metrics.SENT.inc(stats.sent)
+                committed = dataclasses.replace(stats)
+            for row, reason, permanent in attempt.failures:
+                with self.engine.begin() as conn:
+                    self.mark_failure(conn, row, reason, permanent, stats,
+                                      moves=("retry_later", "give_up"))
+                committed = dataclasses.replace(stats)
+            if attempt.fatal is not None:
+                self._release(attempt.unsent)
+                raise attempt.fatal
+        except Exception as exc:
+            carry_committed(exc, committed)
+            raise
         if attempt.unsent:  # an outage, or the deadline
             released = self._release(attempt.unsent)
             stats.released = released

@@ -86,3 +86,72 @@ def test_a_busy_sqlite_database_is_an_outage(sqlite_db: Db) -> None:
         holder.rollback()
     locked.dispose()
     assert "locked" in str(error.orig) and is_transient(error, "sqlite")
+
+
+def wrapped(orig: Exception, base: type[Exception]) -> exc.DBAPIError:
+    """`orig`, an error of the driver whose base class is `base`, as SQLAlchemy wraps it."""
+    return exc.DBAPIError.instance("SELECT 1", {}, orig, base)
+
+
+@pytest.mark.parametrize(("code", "what"), [
+    (1226, "a user's MAX_USER_CONNECTIONS"), (1203, "max_user_connections"),
+    (1040, "too many connections"), (1021, "disk full"), (1114, "table full"),
+    (1053, "server shutdown in progress")])
+def test_mariadb_codes_of_busy_or_full_servers_are_outages(code: int, what: str) -> None:
+    # The codes a real server answers when reconnecting services crowd it or its disk fills
+    # (reproduced by hand: a relay KILLed while a user's connection limit was taken): PyMySQL
+    # raises them as OperationalError, like an unknown column, so only the code tells
+    import pymysql
+
+    error = pymysql.err.OperationalError(code, what)
+    assert is_transient(wrapped(error, pymysql.err.Error), "mysql"), what
+    assert is_transient(error, "mysql"), what
+    assert not is_transient(pymysql.err.OperationalError(1054, "Unknown column"), "mysql")
+
+
+def test_a_driver_error_sqlalchemy_did_not_wrap_is_judged_by_its_code(server_db: Db) -> None:
+    # Given a driver error raised bare (as SQLAlchemy's engine_connect hook lets it through)
+    table = seed(server_db)
+    engine = server_db.engine
+    mysql = engine.dialect.name != "postgresql"
+    with engine.connect() as holder, engine.connect() as victim:
+        holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
+                               else "SET lock_timeout = '200ms'")
+        with pytest.raises(exc.DBAPIError) as timeout:
+            victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        holder.rollback()
+    unknown = raised(engine, lambda c: c.exec_driver_sql(f"UPDATE {table} SET nothing = 1"))
+    # Then the driver's own errors are judged as their wrappers are
+    assert is_transient(timeout.value.orig, engine.dialect.name)  # type: ignore[arg-type]
+    assert not is_transient(unknown.orig, engine.dialect.name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("error", "transient"), [
+    ("DiskFull", True), ("OutOfMemory", True), ("TooManyConnections", True),
+    ("IoError", True), ("ReadOnlySqlTransaction", True),
+    ("ConfigurationLimitExceeded", False), ("UndefinedColumn", False)])
+def test_postgresql_full_or_busy_servers_are_outages_but_a_configured_limit_is_not(
+        error: str, transient: bool) -> None:
+    # psycopg's classes for the SQLSTATEs a full disk (53100), memory (53200), the connection
+    # limit (53300), an I/O error (58030) or a failover to a standby (25006) answer; a
+    # configured limit (53400) and a schema error stay whatever we wait
+    import psycopg
+
+    orig = getattr(psycopg.errors, error)("server said so")
+    assert is_transient(wrapped(orig, psycopg.Error), "postgresql") is transient, error
+
+
+def test_a_full_sqlite_database_is_an_outage(sqlite_db: Db) -> None:
+    # Given a SQLite database that may not grow (as a full disk would stop it)
+    table = seed(sqlite_db)
+    with sqlite_db.engine.begin() as conn:
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+    full = sa.create_engine(sqlite_db.url)
+    sa.event.listen(full, "connect", lambda dbapi, _rec: dbapi.execute(
+        f"PRAGMA max_page_count = {pages}"))
+    # When a write needs more pages, Then the error is one to wait out
+    error = raised(full, lambda c: c.exec_driver_sql(
+        f"UPDATE {table} SET body = X'{'00' * 200_000}'"))
+    full.dispose()
+    assert "database or disk is full" in str(error.orig) and is_transient(error, "sqlite")

@@ -11,69 +11,99 @@ PostgreSQL errors by their SQLSTATE, and SQLite's by their text.
 from __future__ import annotations
 
 from sqlalchemy import exc
+from sqlalchemy.engine import Engine
 
-#: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections,
-#: server shutdown in progress, query interrupted (KILL QUERY, a shutdown), statement timeout
-#: (MariaDB's max_statement_time, MySQL's max_execution_time), read-only (a failover),
-#: connection killed, can't connect, server gone away, lost connection, client-side network
-#: error, idle session killed.
-MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1317, 1969, 3024, 1290, 1927, 2002, 2003,
-                             2006, 2013, 2055, 4031})
+#: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections
+#: (the server's, a user's MAX_USER_CONNECTIONS, the global max_user_connections), server
+#: shutdown in progress, query interrupted (KILL QUERY, a shutdown), statement timeout
+#: (MariaDB's max_statement_time, MySQL's max_execution_time), disk full, table full,
+#: read-only (a failover), connection killed, can't connect, server gone away, lost connection,
+#: client-side network error, idle session killed.
+MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1226, 1203, 1053, 1317, 1969, 3024, 1021, 1114,
+                             1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 MYSQL_NO_TABLE = frozenset({1146})
 #: duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY)
 MYSQL_DUPLICATE = frozenset({1062, 1586, 1022})
 #: PostgreSQL SQLSTATEs: undefined table; unique violation; worth retrying: serialization
-#: failure, deadlock, lock not available, too many connections, query canceled (a statement
-#: timeout, pg_cancel_backend), admin/crash shutdown, cannot connect now (and class 08,
-#: connection exceptions).
+#: failure, deadlock, lock not available, query canceled (a statement timeout,
+#: pg_cancel_backend), admin/crash shutdown, cannot connect now, read-only transaction (a
+#: failover), I/O error, and the classes 08 (connection exceptions) and 53 (insufficient
+#: resources: disk full, out of memory, too many connections) but for 53400 (a configured
+#: limit exceeded, which waiting does not change).
 PG_NO_TABLE = frozenset({"42P01"})
 PG_DUPLICATE = frozenset({"23505"})
-PG_TRANSIENT = frozenset({"40001", "40P01", "55P03", "53300", "57014", "57P01", "57P02",
-                          "57P03"})
+PG_TRANSIENT = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
+                          "25006", "58030"})
+PG_TRANSIENT_CLASSES = ("08", "53")
+PG_LASTING = frozenset({"53400"})
 #: What a PostgreSQL server answers a connection it refuses for good (a wrong password, user or
 #: database, no pg_hba.conf entry): psycopg gives such a failed connect no SQLSTATE, like one
 #: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
 PG_REFUSED = ("authentication failed", "no pg_hba.conf entry", "does not exist",
               "permission denied")
 SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
-                    "unable to open database file", "disk i/o error")
+                    "unable to open database file", "disk i/o error", "database or disk is full")
 
 
-def driver_code(error: exc.DBAPIError) -> int | None:
+def database_errors(*engines: Engine | None) -> tuple[type[BaseException], ...]:
+    """What a database failure raises through `engines`: SQLAlchemy's wrapped `DBAPIError`,
+    and each driver's own base error, which SQLAlchemy lets through unwrapped from a connect
+    hook (an engine's `isolation_level` execution option is set in one)."""
+    drivers = {e.dialect.loaded_dbapi.Error for e in engines if e is not None}
+    return (exc.DBAPIError, *sorted(drivers, key=lambda c: f"{c.__module__}.{c.__qualname__}"))
+
+
+def _orig(error: BaseException) -> BaseException:
+    """The driver's own error: SQLAlchemy's wrapper's `orig`, or `error` itself when SQLAlchemy
+    did not wrap it (a hook such as `engine_connect` raises the driver's error bare)."""
+    orig = error.orig if isinstance(error, exc.DBAPIError) else None
+    return orig if isinstance(orig, BaseException) else error
+
+
+def _is(error: BaseException, kind: type[exc.DBAPIError]) -> bool:
+    """`error` is of DB-API class `kind` (`exc.OperationalError`, ...), wrapped or bare."""
+    return isinstance(error, kind) or any(
+        cls.__name__ == kind.__name__ for cls in type(_orig(error)).__mro__)
+
+
+def driver_code(error: BaseException) -> int | None:
     """The MySQL/MariaDB error code of `error` (PyMySQL's first argument), if it has one."""
-    args = getattr(error.orig, "args", ())
+    args = getattr(_orig(error), "args", ())
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def sqlstate(error: exc.DBAPIError) -> str | None:
+def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
-    return getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+    orig = _orig(error)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state if isinstance(state, str) else None
 
 
-def is_transient(error: exc.DBAPIError, dialect: str) -> bool:
+def is_transient(error: BaseException, dialect: str) -> bool:
     """Whether `error`, raised by a `dialect` ("sqlite", "postgresql", "mysql") database, is one
-    an outage causes (worth waiting out) rather than one that waiting cannot fix."""
-    if error.connection_invalidated:
+    an outage causes (worth waiting out) rather than one that waiting cannot fix. `error` is a
+    SQLAlchemy `DBAPIError` or the driver's own error."""
+    if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return True
+    text = str(_orig(error)).lower()
     if dialect == "sqlite":
-        text = str(error.orig).lower()
         return any(marker in text for marker in SQLITE_TRANSIENT)
-    if isinstance(error, exc.InterfaceError):
+    if _is(error, exc.InterfaceError):
         return True
     if dialect == "postgresql":
         state = sqlstate(error)
         if state is None:  # no server answer (refused, reset, timed out) or a failed connect
-            text = str(error.orig).lower()
-            return (isinstance(error, exc.OperationalError)
+            return (_is(error, exc.OperationalError)
                     and not any(marker in text for marker in PG_REFUSED))
-        return state in PG_TRANSIENT or state.startswith("08")
+        return state in PG_TRANSIENT or (state.startswith(PG_TRANSIENT_CLASSES)
+                                         and state not in PG_LASTING)
     return driver_code(error) in MYSQL_TRANSIENT
 
 
 def is_missing_table(error: exc.DBAPIError, dialect: str) -> bool:
     """Whether `error` says a table does not exist."""
     if dialect == "sqlite":
-        return "no such table" in str(error.orig).lower()
+        return "no such table" in str(_orig(error)).lower()
     if dialect == "postgresql":
         return sqlstate(error) in PG_NO_TABLE
     return driver_code(error) in MYSQL_NO_TABLE
@@ -84,7 +114,7 @@ def is_duplicate(error: exc.DBAPIError, dialect: str) -> bool:
     if not isinstance(error, exc.IntegrityError):
         return False
     if dialect == "sqlite":
-        return "unique constraint failed" in str(error.orig).lower()
+        return "unique constraint failed" in str(_orig(error)).lower()
     if dialect == "postgresql":
         return sqlstate(error) in PG_DUPLICATE
     return driver_code(error) in MYSQL_DUPLICATE

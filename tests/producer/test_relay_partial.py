@@ -101,3 +101,27 @@ def test_a_relay_over_two_databases_counts_what_both_sent_before_one_failed(
     assert int(said.group(1)) == sent >= 4
     for engine in engines:
         engine.dispose()
+
+
+@pytest.mark.parametrize("claim", ["lease", "lock"])
+def test_a_batch_stopped_by_a_misconfiguration_counts_the_sends_it_marked(
+        db: Db, tmp_path: Path, claim: str) -> None:
+    if claim == "lock" and db.kind == "sqlite":
+        pytest.skip("--claim lock needs row locks: PostgreSQL or MariaDB")
+    # Given six due rows, the fifth with a topic the transport refuses as misconfigured (a
+    # row edited by hand), sent three a batch
+    ids = publish(db, range(6))
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {db.names.outbox} SET topic = '' "
+                             f"WHERE message_id = '{ids[4]}'")
+    # When `ckit relay --once` runs
+    result = CliRunner().invoke(app, [
+        "relay", "--url", db.url, "--outbox-table", db.names.outbox, "--transport",
+        sql_transport(tmp_path), "--once", "--batch", "3", "--claim", claim])
+    # Then the line counts the fourth row too, which the stopped batch sent and marked
+    assert result.exit_code == EXIT_FAILURE, result.output
+    line = error_line(result.output)
+    assert "topic" in line
+    assert "(after 4 messages sent in 2 batches: that stays committed" in line
+    states = outbox_states(db.engine, db.names.outbox)
+    assert [states[m] for m in ids] == [OutboxState.SENT] * 4 + [OutboxState.PENDING] * 2
