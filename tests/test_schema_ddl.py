@@ -205,17 +205,11 @@ def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_wha
     from consumer_kit.core.errors import SchemaError
     from consumer_kit.core.schema import processed_table
     from consumer_kit.core.schema.check import case_folding_tables
+    from tests.test_db_init_partial import older_processed_table
 
-    # Given a processed table as 0.1.0 made it: without the receipt columns and their index
-    name = db.names.processed
-    with db.engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP INDEX ix_{name}_receipt_due"
-                             + (f" ON {name}" if db.kind == "mariadb" else ""))
-        for column in ("receipt_due_at", "receipt_attempts"):
-            conn.exec_driver_sql(f"ALTER TABLE {name} DROP COLUMN {column}")
-        if db.kind == "mariadb":  # and its text compared without case, as the server default
-            conn.exec_driver_sql(f"ALTER TABLE {name} CONVERT TO CHARACTER SET utf8mb4 "
-                                 "COLLATE utf8mb4_general_ci")
+    # Given a processed table as 0.1.0 made it: without the receipt columns and their index,
+    # and on MariaDB its text compared without case, as the server default
+    name = older_processed_table(db)
     table = processed_table(sa.MetaData(), name)
     assert case_folding_tables(db.engine, [table]) == ([name] if db.kind == "mariadb" else [])
     try:
