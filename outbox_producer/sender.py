@@ -163,6 +163,8 @@ class Sender:
         Raises:
             ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
                 missing): the rows not sent yet went back as they were, no retry counted.
+            sqlalchemy.exc.DBAPIError: a mark or a release failed.
+            Either carries the marks the batch had committed before it (`committed_part`).
         """
         attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
