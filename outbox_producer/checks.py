@@ -42,7 +42,8 @@ from consumer_kit.transports.base import Consumer, Transport
 from outbox_producer.backoff import Backoff
 from outbox_producer.candidates import CandidateClaimer
 from outbox_producer.claim import DEFAULT_LEASE, default_owner, send_deadline
-from outbox_producer.sender import Sender, SendStats
+from outbox_producer.send_stats import SendStats
+from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
 

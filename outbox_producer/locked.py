@@ -52,7 +52,8 @@ from consumer_kit.core.errors import CkitError, ConfigError
 from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
 from outbox_producer.claim import Claimer, send_deadline
-from outbox_producer.sender import Sender, SendStats, carry_committed
+from outbox_producer.send_stats import SendStats, carry_committed
+from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from outbox_producer.claim import (
 )
 from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
-from outbox_producer.sender import Sender, SendStats, committed_part
+from outbox_producer.send_stats import SendStats, committed_part
+from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
 
