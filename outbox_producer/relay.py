@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
-from consumer_kit.core.db_errors import database_errors, is_transient
+from consumer_kit.core.db_errors import is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -173,9 +173,6 @@ class Relay:
         self.limiter = RateLimiter(max_rate) if max_rate else None
         self.stopping = threading.Event()
         self._metrics_lock = threading.Lock()
-        #: the errors of the database: SQLAlchemy's, and the driver's own that a connect hook
-        #: (the isolation level of `read_committed`) raises unwrapped
-        self._db_errors = database_errors(self.engine, self.read_engine)
         #: the current (or last) run's totals, one per loop, added to as batches commit
         self.progress: list[RelayResult] = [RelayResult()]
         self._next_metrics = 0.0
@@ -283,7 +280,7 @@ class Relay:
                     result.batches += 1
                     result.stats.add(partial)
                 # a bug or a schema, permission or integrity problem: waiting cannot fix it
-                if not isinstance(exc, self._db_errors) or not is_transient(
+                if not isinstance(exc, sa.exc.DBAPIError) or not is_transient(
                         exc, self.engine.dialect.name):
                     raise
                 stats = None
@@ -336,7 +333,7 @@ class Relay:
     def _refresh_metrics(self) -> None:
         try:
             metrics.refresh_backlog(self.read_engine or self.engine, self.table)
-        except self._db_errors as exc:  # a metric must never stop the relay
+        except sa.exc.DBAPIError as exc:  # a metric must never stop the relay
             log.debug("relay %s: backlog metrics skipped: %s", self.owner, exc)
 
     def run_once(self) -> RelayResult:

@@ -110,7 +110,7 @@ def test_mariadb_codes_of_busy_or_full_servers_are_outages(code: int, what: str)
 
 
 def test_a_driver_error_sqlalchemy_did_not_wrap_is_judged_by_its_code(server_db: Db) -> None:
-    # Given a driver error raised bare (as SQLAlchemy's engine_connect hook lets it through)
+    # Given a driver error raised bare (as by a caller holding a raw DB-API connection)
     table = seed(server_db)
     engine = server_db.engine
     mysql = engine.dialect.name != "postgresql"

@@ -211,10 +211,35 @@ def read_committed(engine: Engine) -> Engine:
     default REPEATABLE READ, a `SELECT ... FOR UPDATE SKIP LOCKED` over the due-rows index
     takes gap locks that deadlock the services' own INSERTs into the outbox. READ COMMITTED
     takes no gap locks for locking reads. SQLite has no such level (and needs none).
+
+    The level is set on each connection as it is checked out (`_set_read_committed`), and
+    reset as SQLAlchemy resets it when the connection goes back to the shared pool. A failure
+    to set it (a connection lost after the pool's pre-ping) raises SQLAlchemy's wrapped error,
+    as every other statement's does: the engine's `isolation_level` option would set it in a
+    hook that lets the driver's own error through.
     """
-    if dialect_name(engine) in ("mysql", "postgresql"):
-        return engine.execution_options(isolation_level="READ COMMITTED")
-    return engine
+    if dialect_name(engine) not in ("mysql", "postgresql"):
+        return engine
+    options = engine.execution_options()  # a view of the same pool, with listeners of its own
+    sa.event.listen(options, "engine_connect", _set_read_committed)
+    return options
+
+
+def _set_read_committed(connection: sa.Connection) -> None:
+    """Set READ COMMITTED on a connection just checked out, raising a failure as SQLAlchemy's
+    `DBAPIError` (`OperationalError` for a lost connection) after discarding the connection
+    from the pool: its session state is unknown."""
+    dialect = connection.dialect
+    try:
+        connection.execution_options(isolation_level="READ COMMITTED")
+    except dialect.loaded_dbapi.Error as err:
+        dbapi_connection = connection.connection.dbapi_connection
+        lost = dialect.is_disconnect(err, dbapi_connection, None)
+        connection.invalidate(err)
+        connection.close()
+        raise sa.exc.DBAPIError.instance(
+            "(setting the isolation level READ COMMITTED)", None, err,
+            dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect) from err
 
 
 class Engines:

@@ -11,7 +11,6 @@ PostgreSQL errors by their SQLSTATE, and SQLite's by their text.
 from __future__ import annotations
 
 from sqlalchemy import exc
-from sqlalchemy.engine import Engine
 
 #: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections
 #: (the server's, a user's MAX_USER_CONNECTIONS, the global max_user_connections), server
@@ -45,17 +44,9 @@ SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database 
                     "unable to open database file", "disk i/o error", "database or disk is full")
 
 
-def database_errors(*engines: Engine | None) -> tuple[type[BaseException], ...]:
-    """What a database failure raises through `engines`: SQLAlchemy's wrapped `DBAPIError`,
-    and each driver's own base error, which SQLAlchemy lets through unwrapped from a connect
-    hook (an engine's `isolation_level` execution option is set in one)."""
-    drivers = {e.dialect.loaded_dbapi.Error for e in engines if e is not None}
-    return (exc.DBAPIError, *sorted(drivers, key=lambda c: f"{c.__module__}.{c.__qualname__}"))
-
-
 def _orig(error: BaseException) -> BaseException:
-    """The driver's own error: SQLAlchemy's wrapper's `orig`, or `error` itself when SQLAlchemy
-    did not wrap it (a hook such as `engine_connect` raises the driver's error bare)."""
+    """The driver's own error: SQLAlchemy's wrapper's `orig`, or `error` itself when it is
+    the driver's own (a caller holding a raw DB-API connection)."""
     orig = error.orig if isinstance(error, exc.DBAPIError) else None
     return orig if isinstance(orig, BaseException) else error
 

@@ -1,6 +1,7 @@
 """A connection lost between the pool's pre-ping and the relay's isolation level is an outage
-the relay waits out: SQLAlchemy's engine_connect hook raises that driver error unwrapped (a
-bare `pymysql.err.OperationalError`), which the relay used to let through and die of."""
+the relay waits out: the engine option that set the level raised that driver error unwrapped (a
+bare `pymysql.err.OperationalError`), which the relay used to let through and die of;
+`read_committed` now raises SQLAlchemy's (tests/test_read_committed.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,116 @@
+"""`read_committed`: the relay's, dispatcher's, receipt applier's, archive's and rotate's
+transactions run at READ COMMITTED on a pool they share with the caller's engine, and a
+connection lost as that level is set fails like any other statement does: SQLAlchemy's
+`OperationalError`, the connection discarded, one line from the CLI (it used to be the driver's
+own error, let through unwrapped by the engine option's connect hook)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects.mysql.base import MySQLDialect
+from typer.testing import CliRunner
+
+from consumer_kit.cli.main import app
+from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.receipt import Receipt
+from outbox_producer import Relay
+from tests.cli import error_line
+from tests.conftest import Db
+from tests.producer.test_retention import consume, publish, remaining
+from tests.recording import RecordingTransport
+
+pytestmark = pytest.mark.mariadb
+
+LEVEL = "SELECT @@tx_isolation"
+
+
+@pytest.fixture
+def kill_read_committed(mariadb: Db, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """KILL the server thread of the next connections (as many as the list's number says) just
+    before READ COMMITTED is set on them: a connection lost after the pool's pre-ping."""
+    killer = make_engine(mariadb.url)
+    kills = [0]
+    original = MySQLDialect.set_isolation_level
+
+    def kill_then_set(dialect: MySQLDialect, dbapi_connection: Any, level: str) -> None:
+        if kills[0] > 0 and level == "READ COMMITTED":
+            kills[0] -= 1
+            with killer.connect() as conn:
+                conn.exec_driver_sql(f"KILL {dbapi_connection.thread_id()}")
+        original(dialect, dbapi_connection, level)
+
+    monkeypatch.setattr(MySQLDialect, "set_isolation_level", kill_then_set)
+    try:
+        yield kills
+    finally:
+        killer.dispose()
+
+
+def test_read_committed_sets_the_level_on_its_connections_only(mariadb: Db) -> None:
+    # Given an engine and its read_committed view, sharing one pool of one connection
+    engine = make_engine(mariadb.url, pool_size=1, max_overflow=0)
+    try:
+        # When the same connection serves the view, then the engine
+        with read_committed(engine).begin() as conn:
+            inside = conn.exec_driver_sql(LEVEL).scalar()
+        with engine.connect() as conn:
+            after = conn.exec_driver_sql(LEVEL).scalar()
+    finally:
+        engine.dispose()
+    # Then the view's transaction ran at READ COMMITTED and the connection went back reset
+    assert (inside, after) == ("READ-COMMITTED", "REPEATABLE-READ")
+
+
+def test_a_connection_lost_as_the_level_is_set_raises_sqlalchemys_error_and_is_discarded(
+        mariadb: Db, kill_read_committed: list[int]) -> None:
+    # Given a read_committed engine whose next connection dies after the pool's pre-ping
+    engine = make_engine(mariadb.url, pool_size=1, max_overflow=0)
+    view = read_committed(engine)
+    try:
+        with engine.connect():
+            pass  # the pool's one connection, alive
+        kill_read_committed[0] = 1
+        # When a transaction begins on it
+        with pytest.raises(sa.exc.OperationalError) as lost, view.begin():
+            pass
+        # Then the error is SQLAlchemy's, and the next transaction gets a fresh connection
+        with view.begin() as conn:
+            level = conn.exec_driver_sql(LEVEL).scalar()
+        status = engine.pool.status()
+    finally:
+        engine.dispose()
+    assert lost.value.connection_invalidated
+    assert "2013" in str(lost.value.orig) and "isolation level" in str(lost.value)
+    assert kill_read_committed == [0] and level == "READ-COMMITTED"
+    assert "Checked out connections: 0" in status
+
+
+def test_the_archive_command_stopped_by_a_lost_connection_says_so_in_one_line(
+        mariadb: Db, kill_read_committed: list[int]) -> None:
+    # Given consumed rows to archive, and a database that drops archive's batch connection
+    ids = publish(mariadb, range(3))
+    Relay(mariadb.engine, RecordingTransport(), table=mariadb.names.outbox).run_once()
+    consume(mariadb, [Receipt(m, "a") for m in ids])
+    time.sleep(0.01)  # the rows' last change must be older than --older-than 1ms
+    kill_read_committed[0] = 1
+    args = ["outbox", "archive", "--url", mariadb.url, "--outbox-table", mariadb.names.outbox,
+            "--receipt-table", mariadb.names.receipts, "--older-than", "1ms", "--force"]
+    # When it runs
+    stopped = CliRunner().invoke(app, args)
+    # Then it says which database error stopped it, in one line, having moved nothing
+    assert kill_read_committed == [0]
+    assert stopped.exit_code == 2, stopped.output
+    assert error_line(stopped.output).startswith(
+        "error: database error: OperationalError: (2013, 'Lost connection"), stopped.output
+    assert "Traceback" not in stopped.output and remaining(mariadb) == set(ids)
+    # And running it again archives every row
+    again = CliRunner().invoke(app, [*args, "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["moved"] == 3 and remaining(mariadb) == set()
+
