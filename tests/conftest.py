@@ -42,16 +42,20 @@ def unique_names(prefix: str = "t") -> TableNames:
 
 def database_url(kind: str, tmp_path: Path, second: bool = False) -> str:
     """The URL of a `sqlite` file in `tmp_path` or of the real `mariadb` / `postgresql` test
-    database (`second`: the other database of that server), after `services.require` for it."""
+    database (`second`: the other database of that server), after `services.require` for it.
+    `pg8000` is the PostgreSQL database through the pg8000 driver."""
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / ('ckit2.db' if second else 'ckit.db')}"
     if kind == "mariadb":
         url = services.mysql_url2() if second else services.mysql_url()
         services.require("mariadb", lambda: services.ping_mysql(url))
         return url
-    if kind == "postgresql":
+    if kind in ("postgresql", "pg8000"):
         url = services.pg_url2() if second else services.pg_url()
         services.require("postgresql", lambda: services.ping_postgres(url))
+        if kind == "pg8000":  # the pure-Python driver, on the same server
+            return sa.make_url(url).set(drivername="postgresql+pg8000").render_as_string(
+                hide_password=False)
         return url
     raise ValueError(f"unknown database kind {kind!r}")
 

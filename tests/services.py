@@ -144,11 +144,10 @@ def ping_postgres(url: str | None = None) -> None:
     import sqlalchemy as sa
     from sqlalchemy.pool import NullPool
 
-    engine = sa.create_engine(
-        url or pg_url(),
-        poolclass=NullPool,
-        connect_args={"connect_timeout": int(CONNECT_TIMEOUT_S)},
-    )
+    url = url or pg_url()
+    timeout = "timeout" if sa.make_url(url).get_driver_name() == "pg8000" else "connect_timeout"
+    engine = sa.create_engine(url, poolclass=NullPool,
+                              connect_args={timeout: int(CONNECT_TIMEOUT_S)})
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1")).scalar_one()

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 
 from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_transient
-from tests.conftest import Db
+from tests.conftest import DB_KINDS, Db
 from tests.poison import refused
 from tests.producer.test_retention import publish
 
@@ -32,6 +32,11 @@ def seed(db: Db) -> str:
     return db.names.outbox
 
 
+#: every database, and PostgreSQL through pg8000 as well (its SQLSTATE is in its first argument)
+WITH_PG8000 = [*DB_KINDS, pytest.param("pg8000", marks=pytest.mark.postgresql)]
+
+
+@pytest.mark.parametrize("db", WITH_PG8000, indirect=True)
 def test_schema_and_trigger_errors_are_not_outages(db: Db) -> None:
     table = seed(db)
     dialect = db.engine.dialect.name
@@ -49,6 +54,7 @@ def test_schema_and_trigger_errors_are_not_outages(db: Db) -> None:
     assert is_duplicate(duplicate, dialect) and not is_duplicate(trigger, dialect)
 
 
+@pytest.mark.parametrize("server_db", WITH_PG8000[1:], indirect=True)
 @pytest.mark.parametrize("kind", ["lock timeout", "killed connection", "statement timeout"])
 def test_lock_and_statement_timeouts_and_killed_connections_are_outages(
         server_db: Db, kind: str) -> None:

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from consumer_kit.core.errors import ConfigError, SchemaError
+from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema.check import (
     case_folding_tables,
     describe_missing,
@@ -40,7 +41,8 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     """Return an Engine for a SQLAlchemy URL (or the engine itself).
 
     SQLite gets WAL mode and a busy timeout so several processes can share one file; MySQL and
-    MariaDB get pre-ping and a connect timeout so a dead server fails fast.
+    MariaDB get pre-ping and a connect timeout so a dead server fails fast; pg8000 raises a
+    dropped connection as SQLAlchemy's `OperationalError` (`core.network_errors`).
 
     Raises:
         ConfigError: the URL cannot be parsed or its driver is not installed.
@@ -78,6 +80,8 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
                           "postgresql+psycopg:// or sqlite:///path") from None
     if backend == "sqlite":
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+    elif parsed.get_driver_name() == "pg8000":  # lets a dropped connection's socket error out
+        treat_socket_errors_as_disconnects(engine)
     return engine
 
 

@@ -64,9 +64,12 @@ def driver_code(error: BaseException) -> int | None:
 
 
 def sqlstate(error: BaseException) -> str | None:
-    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`)."""
+    """The SQLSTATE of a PostgreSQL error (psycopg 3 `sqlstate`, psycopg2 `pgcode`, pg8000 the
+    `C` field of the server's error fields, its first argument)."""
     orig = _orig(error)
     state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if state is None and orig.args and isinstance(orig.args[0], dict):
+        state = orig.args[0].get("C")
     return state if isinstance(state, str) else None
 
 
