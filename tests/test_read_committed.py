@@ -7,6 +7,7 @@ own error, let through unwrapped by the engine option's connect hook)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,12 +15,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects.mysql.base import MySQLDialect
+from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.receipt import Receipt
-from outbox_producer import Relay
+from outbox_producer import Dispatcher, Outbox, Relay
 from tests.cli import error_line
 from tests.conftest import Db
 from tests.producer.test_retention import consume, publish, remaining
@@ -114,3 +116,31 @@ def test_the_archive_command_stopped_by_a_lost_connection_says_so_in_one_line(
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["moved"] == 3 and remaining(mariadb) == set()
 
+
+
+def test_a_dispatcher_whose_connection_is_lost_says_so_in_one_line_and_leaves_the_row_to_the_relay(
+        mariadb: Db, kill_read_committed: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    # Given a dispatcher whose claim connection dies as it sets its isolation level
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(mariadb.engine, transport, table=mariadb.names.outbox).start()
+    outbox = Outbox(mariadb.engine, producer="orders", table=mariadb.names.outbox,
+                    dispatcher=dispatcher)
+    kill_read_committed[0] = 1
+    try:
+        # When a message is published
+        with Session(mariadb.engine) as session, session.begin():
+            message_id = outbox.publish(session, "T", {"n": 1}, biz_type="t", biz_key="1")
+        assert dispatcher.flush(10)
+    finally:
+        dispatcher.close()
+    # Then one warning names the outage, without a traceback, and nothing was sent
+    said = [r for r in caplog.records if r.name == "outbox_producer.dispatcher"]
+    assert kill_read_committed == [0] and transport.sent == []
+    assert [(r.levelno, r.exc_info) for r in said] == [(logging.WARNING, None)], said
+    assert said[0].getMessage().startswith(
+        "dispatcher: database unavailable; batch of 1 left for the relay "
+        f"(first message {message_id}): OperationalError: (2013, 'Lost connection")
+    # And the relay sends the row, once
+    relayed = RecordingTransport()
+    Relay(mariadb.engine, relayed, table=mariadb.names.outbox).run_once()
+    assert relayed.counts() == {message_id: 1}
