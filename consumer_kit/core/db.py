@@ -230,20 +230,20 @@ def read_committed(engine: Engine) -> Engine:
 
 
 def _set_read_committed(connection: sa.Connection) -> None:
-    """Set READ COMMITTED on a connection just checked out, raising a failure as SQLAlchemy's
-    `DBAPIError` (`OperationalError` for a lost connection) after discarding the connection
-    from the pool: its session state is unknown."""
-    dialect = connection.dialect
+    """Set READ COMMITTED on a connection just checked out. A failure is raised as any
+    statement's is, by SQLAlchemy's own handler: its `DBAPIError` (`OperationalError` for a lost
+    connection, with the engine's `handle_error` hooks applied, such as pg8000's bare socket
+    error made one in `core.network_errors`), and a lost connection invalidates the pool's
+    others too. The connection is discarded either way: its session state is unknown."""
     try:
         connection.execution_options(isolation_level="READ COMMITTED")
-    except dialect.loaded_dbapi.Error as err:
-        dbapi_connection = connection.connection.dbapi_connection
-        lost = dialect.is_disconnect(err, dbapi_connection, None)
-        connection.invalidate(err)
-        connection.close()
-        raise sa.exc.DBAPIError.instance(
-            "(setting the isolation level READ COMMITTED)", None, err,
-            dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect) from err
+    except Exception as err:
+        try:  # SQLAlchemy's handler, as for a statement (no public entry point takes this)
+            connection._handle_dbapi_exception(err, None, None, None, None)
+        finally:
+            if not connection.invalidated:
+                connection.invalidate()
+            connection.close()
 
 
 class Engines:

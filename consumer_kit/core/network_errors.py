@@ -1,7 +1,8 @@
 """A lost connection that a driver raises as a plain socket error, turned into SQLAlchemy's.
 
-pg8000 lets the operating system's error through when the server drops a connection it is
-reading from (`ConnectionResetError`, `BrokenPipeError`: a terminated backend, a restart).
+pg8000 lets the operating system's error through when the server drops a connection while it
+waits for an answer (a `ConnectionResetError` on the first read of a message: a terminated
+backend, a restart; errors on writing it wraps as `InterfaceError("network error")`).
 SQLAlchemy wraps only the driver's own DB-API errors, so such an error would reach the relay or
 a consumer as a plain `OSError`, not as the outage it is: not waited out, and the dead
 connection handed out again by the pool. `treat_socket_errors_as_disconnects` makes it
@@ -22,10 +23,13 @@ def treat_socket_errors_as_disconnects(engine: Engine) -> None:
 
 
 def _socket_error_as_disconnect(context: ExceptionContext) -> exc.OperationalError | None:
-    """The `handle_error` hook: a bare `OSError` becomes a disconnect; others pass as they are."""
+    """The `handle_error` hook: a bare connection error or time-out becomes a disconnect; any
+    other error (a `PermissionError` from a logging hook, say) passes as it is."""
     error = context.original_exception
-    if context.sqlalchemy_exception is not None or not isinstance(error, OSError):
+    if context.sqlalchemy_exception is not None or not isinstance(
+            error, (ConnectionError, TimeoutError)):
         return None
     context.is_disconnect = True
+    hide = context.engine.hide_parameters if context.engine is not None else False
     return exc.OperationalError(context.statement, context.parameters, error,
-                                connection_invalidated=True)
+                                hide_parameters=hide, connection_invalidated=True)
