@@ -102,6 +102,9 @@ def dedupe_table(results: list[JobResult], db: str) -> str:
                          f"{rate:,.0f}",
                          "ok" if r.data["effects"] == r.data["effects_expected"] else
                          f"{r.data['effects']} != {r.data['effects_expected']}"])
+        if "ping_rate" in r.data:
+            rows.append([r.label, "Redis PING, same thread (a duplicate's floor)", "-", "-",
+                         "-", "-", f"{r.data['ping_rate']:,.0f}", "-"])
     return table(["dedupe (handler inserting one row)", "mode", "bare ms", "decorated ms",
                   "x bare", "added ms", "duplicates rejected/s", "effects"], rows)
 
@@ -168,8 +171,10 @@ def summary(results: list[JobResult], dbs: Sequence[str]) -> str:
                          or "-", "-"])
             rates = " / ".join(f"{d[m]:,.0f}" for m in d)
             over = ", ".join(f"{d[m] / d['database']:.1f}x" for m in d if m != "database")
+            ping = (f"; Redis PINGs/s on that thread: {c.data['ping_rate']:,.0f}"
+                    if "ping_rate" in c.data else "")
             rows.append([f"duplicates rejected/s, {modes} ({DB_TITLE[db]})",
-                         f"{rates} ({over})",
+                         f"{rates} ({over}){ping}",
                          "; ".join(f"{label} {dup['decorated']:,.0f}"
                                    for label, _, dup in others) or "-", "-"])
     return table(["measure", "consumer-kit", "best peer (same run)", "others"], rows)

@@ -1,6 +1,8 @@
 """consumer-kit's decorated consumer against the bare handler, driven without a broker as
 bench/consumer.py does (`ConsumerApp(...).pipeline()(Delivery(...))`), with Redis and with the
-database only; then the rate of rejecting duplicates this process did not see itself.
+database only; then the rate of rejecting duplicates this process did not see itself, and of
+Redis PINGs on the same thread: one round trip, the least a duplicate rejected through Redis
+costs (on a virtual machine, mostly the wake-up of a thread blocked on its socket).
 
 The floor: the bare handler plus the processed row written by one hand-written INSERT in the
 same transaction. A dedupe whose truth is a row committed with the effect costs at least that
@@ -11,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -21,6 +24,9 @@ from consumer_kit.core.schema import processed_table
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.outcome import Outcome
 from consumer_kit.transports import ConsumeStatus, Delivery
+
+#: the pseudo-mode of `duplicate_rates` timing one Redis PING per key
+PING = "redis PING"
 
 
 def delivery(key: str) -> Delivery:
@@ -99,9 +105,15 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
                 pipe.redis.flush(30)  # the done markers land off the hot path
         dup_keys = keys[: int(job["duplicates"])]
         before = {mode: pipe.counts.copy() for mode, pipe in pipes.items()}
+        # the floor of a duplicate rejected through Redis: one round trip (a PING per key, on
+        # the same thread, taking turns with the modes)
+        ping = redis.Redis.from_url(job["redis"], socket_timeout=0.5)
         rates, passes = harness.on_thread(lambda: harness.duplicate_rates(
-            [(mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()],
+            [*((mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()),
+             (PING, lambda _k: ping.ping())],
             dup_keys, int(job["runs"])))
+        ping.close()
+        ping_rate, ping_runs = rates.pop(PING), passes.pop(PING)
         for mode, pipe in pipes.items():
             rejected = (pipe.counts - before[mode])[Outcome.DUPLICATE]
             expected = harness.duplicates_sent(dup_keys, int(job["runs"]))
@@ -111,7 +123,7 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
             made = conn.execute(sa.select(sa.func.count()).select_from(effects)).scalar()
         expected = 5 * (len(keys) + 50)  # bare, floor, three decorated modes, warm-up included
         return {"runs": runs, "duplicates": rates, "duplicates_runs": passes,
-                "duplicates_n": len(dup_keys),
+                "duplicates_n": len(dup_keys), "ping_rate": ping_rate, "ping_runs": ping_runs,
                 "effects": made, "effects_expected": expected}
     finally:
         for mode, app in apps.items():
@@ -125,8 +137,6 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
 def forget(url: str, group: str, keys: list[str], mode: str) -> None:
     """Delete the bench's Redis keys of one mode's group, its warm-up messages' included
     (never a flush: the server is shared)."""
-    import redis
-
     client = redis.Redis.from_url(url)
     all_keys = [*keys, *(f"w{i}-{mode}" for i in range(50))]
     for start in range(0, len(all_keys), 1000):
