@@ -130,8 +130,8 @@ class Dispatcher:
         except Exception as exc:  # the rows stay PENDING or SENDING under a lease: the relay
             if isinstance(exc, sa.exc.DBAPIError) and is_transient(exc, self.engine.dialect.name):
                 orig = exc.orig if exc.orig is not None else exc  # an outage: no traceback
-                log.warning("dispatcher: database unavailable; batch of %d left for the relay "
-                            "(first message %s): %s: %s", len(batch), batch[0].message_id,
+                log.warning("dispatcher: transient database error; batch of %d left for the "
+                            "relay (first message %s): %s: %s", len(batch), batch[0].message_id,
                             type(orig).__name__, (str(orig).splitlines() or [""])[0])
             else:
                 log.exception("dispatcher: batch of %d left for the relay (first message %s)",

@@ -32,8 +32,13 @@ def seed(db: Db) -> str:
     return db.names.outbox
 
 
-#: every database, and PostgreSQL through pg8000 as well (its SQLSTATE is in its first argument)
-WITH_PG8000 = [*DB_KINDS, pytest.param("pg8000", marks=pytest.mark.postgresql)]
+#: PostgreSQL through pg8000 as well (its SQLSTATE is in its first argument)
+PG8000 = pytest.param("pg8000", marks=pytest.mark.postgresql)
+#: every database, and PostgreSQL through pg8000
+WITH_PG8000 = [*DB_KINDS, PG8000]
+#: each database server, and PostgreSQL through pg8000
+SERVERS_WITH_PG8000 = [pytest.param("mariadb", marks=pytest.mark.mariadb),
+                       pytest.param("postgresql", marks=pytest.mark.postgresql), PG8000]
 
 
 @pytest.mark.parametrize("db", WITH_PG8000, indirect=True)
@@ -54,7 +59,7 @@ def test_schema_and_trigger_errors_are_not_outages(db: Db) -> None:
     assert is_duplicate(duplicate, dialect) and not is_duplicate(trigger, dialect)
 
 
-@pytest.mark.parametrize("server_db", WITH_PG8000[1:], indirect=True)
+@pytest.mark.parametrize("server_db", SERVERS_WITH_PG8000, indirect=True)
 @pytest.mark.parametrize("kind", ["lock timeout", "killed connection", "statement timeout"])
 def test_lock_and_statement_timeouts_and_killed_connections_are_outages(
         server_db: Db, kind: str) -> None:
@@ -161,3 +166,15 @@ def test_a_full_sqlite_database_is_an_outage(sqlite_db: Db) -> None:
         f"UPDATE {table} SET body = X'{'00' * 200_000}'"))
     full.dispose()
     assert "database or disk is full" in str(error.orig) and is_transient(error, "sqlite")
+
+
+def test_a_login_pg8000_refuses_for_good_is_not_an_outage() -> None:
+    # pg8000 raises a refused connection (no pg_hba.conf entry, SQLSTATE 28000) as an
+    # InterfaceError, the class a server that is down gets too: the SQLSTATE tells them apart
+    from pg8000 import exceptions as pg8000_errors
+
+    refused = pg8000_errors.InterfaceError(
+        {"S": "FATAL", "C": "28000", "M": 'no pg_hba.conf entry for host "10.0.0.9"'})
+    down = pg8000_errors.InterfaceError("Can't create a connection to host 127.0.0.1 and port 1")
+    assert not is_transient(wrapped(refused, pg8000_errors.Error), "postgresql")
+    assert is_transient(wrapped(down, pg8000_errors.Error), "postgresql")

@@ -17,7 +17,9 @@ import sqlalchemy as sa
 from consumer_kit.core import network_errors
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_errors import is_transient
+from consumer_kit.core.schema.mq import mq_tables
 from consumer_kit.core.states import OutboxState
+from consumer_kit.transports.sql.database import Database
 from outbox_producer import Relay
 from outbox_producer import relay as relay_module
 from tests.conftest import Db, database_url
@@ -45,13 +47,9 @@ def terminate(tmp_path: Path) -> Iterator[Any]:
         for conn in conns:
             conn.close()
         with killer.connect() as conn:
-            for pid in pids:
-                conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
-            for _ in range(100):  # the backends are gone once the server says so
-                if not conn.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%(p)s)",
-                        {"p": pids}).scalar():
-                    break
+            for pid in pids:  # waits up to 5 s for the backend to exit (PostgreSQL 14 or later)
+                assert conn.exec_driver_sql(
+                    f"SELECT pg_terminate_backend({pid}, 5000)").scalar(), pid
 
     try:
         yield run
@@ -132,35 +130,118 @@ def test_a_dropped_connections_error_keeps_hidden_parameters_hidden(
     assert lost.value.connection_invalidated and "secret-value" not in str(lost.value)
 
 
-def test_the_socket_errors_disconnect_hides_parameters_when_the_engine_does() -> None:
-    # Given the hook's view of a bare reset on a statement of an engine hiding parameters
-    # (the path a reset takes on pg8000's first read of an answer; the test above may see the
-    # write fail first, which SQLAlchemy wraps itself)
-    context = SimpleNamespace(
-        original_exception=ConnectionResetError(104, "Connection reset by peer"),
-        sqlalchemy_exception=None, statement="SELECT %s", parameters=("secret-value",),
-        engine=SimpleNamespace(hide_parameters=True), is_disconnect=False)
+class ResetSocket:
+    """A socket file whose peer reset the connection."""
+
+    def read(self, size: int) -> bytes:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def reset_in_pg8000() -> ConnectionResetError:
+    """The bare error pg8000's own read raises on a reset connection (its traceback in pg8000)."""
+    from pg8000 import core
+
+    try:
+        core._read(ResetSocket(), 5)
+    except ConnectionResetError as error:
+        return error
+    raise AssertionError("pg8000 wrapped the reset: see consumer_kit/core/network_errors.py")
+
+
+def hook_context(error: BaseException, engine: sa.Engine) -> SimpleNamespace:
+    """What SQLAlchemy hands a `handle_error` hook for `error`, not wrapped, on `engine`."""
+    return SimpleNamespace(original_exception=error, sqlalchemy_exception=None,
+                           statement="SELECT %s", parameters=("secret-value",), engine=engine,
+                           is_disconnect=False)
+
+
+def test_the_socket_errors_disconnect_hides_parameters_when_the_engine_does(
+        pg8000_url: str) -> None:
+    # Given a reset raised in pg8000's read, on a statement of an engine hiding parameters (the
+    # path a reset takes on the first read of an answer; the test above may see the write fail
+    # first, which SQLAlchemy wraps itself)
+    engine = make_engine(pg8000_url, hide_parameters=True)
+    context = hook_context(reset_in_pg8000(), engine)
     # When the hook judges it
     error = network_errors._socket_error_as_disconnect(context)  # type: ignore[arg-type]
+    engine.dispose()
     # Then it is a disconnect whose text keeps the parameter out
     assert isinstance(error, sa.exc.OperationalError) and context.is_disconnect
     assert error.connection_invalidated and "secret-value" not in str(error)
 
 
+def test_a_connection_error_raised_outside_the_driver_is_not_made_a_disconnect(
+        pg8000_url: str) -> None:
+    # Given a tracing hook whose exporter's connection is refused, on a pg8000 engine
+    engine = make_engine(pg8000_url)
+
+    def trace(*_: Any) -> None:
+        raise ConnectionRefusedError(111, "Connection refused (the trace collector)")
+
+    sa.event.listen(engine, "after_cursor_execute", trace)
+    try:
+        # When a statement runs, then the hook's own error comes out, the pool kept
+        with pytest.raises(ConnectionRefusedError), engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        invalidated = engine.pool._invalidate_time
+    finally:
+        engine.dispose()
+    assert invalidated == 0
+
+
+@pytest.mark.parametrize("built_by", ["the caller", "the SQL transport"])
+def test_engines_not_made_from_a_url_by_make_engine_get_the_same_guard(
+        pg8000_url: str, built_by: str) -> None:
+    # Given a pg8000 engine the caller built and handed to consumer-kit, or the SQL transport's
+    if built_by == "the caller":
+        engine = make_engine(sa.create_engine(pg8000_url))
+    else:
+        engine = Database(pg8000_url, mq_tables("ckit_mq")).engine
+    try:
+        # When pg8000's read raises a reset on it
+        context = hook_context(reset_in_pg8000(), engine)
+        guarded = sa.event.contains(engine, "handle_error",
+                                    network_errors._socket_error_as_disconnect)
+        error = network_errors._socket_error_as_disconnect(context)  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
+    # Then the engine's hook makes it a disconnect
+    assert guarded and isinstance(error, sa.exc.OperationalError) and context.is_disconnect
+
+
 @pytest.mark.parametrize("db", ["pg8000"], indirect=True)
-def test_a_relay_waits_out_its_pools_connections_dropped_by_a_restart(
-        db: Db, terminate: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given due rows, and a relay through pg8000 whose pooled connections all died
+def test_a_relay_waits_out_connections_dropped_as_it_checks_them_out(
+        db: Db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given due rows, and a server that ends the relay's first five connections' backends just
+    # as the pool hands them over: its clock check's, its gauges' (both skipped for an outage)
+    # and at least three of its batches
     monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.05, 0.1))
     ids = publish(db, range(3))
-    engine = make_engine(db.url, pool_size=2, max_overflow=0)
+    engine = make_engine(db.url)
+    killer = make_engine(database_url("postgresql", tmp_path), poolclass=sa.pool.NullPool)
+    kills = [5]
+
+    def end_backend(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if kills[0] > 0:
+            kills[0] -= 1
+            cursor = dbapi_connection.cursor()
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+            dbapi_connection.rollback()
+            with killer.connect() as conn:
+                assert conn.exec_driver_sql(
+                    f"SELECT pg_terminate_backend({pid}, 5000)").scalar()
+
+    sa.event.listen(engine, "checkout", end_backend)
     transport = RecordingTransport()
     try:
-        terminate(engine, 2)
         # When it drains them
         result = Relay(engine, transport, table=db.names.outbox).run_once()
     finally:
         engine.dispose()
-    # Then it sent every row once (it used to die of the bare ConnectionResetError)
-    assert transport.counts() == {m: 1 for m in ids} and result.stats.sent == 3
+        killer.dispose()
+    # Then it waited the lost connections out and sent every row once (it used to die of the
+    # bare ConnectionResetError)
+    assert kills == [0] and result.errors >= 1
+    assert transport.counts() == {m: 1 for m in ids}
     assert set(outbox_states(db.engine, db.names.outbox).values()) == {OutboxState.SENT}

@@ -42,12 +42,15 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
 
     SQLite gets WAL mode and a busy timeout so several processes can share one file; MySQL and
     MariaDB get pre-ping and a connect timeout so a dead server fails fast; pg8000 raises a
-    dropped connection as SQLAlchemy's `OperationalError` (`core.network_errors`).
+    dropped connection as SQLAlchemy's `OperationalError` (`core.network_errors`; also on an
+    engine passed in).
 
     Raises:
         ConfigError: the URL cannot be parsed or its driver is not installed.
     """
     if isinstance(url, Engine):
+        if url.dialect.driver == "pg8000":  # a caller's engine: the same guard
+            treat_socket_errors_as_disconnects(url)
         return url
     remember_secrets([url])
     try:
@@ -237,7 +240,7 @@ def _set_read_committed(connection: sa.Connection) -> None:
     others too. The connection is discarded either way: its session state is unknown."""
     try:
         connection.execution_options(isolation_level="READ COMMITTED")
-    except Exception as err:
+    except BaseException as err:  # an interrupt too: SQLAlchemy then takes it as a disconnect
         try:  # SQLAlchemy's handler, as for a statement (no public entry point takes this)
             connection._handle_dbapi_exception(err, None, None, None, None)
         finally:

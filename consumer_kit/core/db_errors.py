@@ -82,15 +82,15 @@ def is_transient(error: BaseException, dialect: str) -> bool:
     text = str(_orig(error)).lower()
     if dialect == "sqlite":
         return any(marker in text for marker in SQLITE_TRANSIENT)
-    if _is(error, exc.InterfaceError):
-        return True
-    if dialect == "postgresql":
-        state = sqlstate(error)
+    if dialect == "postgresql":  # the server's SQLSTATE first: pg8000 raises a refused login
+        state = sqlstate(error)  # (28000, 28P01) as an InterfaceError
         if state is None:  # no server answer (refused, reset, timed out) or a failed connect
-            return (_is(error, exc.OperationalError)
+            return ((_is(error, exc.OperationalError) or _is(error, exc.InterfaceError))
                     and not any(marker in text for marker in PG_REFUSED))
         return state in PG_TRANSIENT or (state.startswith(PG_TRANSIENT_CLASSES)
                                          and state not in PG_LASTING)
+    if _is(error, exc.InterfaceError):
+        return True
     return driver_code(error) in MYSQL_TRANSIENT
 
 

@@ -29,6 +29,7 @@ from consumer_kit.core.errors import (
     TransportError,
     TransportUnavailable,
 )
+from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema import DEFAULT_MQ_PREFIX, MqTables
 from consumer_kit.core.urls import mask_text, mask_url
 
@@ -89,6 +90,8 @@ class Database:
             raise ConfigError(f"cannot open sql+{self.masked_url}: {hint}") from None
         except (exc.ArgumentError, ImportError) as error:
             raise ConfigError(f"cannot open {self.masked_url}: {error}") from error
+        if parsed.get_driver_name() == "pg8000":  # its dropped connection: a disconnect
+            treat_socket_errors_as_disconnects(self.engine)
         # SQLite has one writer: threads of this process queue on a lock instead of spinning in
         # SQLite's busy handler (which sleeps up to 100 ms per try); other processes still do.
         self._write_lock: threading.Lock | None = None
