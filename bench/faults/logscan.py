@@ -16,7 +16,7 @@ PATTERNS = {
     "lock_wait_timeouts": re.compile(r"Lock wait timeout"),
     "receipts_given_up": re.compile(r"ack batch of (\d+) .* given up"),
     "dispatcher_batches_left": re.compile(
-        r"dispatcher: (?:database unavailable; )?batch of \d+ left for the relay"),
+        r"dispatcher: (?:transient database error; )?batch of \d+ left for the relay"),
     "busy": re.compile(r"message \S+ busy: "),
     "reconsume_later": re.compile(r"message \S+ reconsume later: "),
     "slow_transport_shutdowns": re.compile(r"shut down in (?:[1-9]\d|\d{3,})\.\d+ s"),

@@ -108,11 +108,13 @@ def dedupe(job: dict[str, Any]) -> dict[str, Any]:
         # the floor of a duplicate rejected through Redis: one round trip (a PING per key, on
         # the same thread, taking turns with the modes)
         ping = redis.Redis.from_url(job["redis"], socket_timeout=0.5)
-        rates, passes = harness.on_thread(lambda: harness.duplicate_rates(
-            [*((mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()),
-             (PING, lambda _k: ping.ping())],
-            dup_keys, int(job["runs"])))
-        ping.close()
+        try:
+            rates, passes = harness.on_thread(lambda: harness.duplicate_rates(
+                [*((mode, lambda k, p=pipe: p(delivery(k))) for mode, pipe in pipes.items()),
+                 (PING, lambda _k: ping.ping())],
+                dup_keys, int(job["runs"])))
+        finally:
+            ping.close()
         ping_rate, ping_runs = rates.pop(PING), passes.pop(PING)
         for mode, pipe in pipes.items():
             rejected = (pipe.counts - before[mode])[Outcome.DUPLICATE]
