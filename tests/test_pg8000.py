@@ -18,14 +18,10 @@ from consumer_kit.core import network_errors
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_errors import is_transient
 from consumer_kit.core.schema.mq import mq_tables
-from consumer_kit.core.states import OutboxState
 from consumer_kit.transports.sql.database import Database
-from outbox_producer import Relay
 from outbox_producer import relay as relay_module
 from tests.conftest import Db, database_url
-from tests.producer.test_relay_partial import outbox_states
-from tests.producer.test_retention import publish
-from tests.recording import RecordingTransport
+from tests.producer.test_relay_driver_errors import relay_through_lost_connections
 
 pytestmark = pytest.mark.postgresql
 
@@ -213,35 +209,21 @@ def test_engines_not_made_from_a_url_by_make_engine_get_the_same_guard(
 def test_a_relay_waits_out_connections_dropped_as_it_checks_them_out(
         db: Db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given due rows, and a server that ends the relay's first five connections' backends just
-    # as the pool hands them over: its clock check's, its gauges' (both skipped for an outage)
-    # and at least three of its batches
+    # as the pool hands them over
     monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.05, 0.1))
-    ids = publish(db, range(3))
-    engine = make_engine(db.url)
     killer = make_engine(database_url("postgresql", tmp_path), poolclass=sa.pool.NullPool)
-    kills = [5]
 
-    def end_backend(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        if kills[0] > 0:
-            kills[0] -= 1
-            cursor = dbapi_connection.cursor()
-            cursor.execute("SELECT pg_backend_pid()")
-            pid = cursor.fetchone()[0]
-            dbapi_connection.rollback()
-            with killer.connect() as conn:
-                assert conn.exec_driver_sql(
-                    f"SELECT pg_terminate_backend({pid}, 5000)").scalar()
+    def end_backend(dbapi_connection: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+        dbapi_connection.rollback()
+        with killer.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid}, 5000)").scalar()
 
-    sa.event.listen(engine, "checkout", end_backend)
-    transport = RecordingTransport()
     try:
-        # When it drains them
-        result = Relay(engine, transport, table=db.names.outbox).run_once()
+        # When the relay drains them, then it waits the lost connections out, sending each
+        # once (it used to die of the bare ConnectionResetError)
+        relay_through_lost_connections(db, make_engine(db.url), end_backend, rows=3)
     finally:
-        engine.dispose()
         killer.dispose()
-    # Then it waited the lost connections out and sent every row once (it used to die of the
-    # bare ConnectionResetError)
-    assert kills == [0] and result.errors >= 1
-    assert transport.counts() == {m: 1 for m in ids}
-    assert set(outbox_states(db.engine, db.names.outbox).values()) == {OutboxState.SENT}
