@@ -1,8 +1,9 @@
 """`read_committed`: the relay's, dispatcher's, receipt applier's, archive's and rotate's
-transactions run at READ COMMITTED on a pool they share with the caller's engine, and a
-connection lost as that level is set fails like any other statement does: SQLAlchemy's
-`OperationalError`, the connection discarded, one line from the CLI (it used to be the driver's
-own error, let through unwrapped by the engine option's connect hook)."""
+transactions run at READ COMMITTED on a pool they share with the caller's engine (an engine
+whose own isolation option would win is refused), and a connection lost as that level is set
+fails like any other statement does: SQLAlchemy's `OperationalError`, the connection discarded,
+one line from the CLI (it used to be the driver's own error, let through unwrapped by the
+engine option's connect hook)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
 from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipt import Receipt
 from outbox_producer import Dispatcher, Outbox, Relay
 from tests.cli import error_line
 from tests.conftest import Db
 from tests.producer.test_retention import consume, publish, remaining
 from tests.recording import RecordingTransport
-
-pytestmark = pytest.mark.mariadb
 
 LEVEL = "SELECT @@tx_isolation"
 
@@ -60,6 +60,7 @@ def kill_read_committed(mariadb: Db, monkeypatch: pytest.MonkeyPatch) -> Iterato
         killer.dispose()
 
 
+@pytest.mark.mariadb
 def test_read_committed_sets_the_level_on_its_connections_only(mariadb: Db) -> None:
     # Given an engine and its read_committed view, sharing one pool of one connection
     engine = make_engine(mariadb.url, pool_size=1, max_overflow=0)
@@ -75,6 +76,7 @@ def test_read_committed_sets_the_level_on_its_connections_only(mariadb: Db) -> N
     assert (inside, after) == ("READ-COMMITTED", "REPEATABLE-READ")
 
 
+@pytest.mark.mariadb
 def test_a_connection_lost_as_the_level_is_set_raises_sqlalchemys_error_and_is_discarded(
         mariadb: Db, kill_read_committed: list[int]) -> None:
     # Given a read_committed engine whose next connection dies after the pool's pre-ping
@@ -99,6 +101,7 @@ def test_a_connection_lost_as_the_level_is_set_raises_sqlalchemys_error_and_is_d
     assert "Checked out connections: 0" in status
 
 
+@pytest.mark.mariadb
 def test_the_archive_command_stopped_by_a_lost_connection_says_so_in_one_line(
         mariadb: Db, kill_read_committed: list[int]) -> None:
     # Given consumed rows to archive, and a database that drops archive's batch connection
@@ -124,6 +127,7 @@ def test_the_archive_command_stopped_by_a_lost_connection_says_so_in_one_line(
 
 
 
+@pytest.mark.mariadb
 def test_a_dispatcher_whose_connection_is_lost_says_so_in_one_line_and_leaves_the_row_to_the_relay(
         mariadb: Db, kill_read_committed: list[int], caplog: pytest.LogCaptureFixture) -> None:
     # Given a dispatcher whose claim connection dies as it sets its isolation level
@@ -150,3 +154,20 @@ def test_a_dispatcher_whose_connection_is_lost_says_so_in_one_line_and_leaves_th
     relayed = RecordingTransport()
     Relay(mariadb.engine, relayed, table=mariadb.names.outbox).run_once()
     assert relayed.counts() == {message_id: 1}
+
+
+@pytest.mark.parametrize("level", ["AUTOCOMMIT", "SERIALIZABLE"])
+def test_an_engine_with_its_own_isolation_level_is_refused_before_any_row_moves(
+        server_db: Db, level: str) -> None:
+    # Given a due row, and an engine whose execution option sets another isolation level (under
+    # AUTOCOMMIT a lock-mode claim's row locks would end with its statement)
+    [message_id] = publish(server_db, range(1))
+    engine = server_db.engine.execution_options(isolation_level=level)
+    transport = RecordingTransport()
+    # When a relay or a dispatcher is built on it, then each is refused, naming the level
+    for build in (lambda: Relay(engine, transport, table=server_db.names.outbox),
+                  lambda: Dispatcher(engine, transport, table=server_db.names.outbox)):
+        with pytest.raises(ConfigError, match=f"runs at isolation level {level}"):
+            build()
+    # And nothing was sent
+    assert transport.sent == [] and remaining(server_db) == {message_id}

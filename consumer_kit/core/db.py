@@ -224,9 +224,20 @@ def read_committed(engine: Engine) -> Engine:
     to set it (a connection lost after the pool's pre-ping) raises SQLAlchemy's wrapped error,
     as every other statement's does: the engine's `isolation_level` option would set it in a
     hook that lets the driver's own error through.
+
+    Raises:
+        ConfigError: `engine` carries an `isolation_level` execution option of its own (say
+            `AUTOCOMMIT`, under which a claim's row locks end with its statement): that option
+            would win over READ COMMITTED on every connection.
     """
     if dialect_name(engine) not in ("mysql", "postgresql"):
         return engine
+    level = engine.get_execution_options().get("isolation_level")
+    if level is not None and str(level).upper() != "READ COMMITTED":
+        raise ConfigError(
+            f"the engine for {mask_url(str(engine.url))} runs at isolation level {level} (its "
+            "execution option): give consumer-kit the engine without that option; it sets READ "
+            "COMMITTED on its own connections")
     options = engine.execution_options()  # a view of the same pool, with listeners of its own
     sa.event.listen(options, "engine_connect", _set_read_committed)
     return options
