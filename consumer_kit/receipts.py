@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from consumer_kit import metrics
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.db_errors import describe
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome, encode_receipts, receipt_topic
@@ -305,7 +306,7 @@ class ReceiptSender:
         except Exception as exc:  # the database is away: the next scan tries again
             if not self._stop.is_set():
                 log.warning("group %s: scan for owed receipts failed: %s", self.group,
-                            _first_line(exc))
+                            describe(exc))
             return []
         if taken:
             log.info("group %s: %d receipts owed from before (restart or failed delivery)",
@@ -332,7 +333,7 @@ class ReceiptSender:
             metrics.RECEIPT_FAILURES.labels(self.group, self.route.name).inc()
             log.warning("group %s: %d receipts for %s not delivered (first message %s), "
                         "owed again in %.0fs: %s", self.group, len(receipts), producer, ids[0],
-                        wait, _first_line(exc))
+                        wait, describe(exc))
             try:
                 self.store.receipts_failed(ids, utcnow() + dt.timedelta(seconds=wait))
             except Exception as db_exc:  # still owed as they were: the scan finds them
@@ -354,8 +355,3 @@ class ReceiptSender:
         with self._idle:
             self._busy -= n
             self._idle.notify_all()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

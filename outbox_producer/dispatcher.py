@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from consumer_kit.core.batching import BatchWorker
 from consumer_kit.core.db import make_engine, read_committed
-from consumer_kit.core.db_errors import is_transient
+from consumer_kit.core.db_errors import describe, is_transient
 from consumer_kit.core.errors import CkitError
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -129,10 +129,9 @@ class Dispatcher:
                 self._check(batch)
         except Exception as exc:  # the rows stay PENDING or SENDING under a lease: the relay
             if isinstance(exc, sa.exc.DBAPIError) and is_transient(exc, self.engine.dialect.name):
-                orig = exc.orig if exc.orig is not None else exc  # an outage: no traceback
                 log.warning("dispatcher: transient database error; batch of %d left for the "
-                            "relay (first message %s): %s: %s", len(batch), batch[0].message_id,
-                            type(orig).__name__, (str(orig).splitlines() or [""])[0])
+                            "relay (first message %s): %s", len(batch), batch[0].message_id,
+                            describe(exc))  # an outage, a deadlock, a timeout: no traceback
             else:
                 log.exception("dispatcher: batch of %d left for the relay (first message %s)",
                               len(batch), batch[0].message_id)

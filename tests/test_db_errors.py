@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_transient
+from consumer_kit.core.db_errors import describe, is_duplicate, is_missing_table, is_transient
 from tests.conftest import DB_KINDS, Db
 from tests.poison import refused
 from tests.producer.test_retention import publish
@@ -178,3 +178,13 @@ def test_a_login_pg8000_refuses_for_good_is_not_an_outage() -> None:
     down = pg8000_errors.InterfaceError("Can't create a connection to host 127.0.0.1 and port 1")
     assert not is_transient(wrapped(refused, pg8000_errors.Error), "postgresql")
     assert is_transient(wrapped(down, pg8000_errors.Error), "postgresql")
+
+
+def test_an_error_is_described_in_one_line_by_the_drivers_class_and_text() -> None:
+    import pymysql
+
+    lost = pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+    assert describe(wrapped(lost, pymysql.err.Error)) == (
+        "OperationalError: (2013, 'Lost connection to MySQL server during query')")
+    assert describe(ValueError("first\nsecond")) == "ValueError: first"
+    assert describe(TimeoutError()) == "TimeoutError: "

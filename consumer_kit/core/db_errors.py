@@ -51,6 +51,14 @@ def _orig(error: BaseException) -> BaseException:
     return orig if isinstance(orig, BaseException) else error
 
 
+def describe(error: BaseException) -> str:
+    """`error` in one line for a log: its class and the first line of its text, the driver's own
+    for a SQLAlchemy `DBAPIError` (whose text adds the statement and a link)."""
+    orig = _orig(error)
+    text = str(orig).strip()
+    return f"{type(orig).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _is(error: BaseException, kind: type[exc.DBAPIError]) -> bool:
     """`error` is of DB-API class `kind` (`exc.OperationalError`, ...), wrapped or bare."""
     return isinstance(error, kind) or any(
