@@ -28,7 +28,9 @@ The guarantees are the lease's, held by the database instead of by a column:
 - **Outages**: rows left unsent by a broker outage are not written at all (they stay PENDING,
   their retry count unchanged).
 
-Needs SKIP LOCKED and a server-side idle-transaction timeout: PostgreSQL or MariaDB >= 10.6.
+Needs SKIP LOCKED and a server-side idle-transaction timeout: PostgreSQL or MariaDB >= 10.6,
+and not a Galera node: its row locks stop relays on the same node only, and a relay on another
+node would send the same rows before the certification failed one of the commits.
 Expired leases of other senders (a dispatcher that died) are taken over as well. The rows are
 never seen in SENDING: `ckit outbox stats` counts them PENDING until their commit.
 """
@@ -47,7 +49,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import dialect_name, supports_skip_locked
+from consumer_kit.core.db import dialect_name, is_galera_node, supports_skip_locked
 from consumer_kit.core.errors import CkitError, ConfigError
 from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
@@ -82,6 +84,11 @@ def check_lock_mode(engine: sa.engine.Engine) -> None:
         raise ConfigError(
             "--claim lock bounds a held batch with the server's idle-transaction timeout, "
             "which MySQL lacks (MariaDB and PostgreSQL have one): use --claim lease")
+    if is_galera_node(engine):
+        raise ConfigError(
+            "--claim lock holds its rows by row locks, which a Galera node keeps to itself: a "
+            "relay on another node would send the same rows; use --claim lease (its claims "
+            "are certified across the cluster)")
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@
 # usage: scripts/setup.sh
 #
 # Steps: python-deps.sh (extras dev,spark,rocketmq,rocketmq5), mariadb.sh, mariadb-replica.sh,
+# mariadb-galera.sh,
 # postgres.sh, redis.sh, jdbc.sh, librocketmq.sh, `rocketmq.sh start` (4.9.7) and
 # `rocketmq5.sh start` (5.3.3 and its proxy).
 # One line per step with its duration; a step's own output goes to a log file, whose tail is
@@ -51,7 +52,7 @@ step() {
 }
 
 write_env() {
-  local jars=$1 pg_url=$2 pg_url2=$3 primary_url=$4 replica_url=$5 tmp
+  local jars=$1 pg_url=$2 pg_url2=$3 primary_url=$4 replica_url=$5 galera_url=$6 tmp
   tmp=$(mktemp "${ENV_FILE}.XXXXXX")
   cat >"$tmp" <<EOF
 # Written by scripts/setup.sh: addresses of the local test services (fixed test credentials).
@@ -60,6 +61,7 @@ CKIT_TEST_MYSQL_URL2=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_test2
 CKIT_TEST_MYSQL_SHARD_URLS=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard1,mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard2,mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard3
 CKIT_TEST_MYSQL_PRIMARY_URL=${primary_url}
 CKIT_TEST_MYSQL_REPLICA_URL=${replica_url}
+CKIT_TEST_MYSQL_GALERA_URL=${galera_url}
 CKIT_TEST_PG_URL=${pg_url}
 CKIT_TEST_PG_URL2=${pg_url2}
 CKIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0
@@ -93,6 +95,7 @@ main() {
     bash "${SCRIPTS}/python-deps.sh"
   step mariadb bash "${SCRIPTS}/mariadb.sh"
   step replica bash "${SCRIPTS}/mariadb-replica.sh"
+  step galera bash "${SCRIPTS}/mariadb-galera.sh"
   step postgres bash "${SCRIPTS}/postgres.sh"
   step redis bash "${SCRIPTS}/redis.sh"
   step jdbc bash "${SCRIPTS}/jdbc.sh"
@@ -111,7 +114,10 @@ main() {
   primary_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url primary 2>>"${LOG_DIR}/replica.log" 9>&-) \
     && replica_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url replica 2>>"${LOG_DIR}/replica.log" 9>&-) \
     || { echo "setup: could not read the replica's URLs (see ${LOG_DIR}/replica.log)" >&2; exit 1; }
-  write_env "$jars" "$pg_url" "$pg_url2" "$primary_url" "$replica_url"
+  local galera_url
+  galera_url=$(bash "${SCRIPTS}/mariadb-galera.sh" url 2>>"${LOG_DIR}/galera.log" 9>&-) \
+    || { echo "setup: could not read the Galera node's URL (see ${LOG_DIR}/galera.log)" >&2; exit 1; }
+  write_env "$jars" "$pg_url" "$pg_url2" "$primary_url" "$replica_url" "$galera_url"
   printf 'setup: wrote %s; all done in %ss\n' "${ENV_FILE#"$ROOT"/}" \
     "$(awk -v a="$total" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
 }

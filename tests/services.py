@@ -27,6 +27,7 @@ DEFAULT_MYSQL_SHARD_URLS = ",".join(
 #: else a private source on 3308 (`scripts/mariadb-replica.sh url primary` says which).
 DEFAULT_MYSQL_PRIMARY_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_replica"
 DEFAULT_MYSQL_REPLICA_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3307/ckit_replica"
+DEFAULT_MYSQL_GALERA_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3309/ckit_galera"
 DEFAULT_PG_URL = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"
 DEFAULT_PG_URL2 = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test2"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -67,6 +68,12 @@ def mysql_primary_url() -> str:
 def mysql_replica_url() -> str:
     """Database ckit_replica on the read replica (`CKIT_TEST_MYSQL_REPLICA_URL`, read only)."""
     return _env("CKIT_TEST_MYSQL_REPLICA_URL", DEFAULT_MYSQL_REPLICA_URL)
+
+
+def mysql_galera_url() -> str:
+    """Database ckit_galera on the one-node Galera cluster of scripts/mariadb-galera.sh
+    (`CKIT_TEST_MYSQL_GALERA_URL`; its user may set the node's wsrep variables)."""
+    return _env("CKIT_TEST_MYSQL_GALERA_URL", DEFAULT_MYSQL_GALERA_URL)
 
 
 def pg_url() -> str:

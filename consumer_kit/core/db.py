@@ -184,6 +184,17 @@ def supports_skip_locked(bind: Engine | sa.engine.Connection) -> bool:
     return tuple(info[:2]) >= ((10, 6) if is_maria else (8, 0))
 
 
+def is_galera_node(engine: Engine) -> bool:
+    """True when `engine` is a MySQL/MariaDB node of a Galera cluster (`wsrep_on` set globally):
+    its row locks hold on that node only, and a conflicting write on another node fails at
+    commit (certification), not at the lock. A server built without Galera has no `wsrep_on`."""
+    if dialect_name(engine) != "mysql":
+        return False
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'").first()
+    return row is not None and str(row[1]).upper() in ("ON", "1")
+
+
 def check_tables(engine: Engine, *tables: sa.Table) -> None:
     """Raise `SchemaError` naming `ckit db init` when any of `tables` is missing, or lacks a
     column this version writes (a table made by an older consumer-kit: every write would fail,

@@ -4,8 +4,8 @@ Waiting out a lost connection, a server restarting, a lock timeout or a deadlock
 syntax, schema, permission or integrity error stays whatever we wait, and must fail at once.
 The exception class alone cannot tell them apart on MariaDB: PyMySQL raises `OperationalError`
 for every server code it does not map, an unknown column (1054) or a trigger's SIGNAL (1644)
-as well as a lost connection (2013). So MariaDB/MySQL errors are judged by their code,
-PostgreSQL errors by their SQLSTATE, and SQLite's by their text.
+as well as a lost connection (2013) or a Galera node out of its cluster (1047). So MariaDB/MySQL
+errors are judged by their code, PostgreSQL errors by their SQLSTATE, and SQLite's by their text.
 """
 
 from __future__ import annotations
@@ -17,9 +17,15 @@ from sqlalchemy import exc
 #: shutdown in progress, query interrupted (KILL QUERY, a shutdown), statement timeout
 #: (MariaDB's max_statement_time, MySQL's max_execution_time), disk full, table full,
 #: read-only (a failover), connection killed, can't connect, server gone away, lost connection,
-#: client-side network error, idle session killed.
+#: client-side network error, idle session killed; behind a cluster: MySQL Group Replication's
+#: certification conflict (3101, "Plugin instructed the server to rollback the current
+#: transaction"), ProxySQL's "Max connect timeout reached while reaching hostgroup" (9001).
 MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1226, 1203, 1053, 1317, 1969, 3024, 1021, 1114,
-                             1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
+                             1290, 1927, 2002, 2003, 2006, 2013, 2055, 4031, 3101, 9001})
+#: A Galera node out of the Primary component, still joining, or taken out of service
+#: (`wsrep_reject_queries`) answers 1047 "WSREP has not yet prepared node for application use";
+#: elsewhere 1047 is "Unknown command", a client bug. So 1047 counts only with WSREP in its text.
+MYSQL_GALERA_NOT_READY = 1047
 MYSQL_NO_TABLE = frozenset({1146})
 #: duplicate entry for a key (ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_KEY)
 MYSQL_DUPLICATE = frozenset({1062, 1586, 1022})
@@ -99,7 +105,8 @@ def is_transient(error: BaseException, dialect: str) -> bool:
                                          and state not in PG_LASTING)
     if _is(error, exc.InterfaceError):
         return True
-    return driver_code(error) in MYSQL_TRANSIENT
+    code = driver_code(error)
+    return code in MYSQL_TRANSIENT or (code == MYSQL_GALERA_NOT_READY and "wsrep" in text)
 
 
 def is_missing_table(error: exc.DBAPIError, dialect: str) -> bool:

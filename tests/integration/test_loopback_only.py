@@ -1,5 +1,6 @@
 """Every server the project's scripts start listens on loopback only: MariaDB (and the replica
-of scripts/mariadb-replica.sh, with the private source it may run), PostgreSQL, Redis, the
+of scripts/mariadb-replica.sh, with the private source it may run, and the Galera node of
+scripts/mariadb-galera.sh), PostgreSQL, Redis, the
 RocketMQ 4.9.7 name server and broker (which 4.9.x cannot restrict itself:
 scripts/loopback_bind.c), and the RocketMQ 5 name server, broker and proxy (scripts/rocketmq5.sh,
 the same shim: the proxy's gRPC and remoting servers have no bind-address setting)."""
@@ -35,6 +36,7 @@ def test_proc_net_parsing_reads_loopback_and_wildcard_addresses() -> None:
 def test_every_service_port_listens_on_loopback_only() -> None:
     services.require("mariadb", services.ping_mysql)
     services.require("mariadb replica", lambda: services.ping_mysql(services.mysql_replica_url()))
+    services.require("mariadb galera", lambda: services.ping_mysql(services.mysql_galera_url()))
     services.require("postgresql", services.ping_postgres)
     services.require("redis", services.ping_redis)
     services.require("rocketmq", services.ping_rocketmq)
@@ -43,7 +45,9 @@ def test_every_service_port_listens_on_loopback_only() -> None:
     postgresql = sa.engine.make_url(services.pg_url()).port or 5432  # scripts/postgres.sh port
     replica = sa.engine.make_url(services.mysql_replica_url()).port or 3307
     primary = sa.engine.make_url(services.mysql_primary_url()).port or 3306  # 3306, or 3308
+    galera = sa.engine.make_url(services.mysql_galera_url()).port or 3309
     ports = {"mariadb": 3306, "mariadb replica": replica, "replica's primary": primary,
+             "galera node": galera, "galera group communication": 4567,  # mariadb-galera.sh
              "postgresql": postgresql, "redis": 6379, "name server": namesrv,
              "broker": broker, "broker VIP channel": broker - 2, "broker HA": broker + 1}
     assert_loopback_only(ports)
