@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
-from consumer_kit.core.db_errors import is_transient
+from consumer_kit.core.db_errors import describe, is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -284,8 +284,7 @@ class Relay:
                         exc, self.engine.dialect.name):
                     raise
                 stats = None
-                orig = getattr(exc, "orig", None) or exc
-                what = "database error: " + (str(orig).splitlines() or [""])[0]
+                what = "database error: " + describe(exc)
             if stats is not None and stats.outage:
                 result.batches += 1
                 result.stats.add(stats)

@@ -137,7 +137,8 @@ def test_the_test_node_answers_1047_while_out_of_service(galera: Db, way: str) -
 
 @pytest.mark.parametrize("way", list(WAYS))
 def test_the_relay_waits_out_a_galera_node_out_of_service(
-        galera: Db, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        galera: Db, way: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     # Given due rows on a Galera node that becomes unavailable just before the relay runs
     monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.1, 0.2))
     ids = publish(galera, range(20))
@@ -146,6 +147,9 @@ def test_the_relay_waits_out_a_galera_node_out_of_service(
         # When the relay drains them, then it waits out the node's 1047s and sends each once
         result = Relay(galera.engine, transport, table=galera.names.outbox).run_once()
     assert result.errors >= 1 and result.gave_up is None
+    # (one line per wait, naming the driver's error)
+    assert "database error: OperationalError: (1047, 'WSREP has not yet prepared node" in \
+        caplog.text
     assert transport.counts() == {m: 1 for m in ids}
     assert set(outbox_states(galera.engine, galera.names.outbox).values()) == {OutboxState.SENT}
 
