@@ -1,11 +1,15 @@
 """PostgreSQL through pg8000, the pure-Python driver, when the server drops a connection: pg8000
 raises the socket's own `ConnectionResetError` when the drop is seen on a read (SQLAlchemy wraps
-only DB-API errors), also while `read_committed` sets its level. Each is SQLAlchemy's error,
+only DB-API errors), also while `read_committed` sets its level, and as pg8000 connects. Each is
+SQLAlchemy's error,
 an outage, with the pool's dead connections discarded; an `OSError` that is not the network's
 stays what it is."""
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,11 +21,16 @@ import sqlalchemy as sa
 from consumer_kit.core import network_errors
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_errors import is_transient
+from consumer_kit.core.errors import TransportUnavailable
+from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.schema.mq import mq_tables
+from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.database import Database
+from outbox_producer import Relay
 from outbox_producer import relay as relay_module
 from tests.conftest import Db, database_url
 from tests.producer.test_relay_driver_errors import relay_through_lost_connections
+from tests.recording import RecordingTransport
 
 pytestmark = pytest.mark.postgresql
 
@@ -227,3 +236,65 @@ def test_a_relay_waits_out_connections_dropped_as_it_checks_them_out(
         relay_through_lost_connections(db, make_engine(db.url), end_backend, rows=3)
     finally:
         killer.dispose()
+
+
+@pytest.fixture
+def resetting_url() -> Iterator[str]:
+    """A pg8000 URL of a loopback port that accepts each connection, reads its start-up message
+    and resets it (as a load balancer with no backend up does); closed after the test."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.settimeout(5)
+                conn.recv(4096)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    thread = threading.Thread(target=serve, name="resetting-server", daemon=True)
+    thread.start()
+    try:
+        yield f"postgresql+pg8000://ckit:s3cret@127.0.0.1:{port}/ckit_test"
+    finally:
+        server.close()
+        thread.join(10)
+
+
+def test_a_connection_reset_as_pg8000_connects_is_an_outage_not_a_bare_socket_error(
+        resetting_url: str) -> None:
+    # Given a server that resets each connection after its start-up message
+    engine = make_engine(resetting_url)
+    try:
+        # When consumer-kit connects through pg8000, then the error is SQLAlchemy's, an outage
+        # (pg8000 let the socket's ConnectionResetError through, which nothing waited out)
+        with pytest.raises(sa.exc.InterfaceError) as caught, engine.connect():
+            pass
+    finally:
+        engine.dispose()
+    assert is_transient(caught.value, "postgresql")
+    assert "network error on connect: ConnectionResetError" in str(caught.value)
+
+
+def test_a_relay_and_the_sql_transport_wait_out_resets_as_pg8000_connects(
+        resetting_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a server that resets every connection as pg8000 starts it
+    monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.05, 0.1))
+    engine = make_engine(resetting_url)
+    try:
+        # When a relay runs --once on it, then it waits the outage out, then gives up
+        result = Relay(engine, RecordingTransport(), table="ckit_outbox",
+                       once_outage_limit=0.5).run_once()
+    finally:
+        engine.dispose()
+    assert result.gave_up is not None and "network error on connect" in result.gave_up
+    assert "s3cret" not in result.gave_up
+    # and the SQL transport's send waits for `unavailable_after`, then says it is unavailable
+    with SqlTransport(resetting_url, unavailable_after=0.5) as transport, \
+            pytest.raises(TransportUnavailable, match=r"unavailable for 0\.5s") as caught:
+        transport.send(OutgoingMessage("orders", b"x"))
+    assert "s3cret" not in str(caught.value)

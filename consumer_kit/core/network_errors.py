@@ -8,19 +8,24 @@ a consumer as a plain `OSError`, not as the outage it is: not waited out, and th
 connection handed out again by the pool. `treat_socket_errors_as_disconnects` makes it
 SQLAlchemy's `OperationalError` with the connection invalidated, as psycopg's would be.
 
+The same error on connecting (the first read of the server's start-up answer: a load balancer
+with no backend up that accepts and resets, a server going down) used to escape bare too:
+SQLAlchemy's connect path wraps only DB-API errors and runs no `handle_error` hook there. A
+`do_connect` hook makes it the driver's own `InterfaceError`, as pg8000 raises a refused
+connection, which SQLAlchemy wraps.
+
 Only an error raised inside the driver's own code counts: a tracing or logging listener's
-`ConnectionRefusedError` or time-out stays its own error. Not covered: the first read of a new
-connection's start-up answer (SQLAlchemy's connect path runs no `handle_error` hook for it; the
-connect fails and is retried like a refused one), and a pre-ping (`make_engine` sets none on
-PostgreSQL).
+`ConnectionRefusedError` or time-out stays its own error. Not covered: a pre-ping
+(`make_engine` sets none on PostgreSQL).
 """
 
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 from sqlalchemy import event, exc
-from sqlalchemy.engine import Engine, ExceptionContext
+from sqlalchemy.engine import Dialect, Engine, ExceptionContext
 
 
 def treat_socket_errors_as_disconnects(engine: Engine) -> None:
@@ -29,6 +34,21 @@ def treat_socket_errors_as_disconnects(engine: Engine) -> None:
     on one engine is harmless."""
     if not event.contains(engine, "handle_error", _socket_error_as_disconnect):
         event.listen(engine, "handle_error", _socket_error_as_disconnect)
+    if not event.contains(engine, "do_connect", _connect_wrapping_socket_errors):
+        event.listen(engine, "do_connect", _connect_wrapping_socket_errors)
+
+
+def _connect_wrapping_socket_errors(dialect: Dialect, _record: Any, cargs: Any,
+                                    cparams: Any) -> Any:
+    """The `do_connect` hook: connect as the dialect does, a connection error or time-out
+    raised in the driver's code becoming the driver's `InterfaceError`."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except (ConnectionError, TimeoutError) as error:
+        if not _raised_in(error.__traceback__, dialect.driver):
+            raise
+        raise dialect.loaded_dbapi.InterfaceError(
+            f"network error on connect: {type(error).__name__}: {error}") from error
 
 
 def _socket_error_as_disconnect(context: ExceptionContext) -> exc.OperationalError | None:
