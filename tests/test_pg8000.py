@@ -1,9 +1,8 @@
 """PostgreSQL through pg8000, the pure-Python driver, when the server drops a connection: pg8000
 raises the socket's own `ConnectionResetError` when the drop is seen on a read (SQLAlchemy wraps
 only DB-API errors), also while `read_committed` sets its level, and as pg8000 connects. Each is
-SQLAlchemy's error,
-an outage, with the pool's dead connections discarded; an `OSError` that is not the network's
-stays what it is."""
+SQLAlchemy's error, an outage, with the pool's dead connections discarded; an `OSError` that is
+not the network's stays what it is."""
 
 from __future__ import annotations
 
