@@ -9,6 +9,12 @@ message naming its rows (`outbox_producer.checks`): the check, not a poll, re-se
 design: a crash in the middle of a send is covered too, for one more message per batch). The
 check comes due when a failed send's first retry is (`check_after` by default: the back-off's
 first step with its jitter), or, for every batch, once a send lease has run out.
+
+The dispatcher's send leases are written with its host's clock and judged by the relays' (a
+relay takes a row whose lease it sees expired), so the worker measures its host's clock against
+the database's after its first batch and then at most every `CLOCK_CHECK_EVERY` seconds, after
+a batch (never on the caller's thread), and warns beyond a quarter of the lease, as a relay does
+(`consumer_kit.core.db_clock`).
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from sqlalchemy.engine import Engine
 
 from consumer_kit.core.batching import BatchWorker
 from consumer_kit.core.db import make_engine, read_committed
+from consumer_kit.core.db_clock import ClockWatch
 from consumer_kit.core.db_errors import describe, is_transient
 from consumer_kit.core.errors import CkitError
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
+from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
 from outbox_producer.checks import (
     DEFAULT_CHECK_AFTER,
@@ -48,6 +56,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 100
 DEFAULT_QUEUE_SIZE = 10_000
+#: seconds between two measurements of this host's clock against the database's
+CLOCK_CHECK_EVERY = 60.0
 
 
 class Dispatcher:
@@ -84,6 +94,10 @@ class Dispatcher:
         self.checks = (CheckScheduler(transport, check_topic, database_key(self.engine),
                                       check_after) if check_topic else None)
         self.check_every_batch = check_every_batch
+        self.clock = ClockWatch(self.engine, lease, "dispatcher",
+                                metrics.DISPATCHER_CLOCK_OFFSET.labels(
+                                    metrics.database_label(self.engine)).set)
+        self._next_clock_check = 0.0  # (monotonic) the first batch measures
         self.worker: BatchWorker[OutboxRow] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
 
@@ -109,6 +123,15 @@ class Dispatcher:
         self.worker.close(timeout)
 
     def _handle(self, batch: list[OutboxRow]) -> None:
+        try:
+            self._send(batch)
+        finally:
+            now = time.monotonic()
+            if now >= self._next_clock_check:  # after the batch: its rows waited for nothing
+                self._next_clock_check = now + CLOCK_CHECK_EVERY
+                self.clock.check()
+
+    def _send(self, batch: list[OutboxRow]) -> None:
         checked = self.checks is not None and self.check_every_batch
         if checked:  # before the send: a crash after it is covered too
             self._check(batch)

@@ -17,6 +17,9 @@ BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state",
 CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",
                      "The outbox database's clock minus this relay host's, as last measured",
                      ["database"])
+DISPATCHER_CLOCK_OFFSET = Gauge(
+    "ckit_outbox_dispatcher_clock_offset_seconds",
+    "The outbox database's clock minus this dispatcher's host's, as last measured", ["database"])
 
 
 def database_label(engine: Engine) -> str:
