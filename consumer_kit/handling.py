@@ -122,8 +122,25 @@ class Handling:
     def _handle(self, listener: Listener, msg: Message, conn: Connection,
                 past_deadline: object) -> None:
         with Session(bind=conn) as session:
-            self._returned(listener, listener.fn(msg, session))
+            try:
+                self._returned(listener, listener.fn(msg, session))
+            except Exception as exc:
+                if not conn.in_transaction() and self._committed_itself(msg):
+                    log.error(
+                        "message %s: handler %s committed the session's connection itself, "
+                        "then raised (%s: %s): the processed row and the writes made before "
+                        "that commit stay committed, so the message counts as processed (a "
+                        "redelivery is a duplicate) and what the handler meant to do after it "
+                        "is lost. Leave the commit to the framework (session.commit() is safe)",
+                        msg.id, listener.name, type(exc).__name__, str(exc).split("\n")[0])
+                raise
             if not conn.in_transaction():
+                if self._committed_itself(msg):
+                    log.warning(
+                        "message %s: handler %s committed the session's connection itself: its "
+                        "writes and the processed row were committed then; leave the commit to "
+                        "the framework (session.commit() is safe)", msg.id, listener.name)
+                    return
                 # session.rollback() rolled back the processed row with the handler's writes:
                 # a success now would ack the broker with nothing recorded
                 log.warning("message %s: handler %s rolled back its session; nothing was "
@@ -133,6 +150,14 @@ class Handling:
             session.flush()
         if callable(past_deadline) and past_deadline():
             raise PastDeadline  # the transaction (still open) is rolled back by the caller
+
+    def _committed_itself(self, msg: Message) -> bool:
+        """After the handler's transaction ended under it: whether it was committed (the
+        processed row reads SUCCEEDED), not rolled back (no row, or the FAILED one it re-ran)."""
+        try:
+            return self.store.status(msg.id) is ProcessedStatus.SUCCEEDED
+        except DBAPIError:
+            return False  # not known: the rollback's path (reconsume) loses nothing
 
     def _then_record(self, listener: Listener, msg: Message, receipt: bool,
                      past_deadline: object) -> Result:

@@ -1,0 +1,72 @@
+"""A handler that commits its session's connection itself (`session.connection().commit()`,
+which the README says not to do) commits the processed row with its writes. The framework saw
+only that the transaction had ended and said the handler "rolled back its session; nothing was
+recorded", which was false: the row was committed and the redelivery was a duplicate. Now it
+tells a commit from a rollback by the processed row, and says what happened."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from consumer_kit import Message
+from consumer_kit.core.messages import ConsumeStatus
+from consumer_kit.outcome import Outcome
+from tests.consumer.conftest import Env, add_reservation, delivery
+
+
+def handling_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "consumer_kit.handling" and r.levelno == level]
+
+
+def test_a_handler_committing_its_connection_at_the_end_counts_as_processed_and_is_named(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a handler that writes, then commits the session's connection itself
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+        session.connection().commit()
+
+    # When it runs, then the message is processed once: the commit took the processed row along
+    first = app.pipeline().process(delivery("M1"))
+    assert first.outcome is Outcome.SUCCEEDED, first.reason
+    assert [row[:2] for row in env.processed()] == [("M1", "SUCCEEDED")]
+    assert env.effects() == {"A": 1}
+    # and a warning says what the handler did, not that it rolled back
+    (line,) = [w for w in handling_lines(caplog, logging.WARNING) if "M1" in w]
+    assert "committed the session's connection itself" in line and "rolled back" not in line
+    # and a redelivery is a duplicate
+    assert app.process(delivery("M1", reconsume=1)).status is ConsumeStatus.CONSUME_SUCCESS
+    assert env.effects() == {"A": 1}
+    app.close()
+
+
+def test_a_handler_writing_after_committing_its_connection_is_an_error_naming_what_is_lost(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a handler that writes, commits the session's connection, then writes again (which
+    # SQLAlchemy refuses: the framework's transaction is closed)
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+        session.connection().commit()
+        add_reservation(env, session, "B")
+
+    # When it runs, then the first write and the processed row stay committed, the second is
+    # not made, and an error says so: the message counts as processed
+    app.pipeline().process(delivery("M1"))
+    assert env.effects() == {"A": 1}
+    assert [row[:2] for row in env.processed()] == [("M1", "SUCCEEDED")]
+    (error,) = handling_lines(caplog, logging.ERROR)
+    assert "committed the session's connection itself, then raised" in error
+    assert "what the handler meant to do after it is lost" in error
+    # and the redelivery is a duplicate: B is never made
+    assert app.process(delivery("M1", reconsume=1)).status is ConsumeStatus.CONSUME_SUCCESS
+    assert env.effects() == {"A": 1}
+    app.close()
