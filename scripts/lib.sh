@@ -68,3 +68,24 @@ apt_install() {
     "${apt[@]}" install --no-install-recommends "${missing[@]}" >&2
   fi
 }
+
+# private_mysqld_conf SERVER_ID PORT DIR: the [mysqld] section of a private MariaDB instance on
+# 127.0.0.1:PORT with its socket, pid file, data and error log in DIR (the replica's source and
+# replica, the Galera node); the caller appends its own lines.
+private_mysqld_conf() {
+  cat <<EOF
+[mysqld]
+server_id               = $1
+port                    = $2
+bind-address            = 127.0.0.1
+socket                  = $3/mysqld.sock
+pid-file                = $3/mysqld.pid
+datadir                 = $3/data
+log_error               = $3/error.log
+skip-name-resolve
+innodb_buffer_pool_size = 64M
+max_connections         = 100
+character-set-server    = utf8mb4
+collation-server        = utf8mb4_general_ci
+EOF
+}

@@ -56,21 +56,10 @@ show_log() {
 
 write_conf() {
   install -d -o mysql -g mysql -m 0750 "$DIR"
-  cat >"${DIR}/my.cnf.new" <<EOF
-# Written by consumer-kit scripts/mariadb-galera.sh: a one-node Galera cluster for the tests.
-[mysqld]
-server_id               = 9
-port                    = ${PORT}
-bind-address            = 127.0.0.1
-socket                  = ${SOCKET}
-pid-file                = ${DIR}/mysqld.pid
-datadir                 = ${DIR}/data
-log_error               = ${DIR}/error.log
-skip-name-resolve
-innodb_buffer_pool_size = 64M
-max_connections         = 100
-character-set-server    = utf8mb4
-collation-server        = utf8mb4_general_ci
+  {
+    echo "# Written by consumer-kit scripts/mariadb-galera.sh: a one-node Galera cluster for the tests."
+    private_mysqld_conf 9 "$PORT" "$DIR"
+    cat <<EOF
 binlog_format           = ROW
 innodb_autoinc_lock_mode = 2
 wsrep_on                = ON
@@ -81,6 +70,7 @@ wsrep_node_address      = 127.0.0.1
 wsrep_provider_options  = "gmcast.listen_addr=tcp://127.0.0.1:${GCOMM_PORT};ist.recv_addr=127.0.0.1:4568;gcache.size=32M"
 wsrep_sst_method        = rsync
 EOF
+  } >"${DIR}/my.cnf.new"
   mv -f "${DIR}/my.cnf.new" "${DIR}/my.cnf"
   chown mysql:mysql "${DIR}/my.cnf"
 }

@@ -90,21 +90,7 @@ write_instance_conf() {
       # the same binary log settings as the shared server; the lines below override its id
       echo "!include ${BINLOG_CONF}"
     fi
-    cat <<EOF
-[mysqld]
-server_id               = ${id}
-port                    = ${port}
-bind-address            = 127.0.0.1
-socket                  = ${dir}/mysqld.sock
-pid-file                = ${dir}/mysqld.pid
-datadir                 = ${dir}/data
-log_error               = ${dir}/error.log
-skip-name-resolve
-innodb_buffer_pool_size = 64M
-max_connections         = 100
-character-set-server    = utf8mb4
-collation-server        = utf8mb4_general_ci
-EOF
+    private_mysqld_conf "$id" "$port" "$dir"
     if [[ $name == replica ]]; then
       cat <<EOF
 read_only               = 1

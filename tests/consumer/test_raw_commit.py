@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumer_kit import Message
+from consumer_kit import ConsumerApp, Message
 from consumer_kit.core.messages import ConsumeStatus
 from consumer_kit.outcome import Outcome
 from tests.consumer.conftest import Env, add_reservation, delivery
@@ -22,16 +22,25 @@ def handling_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
             if r.name == "consumer_kit.handling" and r.levelno == level]
 
 
-def test_a_handler_committing_its_connection_at_the_end_counts_as_processed_and_is_named(
-        env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    # Given a handler that writes, then commits the session's connection itself
+def committing_app(env: Env, *, then: str | None = None) -> ConsumerApp:
+    """An app whose handler reserves A, commits the session's connection itself, then reserves
+    `then` (when given)."""
     app = env.app()
 
     @app.listener("ORDER_CREATED")
     def reserve(msg: Message, session: Any) -> None:
         add_reservation(env, session, "A")
         session.connection().commit()
+        if then is not None:
+            add_reservation(env, session, then)
 
+    return app
+
+
+def test_a_handler_committing_its_connection_at_the_end_counts_as_processed_and_is_named(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a handler that writes, then commits the session's connection itself
+    app = committing_app(env)
     # When it runs, then the message is processed once: the commit took the processed row along
     first = app.pipeline().process(delivery("M1"))
     assert first.outcome is Outcome.SUCCEEDED, first.reason
@@ -50,14 +59,7 @@ def test_a_handler_writing_after_committing_its_connection_is_an_error_naming_wh
         env: Env, caplog: pytest.LogCaptureFixture) -> None:
     # Given a handler that writes, commits the session's connection, then writes again (which
     # SQLAlchemy refuses: the framework's transaction is closed)
-    app = env.app()
-
-    @app.listener("ORDER_CREATED")
-    def reserve(msg: Message, session: Any) -> None:
-        add_reservation(env, session, "A")
-        session.connection().commit()
-        add_reservation(env, session, "B")
-
+    app = committing_app(env, then="B")
     # When it runs, then the first write and the processed row stay committed, the second is
     # not made, and an error says so: the message counts as processed
     app.pipeline().process(delivery("M1"))
