@@ -260,8 +260,10 @@ def resetting_url() -> Iterator[str]:
     try:
         yield f"postgresql+pg8000://ckit:s3cret@127.0.0.1:{port}/ckit_test"
     finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not, on Linux)
         server.close()
         thread.join(10)
+        assert not thread.is_alive(), "the resetting server did not stop"
 
 
 def test_a_connection_reset_as_pg8000_connects_is_an_outage_not_a_bare_socket_error(
@@ -297,3 +299,32 @@ def test_a_relay_and_the_sql_transport_wait_out_resets_as_pg8000_connects(
             pytest.raises(TransportUnavailable, match=r"unavailable for 0\.5s") as caught:
         transport.send(OutgoingMessage("orders", b"x"))
     assert "s3cret" not in str(caught.value)
+
+
+def test_a_callers_own_connect_hook_still_runs_on_a_guarded_engine(pg8000_url: str) -> None:
+    # Given a pg8000 engine consumer-kit guards, with a wrong password, and the caller's own
+    # do_connect hook that puts the right one in (SQLAlchemy's documented way to hand over a
+    # fresh password or token); and the engine guarded again, also through a derived engine
+    right = sa.make_url(pg8000_url).password
+    engine = make_engine(sa.make_url(pg8000_url).set(password="wrong").render_as_string(
+        hide_password=False))
+    make_engine(engine)
+    make_engine(engine.execution_options(logging_token="x"))
+    calls: list[int] = []
+
+    @sa.event.listens_for(engine, "do_connect")
+    def fresh_password(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
+        calls.append(1)
+        cparams["password"] = right
+
+    try:
+        # When it connects, then the caller's hook ran and the connection works
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        engine.dispose()
+    assert calls == [1]
+    # and the dialect's connect is wrapped once, however often the engine was guarded
+    wrapped = engine.dialect.connect
+    assert getattr(wrapped, network_errors._WRAPPED)
+    assert not getattr(wrapped.__wrapped__, network_errors._WRAPPED, False)  # type: ignore[attr-defined]

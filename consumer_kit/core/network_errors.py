@@ -10,9 +10,11 @@ SQLAlchemy's `OperationalError` with the connection invalidated, as psycopg's wo
 
 The same error on connecting (the first read of the server's start-up answer: a load balancer
 with no backend up that accepts and resets, a server going down) used to escape bare too:
-SQLAlchemy's connect path wraps only DB-API errors and runs no `handle_error` hook there. A
-`do_connect` hook makes it the driver's own `InterfaceError`, as pg8000 raises a refused
-connection, which SQLAlchemy wraps.
+SQLAlchemy's connect path wraps only DB-API errors and runs no `handle_error` hook there. The
+dialect's own `connect` is wrapped to make it the driver's own `InterfaceError`, as pg8000
+raises a refused connection, which SQLAlchemy wraps. Not a `do_connect` hook: the first such
+hook that returns a connection ends the chain, so a caller's own hook added later (a fresh
+password or token in `cparams`, as SQLAlchemy's documentation shows) would never run.
 
 Only an error raised inside the driver's own code counts: a tracing or logging listener's
 `ConnectionRefusedError` or time-out stays its own error. Not covered: a pre-ping
@@ -21,6 +23,7 @@ Only an error raised inside the driver's own code counts: a tracing or logging l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -34,21 +37,32 @@ def treat_socket_errors_as_disconnects(engine: Engine) -> None:
     on one engine is harmless."""
     if not event.contains(engine, "handle_error", _socket_error_as_disconnect):
         event.listen(engine, "handle_error", _socket_error_as_disconnect)
-    if not event.contains(engine, "do_connect", _connect_wrapping_socket_errors):
-        event.listen(engine, "do_connect", _connect_wrapping_socket_errors)
+    dialect = engine.dialect
+    if not getattr(dialect.connect, _WRAPPED, False):  # (engines share a dialect)
+        dialect.connect = _connect_wrapping_socket_errors(dialect)  # type: ignore[method-assign]
 
 
-def _connect_wrapping_socket_errors(dialect: Dialect, _record: Any, cargs: Any,
-                                    cparams: Any) -> Any:
-    """The `do_connect` hook: connect as the dialect does, a connection error or time-out
-    raised in the driver's code becoming the driver's `InterfaceError`."""
-    try:
-        return dialect.connect(*cargs, **cparams)
-    except (ConnectionError, TimeoutError) as error:
-        if not _raised_in(error.__traceback__, dialect.driver):
-            raise
-        raise dialect.loaded_dbapi.InterfaceError(
-            f"network error on connect: {type(error).__name__}: {error}") from error
+#: the mark of a dialect's `connect` this module wrapped
+_WRAPPED = "_ckit_socket_errors_wrapped"
+
+
+def _connect_wrapping_socket_errors(dialect: Dialect) -> Callable[..., Any]:
+    """`dialect.connect`, a connection error or time-out raised in the driver's code becoming
+    the driver's `InterfaceError`."""
+    connect = dialect.connect
+
+    def wrapped(*cargs: Any, **cparams: Any) -> Any:
+        try:
+            return connect(*cargs, **cparams)
+        except (ConnectionError, TimeoutError) as error:
+            if not _raised_in(error.__traceback__, dialect.driver):
+                raise
+            raise dialect.loaded_dbapi.InterfaceError(
+                f"network error on connect: {type(error).__name__}: {error}") from error
+
+    setattr(wrapped, _WRAPPED, True)
+    wrapped.__wrapped__ = connect  # type: ignore[attr-defined]
+    return wrapped
 
 
 def _socket_error_as_disconnect(context: ExceptionContext) -> exc.OperationalError | None:
