@@ -12,9 +12,9 @@ first step with its jitter), or, for every batch, once a send lease has run out.
 
 The dispatcher's send leases are written with its host's clock and judged by the relays' (a
 relay takes a row whose lease it sees expired), so the worker measures its host's clock against
-the database's after its first batch and then at most every `CLOCK_CHECK_EVERY` seconds, after
-a batch (never on the caller's thread), and warns beyond a quarter of the lease, as a relay does
-(`consumer_kit.core.db_clock`).
+the database's after its first batch and then at most every `CLOCK_CHECK_EVERY` seconds, once a
+batch is handled (never on the caller's thread, and `flush` does not wait for it), and warns
+beyond a quarter of the lease, as a relay does (`consumer_kit.core.db_clock`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class Dispatcher:
                                     metrics.database_label(self.engine)).set)
         self._next_clock_check = 0.0  # (monotonic) the first batch measures
         self.worker: BatchWorker[OutboxRow] = BatchWorker(
-            self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size)
+            self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size,
+            after=self._check_clock_when_due)
 
     def start(self) -> Dispatcher:
         """Start the worker thread; returns self."""
@@ -122,16 +123,20 @@ class Dispatcher:
         """Send what is queued (up to `timeout`), then stop the worker."""
         self.worker.close(timeout)
 
-    def _handle(self, batch: list[OutboxRow]) -> None:
+    def _check_clock_when_due(self) -> None:
+        """After a batch: measure the clock if `CLOCK_CHECK_EVERY` has passed (the first batch:
+        at once). A measurement that fails is said in one line and tried again next time."""
+        now = time.monotonic()
+        if now < self._next_clock_check:
+            return
+        self._next_clock_check = now + CLOCK_CHECK_EVERY
         try:
-            self._send(batch)
-        finally:
-            now = time.monotonic()
-            if now >= self._next_clock_check:  # after the batch: its rows waited for nothing
-                self._next_clock_check = now + CLOCK_CHECK_EVERY
-                self.clock.check()
+            self.clock.check()
+        except Exception as exc:  # (an outage is already a debug line of ClockWatch's)
+            log.warning("dispatcher: could not measure this host's clock against the "
+                        "database's: %s", describe(exc))
 
-    def _send(self, batch: list[OutboxRow]) -> None:
+    def _handle(self, batch: list[OutboxRow]) -> None:
         checked = self.checks is not None and self.check_every_batch
         if checked:  # before the send: a crash after it is covered too
             self._check(batch)

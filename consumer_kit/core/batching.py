@@ -40,12 +40,16 @@ class BatchWorker(Generic[T]):
     """Calls `handle(batch)` on its own thread with up to `max_batch` queued items.
 
     `linger` (seconds) waits that long for a batch to fill; 0 takes what is queued right now.
-    An exception from `handle` is logged and the batch counts as handled.
+    An exception from `handle` is logged and the batch counts as handled. `after`, when given,
+    runs on the thread after each batch counts as handled (`flush` does not wait for it):
+    housekeeping that must not delay the items; an exception from it is logged.
     """
 
     def __init__(self, handle: Callable[[list[T]], None], *, name: str, max_batch: int = 100,
-                 linger: float = 0.0, queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+                 linger: float = 0.0, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 after: Callable[[], None] | None = None) -> None:
         self.handle = handle
+        self.after = after
         self.name = name
         self.max_batch = max_batch
         self.linger = linger
@@ -152,6 +156,11 @@ class BatchWorker(Generic[T]):
                 log.exception("%s: batch of %d failed", self.name, len(batch))
             finally:
                 self._handled(len(batch))
+            if self.after is not None:
+                try:
+                    self.after()
+                except Exception:  # housekeeping: the thread goes on with the next batch
+                    log.exception("%s: after a batch", self.name)
 
 
 def _after_fork() -> None:

@@ -6,6 +6,9 @@ minute behind wrote leases the relays saw expired at once (a second send)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import threading
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
@@ -85,3 +88,46 @@ def test_a_dispatcher_on_sqlite_reads_the_hosts_own_clock_and_measures_nothing(
         sqlite_db: Db) -> None:
     assert Dispatcher(sqlite_db.engine, RecordingTransport(),
                       table=sqlite_db.names.outbox).clock.check() is None
+
+
+def test_a_slow_clock_measurement_keeps_no_row_and_no_flush_waiting(
+        sqlite_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a dispatcher whose clock measurement hangs until released
+    release = threading.Event()
+
+    def hanging(_engine: Any) -> None:
+        release.wait(30)
+
+    monkeypatch.setattr(db_clock, "clock_offset", hanging)
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(sqlite_db.engine, transport, table=sqlite_db.names.outbox).start()
+    try:
+        # When a batch is sent (its measurement then hangs), then flush returns: the batch is
+        # handled (flush used to wait for the measurement inside the batch)
+        ids = publish_through(dispatcher, sqlite_db, range(2))
+        assert transport.counts() == {m: 1 for m in ids}
+    finally:
+        release.set()
+        dispatcher.close()
+
+
+def test_a_clock_measurement_that_raises_is_one_warning_not_a_failed_batch(
+        sqlite_db: Db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    # Given a dispatcher whose clock measurement raises something unexpected
+    def broken(_engine: Any) -> None:
+        raise RuntimeError("clock source gone")
+
+    monkeypatch.setattr(db_clock, "clock_offset", broken)
+    transport = RecordingTransport()
+    dispatcher = Dispatcher(sqlite_db.engine, transport, table=sqlite_db.names.outbox).start()
+    try:
+        ids = publish_through(dispatcher, sqlite_db, range(2))
+    finally:
+        dispatcher.close()
+    # Then the rows were sent, and one warning names the measurement, not the batch
+    assert transport.counts() == {m: 1 for m in ids}
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if r.name.startswith(("outbox_producer", "consumer_kit.core.batching"))]
+    assert lines == [(logging.WARNING, "dispatcher: could not measure this host's clock "
+                      "against the database's: RuntimeError: clock source gone")]
