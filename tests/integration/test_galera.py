@@ -113,6 +113,15 @@ def galera(tmp_path: Path) -> Iterator[Db]:
     """consumer-kit's tables on the Galera node, which is Primary and ready."""
     url = services.mysql_galera_url()
     services.require("mariadb galera", lambda: services.ping_mysql(url))
+    # a run killed in the middle of an outage leaves the node rejecting queries, which its
+    # status does not show (Primary and ready all along): start from a node in service
+    conn = admin()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET GLOBAL wsrep_reject_queries = NONE")
+        wait_until_ready(conn)
+    finally:
+        conn.close()
     engine = make_engine(url)
     names = unique_names("g")
     metadata = build_metadata(names, include_transport=True)
@@ -154,13 +163,14 @@ def test_the_relay_waits_out_a_galera_node_out_of_service(
     assert set(outbox_states(galera.engine, galera.names.outbox).values()) == {OutboxState.SENT}
 
 
-def test_the_sql_transport_waits_out_a_galera_node_rejecting_queries(galera: Db) -> None:
+@pytest.mark.parametrize("way", list(WAYS))
+def test_the_sql_transport_waits_out_a_galera_node_out_of_service(galera: Db, way: str) -> None:
     # Given the SQL transport's tables on the Galera node
     prefix = galera.names.mq_prefix
     with SqlTransport(galera.url, table_prefix=prefix, unavailable_after=WAIT_S) as transport:
         transport.send(OutgoingMessage("orders", b"before"))
-        # When the node rejects queries as the transport sends, then the send waits it out
-        with unavailable_for("rejecting queries", OUT_OF_SERVICE_S):
+        # When the node goes out of service as the transport sends, then the send waits it out
+        with unavailable_for(way, OUT_OF_SERVICE_S):
             started = time.monotonic()
             transport.send(OutgoingMessage("orders", b"during"))
             waited = time.monotonic() - started
