@@ -11,7 +11,7 @@ import time
 import traceback
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
@@ -33,6 +33,20 @@ DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
 
 class PastDeadline(Exception):
     """The handler returned after its timeout: its transaction is rolled back."""
+
+
+class _Ended(Exception):
+    """The handler's transaction ended under it: it rolled back its session, or committed the
+    session's connection itself. Which one, the processed row says (`committed`, read on the
+    same connection once the transaction block is left)."""
+
+    def __init__(self, error: Exception | None, unflushed: bool) -> None:
+        super().__init__("the handler's transaction ended under it")
+        #: what the handler raised after that, if anything
+        self.error = error
+        #: whether its session held changes that were never written
+        self.unflushed = unflushed
+        self.committed = False
 
 
 class Handling:
@@ -84,34 +98,14 @@ class Handling:
         try:
             # given back without the pool's reset ROLLBACK after its own COMMIT (`checkin`)
             with checkin.connection(self.engine) as conn:
-                with conn.begin() as tx:
-                    claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
-                                             receipt=receipt)
-                    answer = pending.result() if pending is not None else None
-                    if claim is RowClaim.NEW and answer in (Claim.DUPLICATE, Claim.BUSY):
-                        # Redis knows better: done elsewhere (its processed row purged), or
-                        # another consumer holds the message right now
-                        tx.rollback()
-                        if answer is Claim.BUSY:
-                            return Result(Outcome.BUSY, "another consumer holds the lease")
-                        return Result(Outcome.DUPLICATE, "done in redis")
-                    if claim is RowClaim.NEW:
-                        self._handle(listener, msg, conn, past_deadline)
-                        return Result(Outcome.SUCCEEDED)
-                    tx.rollback()
-                claim = self.store.decide(conn, msg)  # the row that clashed, same connection
-                if claim is RowClaim.DONE:
-                    return Result(Outcome.DUPLICATE, "processed row exists")
-                if claim is RowClaim.DECIDED:
-                    return Result(Outcome.DUPLICATE, "rejected before", may_run_again=True)
-                # A row without effect that may run again (a dead letter, a re-sent rejection):
-                # take it over first, so that a concurrent run waits on its lock.
-                with conn.begin():
-                    if not self.store.rerun(conn, msg, ProcessedStatus.SUCCEEDED,
-                                            receipt=receipt):
-                        return Result(Outcome.DUPLICATE, "another run took the failed row")
-                    self._handle(listener, msg, conn, past_deadline)
-                    return Result(Outcome.SUCCEEDED, "ran again after a rejection or dead letter")
+                try:
+                    return self._claim_and_run(listener, msg, conn, receipt, past_deadline,
+                                               pending)
+                except _Ended as ended:  # read on this connection: never a second one
+                    ended.committed = self._committed(conn, msg)
+                    raise
+        except _Ended as ended:
+            return self._after_ended(listener, msg, ended, receipt)
         except PastDeadline:
             raise
         except ProcessedRowGone as exc:
@@ -119,45 +113,93 @@ class Handling:
         except Exception as exc:
             return self.failure(listener, msg, exc, receipt=receipt)
 
+    def _claim_and_run(self, listener: Listener, msg: Message, conn: Connection,
+                       receipt: bool, past_deadline: object,
+                       pending: PendingClaim | None) -> Result:
+        """The processed row, then the handler, in one transaction on `conn`."""
+        with conn.begin() as tx:
+            claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
+                                     receipt=receipt)
+            answer = pending.result() if pending is not None else None
+            if claim is RowClaim.NEW and answer in (Claim.DUPLICATE, Claim.BUSY):
+                # Redis knows better: done elsewhere (its processed row purged), or
+                # another consumer holds the message right now
+                tx.rollback()
+                if answer is Claim.BUSY:
+                    return Result(Outcome.BUSY, "another consumer holds the lease")
+                return Result(Outcome.DUPLICATE, "done in redis")
+            if claim is RowClaim.NEW:
+                self._handle(listener, msg, conn, past_deadline)
+                return Result(Outcome.SUCCEEDED)
+            tx.rollback()
+        claim = self.store.decide(conn, msg)  # the row that clashed, same connection
+        if claim is RowClaim.DONE:
+            return Result(Outcome.DUPLICATE, "processed row exists")
+        if claim is RowClaim.DECIDED:
+            return Result(Outcome.DUPLICATE, "rejected before", may_run_again=True)
+        # A row without effect that may run again (a dead letter, a re-sent rejection):
+        # take it over first, so that a concurrent run waits on its lock.
+        with conn.begin():
+            if not self.store.rerun(conn, msg, ProcessedStatus.SUCCEEDED,
+                                    receipt=receipt):
+                return Result(Outcome.DUPLICATE, "another run took the failed row")
+            self._handle(listener, msg, conn, past_deadline)
+            return Result(Outcome.SUCCEEDED, "ran again after a rejection or dead letter")
+
     def _handle(self, listener: Listener, msg: Message, conn: Connection,
                 past_deadline: object) -> None:
         with Session(bind=conn) as session:
             try:
                 self._returned(listener, listener.fn(msg, session))
             except Exception as exc:
-                if not conn.in_transaction() and self._committed_itself(msg):
-                    log.error(
-                        "message %s: handler %s committed the session's connection itself, "
-                        "then raised (%s: %s): the processed row and the writes made before "
-                        "that commit stay committed, so the message counts as processed (a "
-                        "redelivery is a duplicate) and what the handler meant to do after it "
-                        "is lost. Leave the commit to the framework (session.commit() is safe)",
-                        msg.id, listener.name, type(exc).__name__, str(exc).split("\n")[0])
+                if not conn.in_transaction():
+                    raise _Ended(exc, _unflushed(session)) from exc
                 raise
             if not conn.in_transaction():
-                if self._committed_itself(msg):
-                    log.warning(
-                        "message %s: handler %s committed the session's connection itself: its "
-                        "writes and the processed row were committed then; leave the commit to "
-                        "the framework (session.commit() is safe)", msg.id, listener.name)
-                    return
-                # session.rollback() rolled back the processed row with the handler's writes:
-                # a success now would ack the broker with nothing recorded
-                log.warning("message %s: handler %s rolled back its session; nothing was "
-                            "recorded, reconsume later", msg.id, listener.name)
-                raise Retry(f"handler {listener.name} rolled back its session: nothing was "
-                            "recorded (raise Reject to refuse a message, Retry to try later)")
+                raise _Ended(None, _unflushed(session))
             session.flush()
         if callable(past_deadline) and past_deadline():
             raise PastDeadline  # the transaction (still open) is rolled back by the caller
 
-    def _committed_itself(self, msg: Message) -> bool:
+    def _committed(self, conn: Connection, msg: Message) -> bool:
         """After the handler's transaction ended under it: whether it was committed (the
-        processed row reads SUCCEEDED), not rolled back (no row, or the FAILED one it re-ran)."""
+        processed row reads SUCCEEDED), not rolled back (no row, or the FAILED one it re-ran).
+        Read on `conn`, idle again. (A concurrent delivery that recorded SUCCEEDED after a
+        rollback reads the same: its success is the message's.)"""
         try:
-            return self.store.status(msg.id) is ProcessedStatus.SUCCEEDED
-        except DBAPIError:
+            return self.store.status(msg.id, conn) is ProcessedStatus.SUCCEEDED
+        except SQLAlchemyError:
             return False  # not known: the rollback's path (reconsume) loses nothing
+
+    def _after_ended(self, listener: Listener, msg: Message, ended: _Ended,
+                     receipt: bool) -> Result:
+        """What a transaction that ended under the handler means (`_Ended`)."""
+        if not ended.committed:
+            if ended.error is not None:
+                return self.failure(listener, msg, ended.error, receipt=receipt)
+            # session.rollback() rolled back the processed row with the handler's writes:
+            # a success now would ack the broker with nothing recorded
+            log.warning("message %s: handler %s rolled back its session; nothing was "
+                        "recorded, reconsume later", msg.id, listener.name)
+            return self.failure(listener, msg, Retry(
+                f"handler {listener.name} rolled back its session: nothing was recorded (raise "
+                "Reject to refuse a message, Retry to try later)"), receipt=receipt)
+        if ended.error is None and not ended.unflushed:
+            log.warning("message %s: handler %s committed the session's connection itself: its "
+                        "writes and the processed row were committed then; leave the commit to "
+                        "the framework (session.commit() is safe)", msg.id, listener.name)
+            return Result(Outcome.SUCCEEDED)
+        after = (f"then raised ({type(ended.error).__name__}: "
+                 f"{str(ended.error).splitlines()[0] if str(ended.error) else ''})"
+                 if ended.error is not None else "then changed its session, never written")
+        log.error("message %s: handler %s committed the session's connection itself, %s: the "
+                  "processed row and the writes made before that commit stay committed, so the "
+                  "message counts as processed (a redelivery is a duplicate) and what the "
+                  "handler meant to do after it is lost. Leave the commit to the framework "
+                  "(session.commit() is safe)", msg.id, listener.name, after)
+        if ended.error is not None:
+            return self.failure(listener, msg, ended.error, receipt=receipt)
+        return Result(Outcome.SUCCEEDED)
 
     def _then_record(self, listener: Listener, msg: Message, receipt: bool,
                      past_deadline: object) -> Result:
@@ -240,3 +282,8 @@ class Handling:
             found = None  # not known: never claim done
         return Result(Outcome.DUPLICATE, "processed row exists",
                       may_run_again=found is not ProcessedStatus.SUCCEEDED)
+
+
+def _unflushed(session: Session) -> bool:
+    """Whether `session` holds changes it never wrote."""
+    return bool(session.new or session.dirty or session.deleted)

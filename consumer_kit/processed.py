@@ -178,10 +178,16 @@ class ProcessedStore:
             with conn.begin():
                 return self.rerun(conn, msg, status, error, receipt=receipt)
 
-    def status(self, message_id: str) -> ProcessedStatus | None:
-        """The recorded (committed) status of `message_id` for this group, or None."""
-        with self.engine.connect() as conn:
-            found = conn.execute(self._status, {"b_id": message_id[:MESSAGE_ID_LEN]}).scalar()
+    def status(self, message_id: str, conn: Connection | None = None) -> ProcessedStatus | None:
+        """The recorded (committed) status of `message_id` for this group, or None. Read on
+        `conn` (idle: in a transaction of its own) when given, else on a pooled connection."""
+        params = {"b_id": message_id[:MESSAGE_ID_LEN]}
+        if conn is not None:
+            with conn.begin():
+                found = conn.execute(self._status, params).scalar()
+        else:
+            with self.engine.connect() as pooled:
+                found = pooled.execute(self._status, params).scalar()
         return ProcessedStatus(found) if found else None
 
     # -- the receipt outbox -------------------------------------------------------------------
