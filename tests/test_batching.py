@@ -1,5 +1,6 @@
-"""BatchWorker: batches, flush, survival of handler errors (a cancellation too), a full queue
-refuses, close keeps to its timeout, a forked child runs its own thread."""
+"""BatchWorker: batches, flush, survival of handler errors (a cancellation too), an `after`
+housekeeping step flush does not wait for, a full queue refuses, close keeps to its timeout, a
+forked child runs its own thread."""
 
 from __future__ import annotations
 
@@ -55,6 +56,35 @@ def test_a_failing_handler_does_not_stop_the_worker(
     assert seen == [1]
     assert "batch of 1 failed" in caplog.text
     worker.close()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), asyncio.CancelledError()])
+def test_after_runs_once_each_batch_is_handled_and_its_failure_does_not_stop_the_worker(
+        error: BaseException, caplog: pytest.LogCaptureFixture) -> None:
+    # Given an `after` that holds until released the first time, then raises once
+    release = threading.Event()
+    calls: list[int] = []
+    seen: list[int] = []
+
+    def after() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(5)
+        elif len(calls) == 2:
+            raise error
+
+    worker: BatchWorker[int] = BatchWorker(seen.extend, name="t", max_batch=1,
+                                           after=after).start()
+    # When a batch is handled, then flush does not wait for its `after`
+    worker.submit(0)
+    assert worker.flush(5) and seen == [0]
+    release.set()
+    # and an `after` that raises leaves the thread alive and says so
+    worker.submit(1)
+    worker.submit(2)
+    assert worker.flush(5) and seen == [0, 1, 2]
+    worker.close()
+    assert len(calls) == 3 and "t: after a batch" in caplog.text
 
 
 def test_a_full_queue_refuses_instead_of_blocking() -> None:

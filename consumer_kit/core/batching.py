@@ -159,7 +159,9 @@ class BatchWorker(Generic[T]):
             if self.after is not None:
                 try:
                     self.after()
-                except Exception:  # housekeeping: the thread goes on with the next batch
+                except BaseException as exc:  # housekeeping: the thread goes on, as after
+                    if isinstance(exc, SystemExit | KeyboardInterrupt | GeneratorExit):
+                        raise                 # a batch that failed
                     log.exception("%s: after a batch", self.name)
 
 
