@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import traceback
 
@@ -241,7 +242,7 @@ class Handling:
                         name, exc.orig or exc)
             return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
         log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, name,
-                    "".join(traceback.format_exception(exc)).rstrip())
+                    from_the_handler(exc))
         return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
 
     def reject(self, msg: Message, reason: str, *, receipt: bool) -> Result:
@@ -282,6 +283,23 @@ class Handling:
             found = None  # not known: never claim done
         return Result(Outcome.DUPLICATE, "processed row exists",
                       may_run_again=found is not ProcessedStatus.SUCCEEDED)
+
+
+#: this package's folder: frames in it are the framework's
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def from_the_handler(exc: BaseException) -> str:
+    """`exc` with its traceback from the handler's own frames on: the framework's frames that
+    called the handler, the same in every message's traceback, are left out (frames of the
+    framework the handler called stay; an error raised in the framework alone keeps them all).
+    """
+    formatted = traceback.TracebackException.from_exception(exc)
+    frames = list(formatted.stack)
+    first = next((i for i, frame in enumerate(frames)
+                  if not os.path.abspath(frame.filename).startswith(_PACKAGE)), 0)
+    formatted.stack = traceback.StackSummary.from_list(frames[first:])
+    return "".join(formatted.format()).rstrip()
 
 
 def _unflushed(session: Session) -> bool:
