@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core import checkin
+from consumer_kit.core.db_errors import describe
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
@@ -190,9 +191,8 @@ class Handling:
                         "writes and the processed row were committed then; leave the commit to "
                         "the framework (session.commit() is safe)", msg.id, listener.name)
             return Result(Outcome.SUCCEEDED)
-        after = (f"then raised ({type(ended.error).__name__}: "
-                 f"{str(ended.error).splitlines()[0] if str(ended.error) else ''})"
-                 if ended.error is not None else "then changed its session, never written")
+        after = (f"then raised ({describe(ended.error)})" if ended.error is not None
+                 else "then changed its session, never written")
         log.error("message %s: handler %s committed the session's connection itself, %s: the "
                   "processed row and the writes made before that commit stay committed, so the "
                   "message counts as processed (a redelivery is a duplicate) and what the "
