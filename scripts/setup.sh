@@ -52,7 +52,7 @@ step() {
 }
 
 write_env() {
-  local jars=$1 pg_url=$2 pg_url2=$3 primary_url=$4 replica_url=$5 galera_url=$6 tmp
+  local jars=$1 pg_url=$2 pg_url2=$3 primary_url=$4 replica_url=$5 galera_url=$6 galera_url2=$7 tmp
   tmp=$(mktemp "${ENV_FILE}.XXXXXX")
   cat >"$tmp" <<EOF
 # Written by scripts/setup.sh: addresses of the local test services (fixed test credentials).
@@ -62,6 +62,7 @@ CKIT_TEST_MYSQL_SHARD_URLS=mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_shard1,
 CKIT_TEST_MYSQL_PRIMARY_URL=${primary_url}
 CKIT_TEST_MYSQL_REPLICA_URL=${replica_url}
 CKIT_TEST_MYSQL_GALERA_URL=${galera_url}
+CKIT_TEST_MYSQL_GALERA_URL2=${galera_url2}
 CKIT_TEST_PG_URL=${pg_url}
 CKIT_TEST_PG_URL2=${pg_url2}
 CKIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0
@@ -114,10 +115,11 @@ main() {
   primary_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url primary 2>>"${LOG_DIR}/replica.log" 9>&-) \
     && replica_url=$(bash "${SCRIPTS}/mariadb-replica.sh" url replica 2>>"${LOG_DIR}/replica.log" 9>&-) \
     || { echo "setup: could not read the replica's URLs (see ${LOG_DIR}/replica.log)" >&2; exit 1; }
-  local galera_url
-  galera_url=$(bash "${SCRIPTS}/mariadb-galera.sh" url 2>>"${LOG_DIR}/galera.log" 9>&-) \
-    || { echo "setup: could not read the Galera node's URL (see ${LOG_DIR}/galera.log)" >&2; exit 1; }
-  write_env "$jars" "$pg_url" "$pg_url2" "$primary_url" "$replica_url" "$galera_url"
+  local galera_url galera_url2
+  galera_url=$(bash "${SCRIPTS}/mariadb-galera.sh" url 1 2>>"${LOG_DIR}/galera.log" 9>&-) \
+    && galera_url2=$(bash "${SCRIPTS}/mariadb-galera.sh" url 2 2>>"${LOG_DIR}/galera.log" 9>&-) \
+    || { echo "setup: could not read the Galera nodes' URLs (see ${LOG_DIR}/galera.log)" >&2; exit 1; }
+  write_env "$jars" "$pg_url" "$pg_url2" "$primary_url" "$replica_url" "$galera_url" "$galera_url2"
   printf 'setup: wrote %s; all done in %ss\n' "${ENV_FILE#"$ROOT"/}" \
     "$(awk -v a="$total" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
 }

@@ -28,6 +28,7 @@ DEFAULT_MYSQL_SHARD_URLS = ",".join(
 DEFAULT_MYSQL_PRIMARY_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3306/ckit_replica"
 DEFAULT_MYSQL_REPLICA_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3307/ckit_replica"
 DEFAULT_MYSQL_GALERA_URL = "mysql+pymysql://ckit:ckit@127.0.0.1:3309/ckit_galera"
+DEFAULT_MYSQL_GALERA_URL2 = "mysql+pymysql://ckit:ckit@127.0.0.1:3310/ckit_galera"
 DEFAULT_PG_URL = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test"
 DEFAULT_PG_URL2 = "postgresql+psycopg://ckit:ckit@127.0.0.1:5432/ckit_test2"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -71,9 +72,15 @@ def mysql_replica_url() -> str:
 
 
 def mysql_galera_url() -> str:
-    """Database ckit_galera on the one-node Galera cluster of scripts/mariadb-galera.sh
+    """Database ckit_galera on node 1 of the Galera cluster of scripts/mariadb-galera.sh
     (`CKIT_TEST_MYSQL_GALERA_URL`; its user may set the node's wsrep variables)."""
     return _env("CKIT_TEST_MYSQL_GALERA_URL", DEFAULT_MYSQL_GALERA_URL)
+
+
+def mysql_galera_url2() -> str:
+    """Database ckit_galera on node 2 of that cluster, which joins node 1
+    (`CKIT_TEST_MYSQL_GALERA_URL2`)."""
+    return _env("CKIT_TEST_MYSQL_GALERA_URL2", DEFAULT_MYSQL_GALERA_URL2)
 
 
 def pg_url() -> str:
@@ -207,6 +214,8 @@ def ping_rocketmq5(namesrv: str | None = None, proxy: str | None = None) -> None
 
 __all__ = [
     "is_ci",
+    "mysql_galera_url",
+    "mysql_galera_url2",
     "mysql_primary_url",
     "mysql_replica_url",
     "mysql_shard_urls",

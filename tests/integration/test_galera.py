@@ -4,10 +4,8 @@ cluster's Primary component or is still joining, answers every statement on a ta
 the relay and the SQL transport wait it out. They used to take 1047 for a lasting error (it is
 "Unknown command" elsewhere) and stop: the relay died, the transport's send failed at once.
 
-The node is the one-node cluster of scripts/mariadb-galera.sh (127.0.0.1:3309). Out of the
-Primary component (`wsrep_cluster_address` pointed at nobody) it answers the same 1047, checked
-by hand; the tests do not use that way, because a one-node cluster sent back with `gcomm://`
-bootstraps itself again at once the next time it is pointed elsewhere.
+The node is node 1 of the cluster of scripts/mariadb-galera.sh (127.0.0.1:3309). A node out of
+the Primary component answers the same 1047: test_galera_cluster.py cuts node 2 off.
 """
 
 from __future__ import annotations
@@ -45,8 +43,9 @@ OUT_OF_SERVICE_S = 1.5
 WAYS = {"rejecting queries": "ALL", "killing its connections": "ALL_KILL"}
 
 
-def admin() -> pymysql.Connection:
-    url = sa.make_url(services.mysql_galera_url())
+def admin(node_url: str | None = None) -> pymysql.Connection:
+    """An autocommit connection to Galera node 1 (or the node at `node_url`)."""
+    url = sa.make_url(node_url or services.mysql_galera_url())
     return pymysql.connect(host=url.host, port=url.port or 3309, user=url.username,
                            password=url.password, autocommit=True, connect_timeout=5)
 

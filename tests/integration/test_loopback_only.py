@@ -1,6 +1,6 @@
 """Every server the project's scripts start listens on loopback only: MariaDB (and the replica
-of scripts/mariadb-replica.sh, with the private source it may run, and the Galera node of
-scripts/mariadb-galera.sh), PostgreSQL, Redis, the
+of scripts/mariadb-replica.sh, with the private source it may run, and the two Galera nodes
+of scripts/mariadb-galera.sh), PostgreSQL, Redis, the
 RocketMQ 4.9.7 name server and broker (which 4.9.x cannot restrict itself:
 scripts/loopback_bind.c), and the RocketMQ 5 name server, broker and proxy (scripts/rocketmq5.sh,
 the same shim: the proxy's gRPC and remoting servers have no bind-address setting)."""
@@ -37,6 +37,8 @@ def test_every_service_port_listens_on_loopback_only() -> None:
     services.require("mariadb", services.ping_mysql)
     services.require("mariadb replica", lambda: services.ping_mysql(services.mysql_replica_url()))
     services.require("mariadb galera", lambda: services.ping_mysql(services.mysql_galera_url()))
+    services.require("mariadb galera node 2",
+                     lambda: services.ping_mysql(services.mysql_galera_url2()))
     services.require("postgresql", services.ping_postgres)
     services.require("redis", services.ping_redis)
     services.require("rocketmq", services.ping_rocketmq)
@@ -46,8 +48,11 @@ def test_every_service_port_listens_on_loopback_only() -> None:
     replica = sa.engine.make_url(services.mysql_replica_url()).port or 3307
     primary = sa.engine.make_url(services.mysql_primary_url()).port or 3306  # 3306, or 3308
     galera = sa.engine.make_url(services.mysql_galera_url()).port or 3309
+    galera2 = sa.engine.make_url(services.mysql_galera_url2()).port or 3310
     ports = {"mariadb": 3306, "mariadb replica": replica, "replica's primary": primary,
-             "galera node": galera, "galera group communication": 4567,  # mariadb-galera.sh
+             # mariadb-galera.sh: two nodes and their group communication
+             "galera node 1": galera, "galera node 1 group communication": 4567,
+             "galera node 2": galera2, "galera node 2 group communication": 4577,
              "postgresql": postgresql, "redis": 6379, "name server": namesrv,
              "broker": broker, "broker VIP channel": broker - 2, "broker HA": broker + 1}
     assert_loopback_only(ports)
