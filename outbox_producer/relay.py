@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import random
 import threading
 import time
 
@@ -14,7 +15,7 @@ from sqlalchemy.engine import Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
-from consumer_kit.core.db_errors import describe, is_transient
+from consumer_kit.core.db_errors import describe, is_conflict, is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
@@ -42,6 +43,12 @@ DEFAULT_IDLE_SLEEP = 0.5
 METRICS_INTERVAL = 30.0
 #: wait after a database or broker outage: doubles up to the cap
 OUTAGE_BACKOFF = (0.5, 30.0)
+#: A claim that lost to another relay's (a deadlock; on a Galera cluster, a relay on another node
+#: certified first) sent nothing: claim again at once, after a pause of up to CLAIM_AGAIN_JITTER
+#: seconds (so the two stop claiming the same rows in step), up to CLAIM_AGAIN_TIMES in a row;
+#: more than that in a row is waited out as an outage.
+CLAIM_AGAIN_TIMES = 8
+CLAIM_AGAIN_JITTER = 0.01
 #: `run(once=True)` gives up (result.gave_up) after an outage this long, so `--once` ends
 DEFAULT_ONCE_OUTAGE_LIMIT = 30.0
 
@@ -100,6 +107,15 @@ class RelayResult:
         if not done:
             return None
         return f"{done} in {self.batches:,} batch{'' if self.batches == 1 else 'es'}"
+
+
+class ClaimLost(Exception):
+    """A claim rolled back because a concurrent one won (`db_errors.is_conflict`): nothing was
+    claimed or sent."""
+
+    def __init__(self, error: sa.exc.DBAPIError) -> None:
+        super().__init__(f"claim lost to another relay's: {describe(error)}")
+        self.error = error
 
 
 class Relay:
@@ -196,7 +212,12 @@ class Relay:
         if self.locked is not None:
             return self.locked.step(claim_size, pace=pace)
         started = time.monotonic()  # (before the claim: never later than the lease's start)
-        rows = self.claimer.claim(claim_size)
+        try:
+            rows = self.claimer.claim(claim_size)
+        except sa.exc.DBAPIError as exc:
+            if is_conflict(exc, self.engine.dialect.name):
+                raise ClaimLost(exc) from exc
+            raise
         if not rows:
             return None
         # oldest first, whatever order the claim came back in (PostgreSQL's UPDATE ... RETURNING
@@ -267,6 +288,7 @@ class Relay:
         outage_wait = OUTAGE_BACKOFF[0]
         outage_since: float | None = None
         swept = False
+        lost_in_a_row = 0
         while not self.stopping.is_set():
             self._refresh_metrics_when_due()
             if max_batches is not None and result.batches >= max_batches:
@@ -274,6 +296,14 @@ class Relay:
             what = None
             try:
                 stats = self.step()
+            except ClaimLost as lost:
+                metrics.CLAIMS_LOST.inc()
+                lost_in_a_row += 1
+                if lost_in_a_row <= CLAIM_AGAIN_TIMES:
+                    log.debug("relay %s: %s; claiming again", self.owner, lost)
+                    self.stopping.wait(random.uniform(0, CLAIM_AGAIN_JITTER))
+                    continue
+                stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
             except Exception as exc:
                 partial = committed_part(exc)  # marks of the batch committed before it
                 if partial is not None and partial.committed():
@@ -304,6 +334,7 @@ class Relay:
                 continue
             outage_wait = OUTAGE_BACKOFF[0]
             outage_since = None
+            lost_in_a_row = 0
             if stats is None:
                 if once and not swept and isinstance(self.claimer, ReplicaClaimer) \
                         and self.claimer.sweep_next():

@@ -4,13 +4,20 @@ MariaDB the exception class cannot tell (PyMySQL raises OperationalError for bot
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from consumer_kit.core.db_errors import describe, is_duplicate, is_missing_table, is_transient
+from consumer_kit.core.db_errors import (
+    describe,
+    is_conflict,
+    is_duplicate,
+    is_missing_table,
+    is_transient,
+)
 from tests.conftest import DB_KINDS, Db
 from tests.poison import refused
 from tests.producer.test_retention import publish
@@ -86,6 +93,77 @@ def test_lock_and_statement_timeouts_and_killed_connections_are_outages(
             victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
         holder.rollback()
     assert is_transient(error.value, engine.dialect.name), error.value
+
+
+def deadlock(db: Db) -> exc.DBAPIError:
+    """A real deadlock on `db`'s server: two transactions each update one of two rows, then the
+    other's. The error of the one the server rolled back."""
+    [first, second] = publish(db, range(2))
+    table = db.names.outbox
+    update = f"UPDATE {table} SET retry_count = retry_count + 1 WHERE message_id = '{{}}'"
+    errors: list[exc.DBAPIError] = []
+    both_hold = threading.Barrier(2)
+
+    def cross(mine: str, theirs: str) -> None:
+        with db.engine.connect() as conn:
+            try:
+                conn.exec_driver_sql(update.format(mine))
+                both_hold.wait(10)
+                conn.exec_driver_sql(update.format(theirs))
+                conn.commit()
+            except exc.DBAPIError as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=cross, args=pair)
+               for pair in ((first, second), (second, first))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+@pytest.mark.parametrize("server_db", SERVERS_WITH_PG8000, indirect=True)
+def test_a_deadlock_is_a_conflict_to_run_again_and_a_lock_timeout_is_not(server_db: Db) -> None:
+    # Given a real deadlock, and a real lock wait timeout, on the server
+    dialect = server_db.engine.dialect.name
+    lost = deadlock(server_db)
+    table = seed(server_db)
+    mysql = dialect != "postgresql"
+    with server_db.engine.connect() as holder, server_db.engine.connect() as victim:
+        holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
+                               else "SET lock_timeout = '200ms'")
+        with pytest.raises(exc.DBAPIError) as caught:
+            victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        holder.rollback()
+    timeout = caught.value
+    # Then the deadlock's transaction lost to the other and may run again at once; the
+    # timeout is an outage to wait out, not a conflict; both are transient
+    assert is_conflict(lost, dialect) and is_transient(lost, dialect), lost
+    assert not is_conflict(timeout, dialect) and is_transient(timeout, dialect), timeout
+
+
+def test_certification_conflicts_of_a_cluster_are_conflicts() -> None:
+    # Galera's certification failure reaches the client as a deadlock (1213, produced in
+    # tests/integration/test_galera_cluster.py); MySQL Group Replication's is 3101 (no such
+    # server here: judged on the error PyMySQL raises for it). PostgreSQL's serialization
+    # failure is one too; SQLite has none
+    import psycopg
+    import pymysql
+
+    gr = pymysql.err.OperationalError(
+        3101, "Plugin instructed the server to rollback the current transaction.")
+    assert is_conflict(wrapped(gr, pymysql.err.Error), "mysql")
+    assert is_conflict(wrapped(gr, pymysql.err.Error), "mariadb")
+    assert not is_conflict(pymysql.err.OperationalError(2013, "Lost connection"), "mysql")
+    serialization = psycopg.errors.SerializationFailure("could not serialize access")
+    assert is_conflict(wrapped(serialization, psycopg.Error), "postgresql")
+    assert not is_conflict(wrapped(psycopg.errors.QueryCanceled("canceling statement"),
+                                   psycopg.Error), "postgresql")
+    assert not is_conflict(exc.OperationalError("UPDATE", {}, Exception("database is locked")),
+                           "sqlite")
 
 
 def test_a_busy_sqlite_database_is_an_outage(sqlite_db: Db) -> None:

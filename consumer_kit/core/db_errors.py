@@ -46,6 +46,12 @@ PG_LASTING = frozenset({"53400"})
 #: refused by a server that is down, so its text tells them apart. Waiting cannot fix these.
 PG_REFUSED = ("authentication failed", "no pg_hba.conf entry", "does not exist",
               "permission denied")
+#: A transaction that lost to a concurrent one and was rolled back whole, so running it again is
+#: safe and likely to succeed: a deadlock (1213: also a Galera certification failure or a
+#: brute-force abort), MySQL Group Replication's certification conflict (3101); PostgreSQL's
+#: serialization failure and deadlock.
+MYSQL_CONFLICT = frozenset({1213, 3101})
+PG_CONFLICT = frozenset({"40001", "40P01"})
 SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
                     "unable to open database file", "disk i/o error", "database or disk is full")
 
@@ -107,6 +113,17 @@ def is_transient(error: BaseException, dialect: str) -> bool:
         return True
     code = driver_code(error)
     return code in MYSQL_TRANSIENT or (code == MYSQL_GALERA_NOT_READY and "wsrep" in text)
+
+
+def is_conflict(error: BaseException, dialect: str) -> bool:
+    """Whether `error` says the transaction lost to a concurrent one (a deadlock, a
+    certification or serialization failure) and was rolled back: a subset of `is_transient`
+    that calls for running it again at once rather than for waiting."""
+    if dialect == "postgresql":
+        return sqlstate(error) in PG_CONFLICT
+    if dialect in ("mysql", "mariadb"):
+        return driver_code(error) in MYSQL_CONFLICT
+    return False
 
 
 def is_missing_table(error: exc.DBAPIError, dialect: str) -> bool:

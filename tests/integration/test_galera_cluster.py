@@ -6,8 +6,8 @@
 - A relay on each node claims the same due rows at the same moment. Row locks and SKIP LOCKED
   hold on one node only; what keeps the two apart is the certification of the claim's commit:
   the second claim of a row fails to commit (1213, a deadlock to the client), so its relay
-  never sends it. `--claim lease` commits its claim before it sends; this is why `--claim lock`
-  is refused on a Galera node (test_galera.py).
+  never sends it, and claims again at once. `--claim lease` commits its claim before it
+  sends; this is why `--claim lock` is refused on a Galera node (test_galera.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import build_metadata, outbox_table
 from consumer_kit.core.states import OutboxState
-from outbox_producer import Relay, RelayResult
+from outbox_producer import Relay, RelayResult, metrics
 from outbox_producer import relay as relay_module
 from tests import services
 from tests.conftest import Db, unique_names
@@ -162,6 +162,7 @@ def test_relays_on_two_nodes_send_each_row_once_kept_apart_by_the_certification(
     transport = RecordingTransport()
     ids: list[str] = []
     before = conflicts(node1) + conflicts(node2)
+    lost_before = metrics.CLAIMS_LOST._value.get()
     results: list[RelayResult] = []
     # Given due rows, a relay on each node claiming them in small batches at the same moment
     # (again with more rows until a claim has met the other node's: bounded)
@@ -184,9 +185,10 @@ def test_relays_on_two_nodes_send_each_row_once_kept_apart_by_the_certification(
         if conflicts(node1) + conflicts(node2) > before:
             break
     # Then the certification failed claims of one node's relay (the rows the other claimed),
-    # each row was sent once in all, and the cluster has every row sent
+    # which claimed again; each row was sent once in all, and the cluster has every row sent
     assert conflicts(node1) + conflicts(node2) > before, \
         f"no claim met the other node's in {ROUNDS} rounds"
+    assert metrics.CLAIMS_LOST._value.get() > lost_before
     assert all(r.gave_up is None for r in results)
     assert transport.counts() == {m: 1 for m in ids}
     assert states(node1) == states(node2) == {OutboxState.SENT: len(ids)}
