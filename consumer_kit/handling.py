@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core import checkin
-from consumer_kit.core.db_errors import describe
+from consumer_kit.core.db_errors import describe, is_conflict
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
@@ -113,7 +113,25 @@ class Handling:
         except ProcessedRowGone as exc:
             return Result(Outcome.RETRY, str(exc))
         except Exception as exc:
+            if isinstance(exc, DBAPIError) and is_conflict(exc, self.engine.dialect.name):
+                lost = self._lost_to_another(msg, exc)
+                if lost is not None:
+                    return lost
             return self.failure(listener, msg, exc, receipt=receipt)
+
+    def _lost_to_another(self, msg: Message, exc: DBAPIError) -> Result | None:
+        """The transaction was rolled back because a concurrent one won (a deadlock; on a
+        Galera cluster, a delivery of the same message on another node certified first): a
+        DUPLICATE when that was a delivery of `msg` that succeeded, else None (a retry)."""
+        try:
+            found = self.store.status(msg.id)
+        except DBAPIError:
+            return None  # not known: reconsume later
+        if found is not ProcessedStatus.SUCCEEDED:
+            return None
+        log.info("message %s: recorded by a concurrent delivery, whose transaction won over "
+                 "this one's (%s): a duplicate", msg.id, describe(exc))
+        return Result(Outcome.DUPLICATE, "recorded by a concurrent delivery")
 
     def _claim_and_run(self, listener: Listener, msg: Message, conn: Connection,
                        receipt: bool, past_deadline: object,

@@ -148,3 +148,22 @@ def test_many_threads_racing_over_many_duplicated_messages_apply_each_once(
     for t in threads:
         t.join(120)
     assert real_env.effects() == {sku: 1 for sku in skus}
+
+
+def test_a_deadlock_with_no_concurrent_success_is_still_retried(real_env: Env) -> None:
+    # A transaction rolled back by a deadlock is a duplicate only when a concurrent delivery
+    # of the message recorded it (tests/integration/test_galera_cluster.py: two Galera nodes);
+    # a deadlock with some other transaction leaves nothing recorded: reconsume later
+    from tests.producer.test_relay_claim_lost import lost_claim
+
+    app = real_env.app(use_redis=False, local_cache=0)
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(real_env, session, "A")
+        raise lost_claim(real_env.db.engine)
+
+    result = app.pipeline().process(delivery("M1"))
+    assert result.outcome is Outcome.RETRY
+    assert "Deadlock found" in result.reason or "deadlock detected" in result.reason
+    assert real_env.effects() == {} and real_env.processed() == []

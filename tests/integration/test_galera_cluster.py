@@ -13,22 +13,27 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pymysql
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit import ConsumerApp, Message, Outcome
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import build_metadata, outbox_table
 from consumer_kit.core.states import OutboxState
+from consumer_kit.transports.memory import MemoryTransport
 from outbox_producer import Relay, RelayResult, metrics
 from outbox_producer import relay as relay_module
 from tests import services
 from tests.conftest import Db, unique_names
+from tests.consumer.conftest import delivery
 from tests.integration.test_galera import WAIT_S, admin, wait_until_ready
 from tests.producer.test_retention import publish
 from tests.recording import RecordingTransport
@@ -192,3 +197,51 @@ def test_relays_on_two_nodes_send_each_row_once_kept_apart_by_the_certification(
     assert all(r.gave_up is None for r in results)
     assert transport.counts() == {m: 1 for m in ids}
     assert states(node1) == states(node2) == {OutboxState.SENT: len(ids)}
+
+
+def test_two_consumers_on_two_nodes_racing_one_message_apply_it_once(
+        cluster: tuple[Db, Db], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="consumer_kit.handling")
+    node1 = cluster[0]
+    stock = sa.Table(f"stock_{node1.names.outbox[:9]}", sa.MetaData(),
+                     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+                     sa.Column("sku", sa.String(32), nullable=False))
+    stock.create(node1.engine)
+    try:
+        # Given a consumer of one group on each node, database only: row locks do not reach
+        # across nodes, so both insert the processed row and run the handler at once
+        both_inside = threading.Barrier(2, timeout=WAIT_S)
+        apps = [ConsumerApp(group="inventory", db=db.engine, redis=None, receipts=None,
+                            transport=MemoryTransport(), processed_table=db.names.processed)
+                for db in cluster]
+        for app in apps:
+            @app.listener("ORDER_CREATED")
+            def reserve(msg: Message, session: Any) -> None:
+                session.execute(sa.insert(stock).values(sku=msg.json()["sku"]))
+                both_inside.wait()
+
+        outcomes: list[Outcome] = []
+
+        def deliver(app: ConsumerApp) -> None:
+            outcomes.append(app.pipeline().process(delivery("SAME")).outcome)
+
+        threads = [threading.Thread(target=deliver, args=(app,)) for app in apps]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S * 2)
+        # When both deliveries end, then the certification let one commit; the other's
+        # processed row and handler's write were rolled back together, and it is a duplicate
+        # of the one that won (acked now: no redelivery needed, no warning)
+        assert sorted(o.value for o in outcomes) == ["duplicate", "succeeded"]
+        assert "recorded by a concurrent delivery, whose transaction won over this one's " \
+            "(OperationalError: (1213, 'Deadlock found" in caplog.text
+        assert "reconsume later" not in caplog.text
+        # and a redelivery of it, to either node, is a duplicate
+        for app in apps:
+            assert app.pipeline().process(delivery("SAME", reconsume=1)).outcome is \
+                Outcome.DUPLICATE
+        with node1.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(stock)).scalar() == 1
+    finally:
+        stock.drop(node1.engine)
