@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core import checkin
+from consumer_kit.core.db import causal_reads, is_galera_node
 from consumer_kit.core.db_errors import describe, is_conflict
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
@@ -61,6 +62,8 @@ class Handling:
         self.permanent = DEFAULT_PERMANENT + tuple(permanent)
         #: listeners warned already about a value their handler returned
         self._warned_returns: set[str] = set()
+        #: whether `engine` is a Galera node, once a conflict asked
+        self._galera: bool | None = None
 
     def _returned(self, listener: Listener, value: object) -> None:
         """What a handler returned. A handler returns None and raises `Retry` or `Reject` to
@@ -124,7 +127,14 @@ class Handling:
         Galera cluster, a delivery of the same message on another node certified first): a
         DUPLICATE when that was a delivery of `msg` that succeeded, else None (a retry)."""
         try:
-            found = self.store.status(msg.id)
+            if self._galera is None:
+                self._galera = is_galera_node(self.engine)
+            with self.engine.connect() as conn:
+                if self._galera:  # the winner's commit on another node may not be applied yet
+                    with causal_reads(conn):
+                        found = self.store.status(msg.id, conn)
+                else:
+                    found = self.store.status(msg.id, conn)
         except DBAPIError:
             return None  # not known: reconsume later
         if found is not ProcessedStatus.SUCCEEDED:

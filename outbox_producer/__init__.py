@@ -16,10 +16,11 @@ from outbox_producer.claim import Shard
 from outbox_producer.dispatcher import Dispatcher
 from outbox_producer.outbox import Outbox
 from outbox_producer.receipts import ReceiptApplier, ReceiptConsumer, ReceiptResult
-from outbox_producer.relay import Relay, RelayResult
+from outbox_producer.relay import ClaimLost, Relay, RelayResult
 
 __all__ = [
     "Backoff",
+    "ClaimLost",
     "Dispatcher",
     "Outbox",
     "OutboxError",

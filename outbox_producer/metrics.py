@@ -12,7 +12,7 @@ from consumer_kit.core.states import OPEN_STATES, OutboxState
 SENT = Counter("ckit_outbox_sent", "Outbox messages the broker accepted")
 RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retry")
 CLAIMS_LOST = Counter("ckit_outbox_claims_lost",
-                      "Relay claims rolled back because another relay's won (claimed again)")
+                      "Relay claims rolled back because another relay's won")
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
 RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])

@@ -45,8 +45,10 @@ METRICS_INTERVAL = 30.0
 OUTAGE_BACKOFF = (0.5, 30.0)
 #: A claim that lost to another relay's (a deadlock; on a Galera cluster, a relay on another node
 #: certified first) sent nothing: claim again at once, after a pause of up to CLAIM_AGAIN_JITTER
-#: seconds (so the two stop claiming the same rows in step), up to CLAIM_AGAIN_TIMES in a row;
-#: more than that in a row is waited out as an outage.
+#: seconds, doubled with each loss in a row (so that the two fall out of step, and a node that
+#: has not applied the other's claim yet catches up), up to CLAIM_AGAIN_TIMES in a row; more
+#: than that in a row is waited out as an outage. (`--claim lock` is not claimed again: a
+#: conflict there may come after its sends.)
 CLAIM_AGAIN_TIMES = 8
 CLAIM_AGAIN_JITTER = 0.01
 #: `run(once=True)` gives up (result.gave_up) after an outage this long, so `--once` ends
@@ -203,7 +205,13 @@ class Relay:
         self.stopping.set()
 
     def step(self) -> SendStats | None:
-        """Claim and send one batch; None when nothing was due."""
+        """Claim and send one batch; None when nothing was due.
+
+        Raises:
+            ClaimLost: the claim was rolled back because a concurrent one won; nothing was
+                claimed or sent (`run` claims again).
+            sqlalchemy.exc.DBAPIError: any other database error.
+        """
         claim_size = self.batch
         if self.limiter is not None:  # never hold leases on more rows than we may send soon
             claim_size = max(1, min(self.batch, int(1 / self.limiter.interval) or 1))
@@ -301,9 +309,11 @@ class Relay:
                 lost_in_a_row += 1
                 if lost_in_a_row <= CLAIM_AGAIN_TIMES:
                     log.debug("relay %s: %s; claiming again", self.owner, lost)
-                    self.stopping.wait(random.uniform(0, CLAIM_AGAIN_JITTER))
+                    self.stopping.wait(random.uniform(
+                        0, CLAIM_AGAIN_JITTER * 2 ** (lost_in_a_row - 1)))
                     continue
                 stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
+                lost_in_a_row = 0  # (waited out as an outage: counting starts again)
             except Exception as exc:
                 partial = committed_part(exc)  # marks of the batch committed before it
                 if partial is not None and partial.committed():
@@ -315,6 +325,7 @@ class Relay:
                     raise
                 stats = None
                 what = "database error: " + describe(exc)
+                lost_in_a_row = 0  # (an outage in between: the lost claims are not in a row)
             if stats is not None and stats.outage:
                 result.batches += 1
                 result.stats.add(stats)

@@ -109,7 +109,12 @@ class ReplicaClaimer(CandidateClaimer):
             return False
 
     def _sweep(self, batch: int) -> list[OutboxRow]:
-        rows = Claimer.claim(self, batch)
+        try:
+            rows = Claimer.claim(self, batch)
+        except Exception:
+            with self._lock:  # not swept: the next claim sweeps (a lost claim, an outage)
+                self._next_sweep = 0.0
+            raise
         with self._lock:
             self.stats.sweeps += 1
             # a full sweep means the primary holds more than the replica showed: sweep again

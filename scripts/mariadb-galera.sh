@@ -9,14 +9,16 @@
 #            joins it (a state transfer by rsync from node 1 on first start), and wait until both
 #            are the Primary component, synced and ready. Each node has its own datadir and
 #            socket under /var/lib/ckit-mariadb/galera and .../galera2. Idempotent: a node 2 that
-#            is not in node 1's cluster (node 1 was restarted) is restarted to join it.
+#            is not in node 1's cluster (node 1 was restarted, node 2 was left cut off) is
+#            stopped and joins again with a full copy of node 1's state (its own is dropped, so
+#            the two cannot diverge).
 #   stop     stop node 2, then node 1
 #   status   say whether each node runs, its cluster status and whether it is ready
 #   url [N]  print the SQLAlchemy URL of database ckit_galera on node N (default 1) for user ckit
 #   all      start
 #
-# Galera comes with Debian's mariadb-server (package galera-4, a dependency of it); the state
-# transfer to node 2 uses rsync, the one package this script installs. Node 1
+# Galera comes with Debian's mariadb-server (package galera-4 and rsync, for the state transfer
+# to node 2, are dependencies of it), so nothing beyond scripts/mariadb.sh is installed. Node 1
 # weighs 2 and node 2 weighs 1 in the quorum, so node 2 cut off from node 1 (a test sets
 # gmcast.isolate=1 on it) leaves the Primary component while node 1 stays in it. A node out of
 # the Primary component, or taken out of service (wsrep_reject_queries), answers every statement
@@ -152,17 +154,27 @@ start_node1() {
 }
 
 start_node2() {
+  local dir
+  dir=$(dir_of 2)
   if alive 2; then
-    # a test that failed half way may have left node 2 cut off (it rejoins at once)
-    sql 2 -e "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'" \
-      || die "could not set gmcast.isolate on node 2"
-    sql 2 -e "SET GLOBAL wsrep_reject_queries = NONE" || die "could not set wsrep_reject_queries"
+    # a test that failed half way may have left node 2 cut off or rejecting queries (it rejoins
+    # at once); best effort: a node whose provider is disconnected refuses the first
+    sql 2 -e "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'" 2>/dev/null \
+      || log "could not set gmcast.isolate=0 on node 2"
+    sql 2 -e "SET GLOBAL wsrep_reject_queries = NONE" 2>/dev/null \
+      || log "could not set wsrep_reject_queries on node 2"
     if ! wait_until "Galera node 2 to be in node 1's cluster" "+10" joined; then
-      log "node 2 is not in node 1's cluster; restarting it"
+      log "node 2 is not in node 1's cluster; restarting it with a full copy of node 1's state"
       stop_node 2
     fi
   fi
-  alive 2 || launch 2
+  if ! alive 2; then
+    # node 2's state is whatever node 1 has: without its saved position and write-set cache it
+    # takes a full copy (a few seconds), where an incremental one could keep writes node 1
+    # never had (node 1 bootstrapped from an older state) or fail on a history node 1 lacks
+    rm -f "${dir}/data/grastate.dat" "${dir}/data/galera.cache"
+    launch 2
+  fi
   wait_until "Galera node 2 to join node 1, synced and ready" "+${TIMEOUT}" joined \
     || { show_log 2; die "Galera node 2 did not join node 1"; }
 }
@@ -183,7 +195,7 @@ cmd_start() {
   need_root
   command -v mariadbd >/dev/null || die "mariadb is not installed: run scripts/mariadb.sh install"
   [[ -f $PROVIDER ]] || die "${PROVIDER} is missing: Debian's galera-4 (a dependency of mariadb-server)"
-  apt_install rsync
+  command -v rsync >/dev/null || die "rsync is missing (a dependency of mariadb-server): run scripts/mariadb.sh install"
   start_node1
   provision
   start_node2
@@ -200,7 +212,14 @@ stop_node() {
   dir=$(dir_of "$node")
   alive "$node" || return 0
   [[ -s ${dir}/mysqld.pid ]] && pid=$(cat "${dir}/mysqld.pid")
-  sql "$node" -e 'SHUTDOWN' || die "shutdown of Galera node ${node} failed"
+  # mariadb-admin shutdown, not the SHUTDOWN statement: a node out of the Primary component
+  # refuses statements (1047) but not this; else SIGTERM to the pid in its own pid file
+  if ! mariadb-admin --no-defaults --protocol=socket --socket="${dir}/mysqld.sock" \
+      --connect-timeout=2 shutdown 2>/dev/null; then
+    [[ -n $pid ]] || die "shutdown of Galera node ${node} failed and ${dir}/mysqld.pid is empty"
+    log "shutdown of Galera node ${node} refused; sending SIGTERM to ${pid}"
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
   gone() { ! alive "$node" && { [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; }; }
   wait_until "Galera node ${node} to stop" "+${TIMEOUT}" gone || die "Galera node ${node} did not stop"
   log "stopped Galera node ${node}"
@@ -225,6 +244,12 @@ cmd_status() {
       "state $(status_of "$node" wsrep_local_state_comment)"
     primary_and_ready "$node" || rc=1
   done
+  # two clusters of one each are both Primary: node 2 must be in node 1's
+  if ((rc == 0)) && ! joined; then
+    log "Galera node 2 is not in node 1's cluster (cluster state $(status_of 2 wsrep_cluster_state_uuid)," \
+      "node 1's $(status_of 1 wsrep_cluster_state_uuid))"
+    rc=1
+  fi
   return "$rc"
 }
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +195,22 @@ def is_galera_node(engine: Engine) -> bool:
     with engine.connect() as conn:
         row = conn.exec_driver_sql("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'").first()
     return row is not None and str(row[1]).upper() in ("ON", "1")
+
+
+@contextlib.contextmanager
+def causal_reads(conn: sa.engine.Connection) -> Iterator[sa.engine.Connection]:
+    """On a Galera node, `conn` (idle) with reads in the block that wait until the node has
+    applied what the cluster committed before them (`wsrep_sync_wait = 1`: a commit on another
+    node is applied here a moment after it returned there); its own setting is put back
+    after."""
+    before = int(conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar() or 0)
+    conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
+    conn.rollback()  # (a session setting outlives it; the block may begin its own)
+    try:
+        yield conn
+    finally:
+        conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {before}")
+        conn.rollback()
 
 
 def check_tables(engine: Engine, *tables: sa.Table) -> None:

@@ -38,19 +38,35 @@ def lost_claim(engine: sa.Engine) -> exc.DBAPIError:
     return exc.DBAPIError.instance("UPDATE outbox ...", {}, orig, base)
 
 
-def losing(relay: Relay, times: int) -> list[int]:
-    """Make `relay`'s next `times` claims lose to another relay's (before they reach the
-    database); returns the count of claims still to lose."""
-    left = [times]
+def lock_timeout(engine: sa.Engine) -> exc.DBAPIError:
+    """An outage that is no lost claim: a lock wait timeout, as the driver raises it."""
+    if engine.dialect.name == "postgresql":
+        import psycopg
+
+        return exc.DBAPIError.instance("UPDATE outbox ...", {}, psycopg.errors.LockNotAvailable(
+            "canceling statement due to lock timeout"), psycopg.Error)
+    import pymysql
+
+    return exc.DBAPIError.instance("UPDATE outbox ...", {}, pymysql.err.OperationalError(
+        1205, "Lock wait timeout exceeded; try restarting transaction"), pymysql.err.Error)
+
+
+def scripted(relay: Relay, script: list[str]) -> list[str]:
+    """Make `relay`'s next claims follow `script`, one entry per claim: "lost" (to another
+    relay's, before it reaches the database), "outage" (a lock timeout) or "claim" (the real
+    claim); then real claims. Returns what is left of the script."""
+    left = list(script)
     claim = relay.claimer.claim
 
-    def maybe_lose(size: int, *args: Any, **kwargs: Any) -> Any:
-        if left[0] > 0:
-            left[0] -= 1
+    def next_claim(size: int, *args: Any, **kwargs: Any) -> Any:
+        what = left.pop(0) if left else "claim"
+        if what == "lost":
             raise lost_claim(relay.engine)
+        if what == "outage":
+            raise lock_timeout(relay.engine)
         return claim(size, *args, **kwargs)
 
-    relay.claimer.claim = maybe_lose  # type: ignore[method-assign]
+    relay.claimer.claim = next_claim  # type: ignore[method-assign]
     return left
 
 
@@ -63,10 +79,10 @@ def test_a_claim_lost_to_another_relay_is_claimed_again_at_once_not_waited_out(
     lost_before = metrics.CLAIMS_LOST._value.get()
     # Given a relay whose first three claims lose to another relay's
     relay = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox, batch=10)
-    left = losing(relay, 3)
+    left = scripted(relay, ["lost"] * 3)
     # When it drains, then it claims again at once: no outage counted or logged
     result = relay.run_once()
-    assert left == [0]
+    assert left == []
     assert result.errors == 0 and result.stats.sent == len(ids)
     assert "retry in" not in caplog.text
     assert metrics.CLAIMS_LOST._value.get() - lost_before == 3
@@ -80,16 +96,33 @@ def test_claims_lost_too_many_times_in_a_row_are_waited_out_as_an_outage(
     monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.01, 0.02))
     monkeypatch.setattr(relay_module, "CLAIM_AGAIN_TIMES", 2)
     ids = publish(server_db, range(5))
-    # Given a relay whose claims lose three times in a row (one more than it claims again)
+    # Given a relay whose claims lose four times in a row (two more than it claims again)
     relay = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox)
-    losing(relay, 3)
-    # When it drains, then the third is an outage: counted, logged with its cause, waited out
+    left = scripted(relay, ["lost"] * 4)
+    # When it drains, then the third is an outage: counted, logged with its cause, waited out;
+    # after that wait the count starts again (the fourth is claimed again)
     result = relay.run_once()
-    assert result.errors == 1 and result.stats.sent == len(ids)
+    assert left == [] and result.errors == 1 and result.stats.sent == len(ids)
     cause = ("DeadlockDetected: deadlock detected" if server_db.kind == "postgresql"
              else "OperationalError: (1213, 'Deadlock found when trying to get lock")
     assert f"claim lost to another relay's: {cause}" in caplog.text
-    assert "(3 in a row); retry in" in caplog.text
+    assert "(3 in a row); retry in" in caplog.text and "4 in a row" not in caplog.text
+
+
+@pytest.mark.parametrize(("between", "errors"), [("claim", 0), ("outage", 1)])
+def test_lost_claims_count_in_a_row_only_until_a_batch_or_an_outage_comes_between(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch, between: str, errors: int) -> None:
+    monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.01, 0.02))
+    monkeypatch.setattr(relay_module, "CLAIM_AGAIN_TIMES", 2)
+    ids = publish(server_db, range(4))
+    # Given a relay whose claims lose twice (as many as it claims again), then a batch is
+    # claimed (or an outage comes), then they lose twice more
+    relay = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox, batch=1)
+    left = scripted(relay, ["lost", "lost", between, "lost", "lost"])
+    # When it drains, then no four losses were taken for one run of them: nothing was an
+    # outage but the outage
+    result = relay.run_once()
+    assert left == [] and result.errors == errors and result.stats.sent == len(ids)
 
 
 def test_a_lasting_error_from_the_claim_still_stops_the_relay(

@@ -144,3 +144,33 @@ def test_the_backlog_gauges_are_read_from_the_replica(
     relay(sqlite_db, RecordingTransport(), replica, sweep_every=3600)._refresh_metrics()
     # Then they count what the replica shows
     assert metrics.BACKLOG.labels(OutboxState.PENDING.name)._value.get() == 3
+
+
+def test_a_primary_sweep_that_fails_is_made_again_so_once_still_sends_what_the_replica_hides(
+        sqlite_db: Db, replica: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given 5 rows a stalled replica does not show, and a primary sweep whose first claim
+    # fails with an outage (or loses to another relay's claim: either way nothing claimed)
+    import sqlite3
+
+    from outbox_producer import relay as relay_module
+    from outbox_producer.claim import Claimer
+
+    monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.01, 0.02))
+    ids = publish(sqlite_db, range(5))
+    failures = [1]
+    claim = Claimer.claim
+
+    def fail_once(self: Claimer, batch: int) -> list:  # type: ignore[type-arg]
+        if failures[0]:
+            failures[0] -= 1
+            raise sa.exc.OperationalError("UPDATE", {}, sqlite3.OperationalError(
+                "database is locked"))
+        return claim(self, batch)
+
+    monkeypatch.setattr(Claimer, "claim", fail_once)
+    transport = RecordingTransport()
+    # When `--once` ends with its primary sweep, then the failed sweep is made again and
+    # sends them (it was counted as made: the run ended with the rows still due)
+    result = relay(sqlite_db, transport, replica, sweep_every=3600).run_once()
+    assert failures == [0] and result.errors == 1
+    assert transport.counts() == {m: 1 for m in ids}
