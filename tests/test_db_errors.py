@@ -95,6 +95,20 @@ def test_lock_and_statement_timeouts_and_killed_connections_are_outages(
     assert is_transient(error.value, engine.dialect.name), error.value
 
 
+def lock_wait_timeout(db: Db, table: str) -> exc.DBAPIError:
+    """A real lock wait timeout on `db`'s server: a row of `table` locked by one connection,
+    then asked for by another that waits at most 1 s (MariaDB) or 200 ms (PostgreSQL)."""
+    mysql = db.engine.dialect.name != "postgresql"
+    with db.engine.connect() as holder, db.engine.connect() as victim:
+        holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
+                               else "SET lock_timeout = '200ms'")
+        with pytest.raises(exc.DBAPIError) as caught:
+            victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
+        holder.rollback()
+    return caught.value
+
+
 def deadlock(db: Db) -> exc.DBAPIError:
     """A real deadlock on `db`'s server: two transactions each update one of two rows, then the
     other's. The error of the one the server rolled back."""
@@ -129,16 +143,7 @@ def test_a_deadlock_is_a_conflict_to_run_again_and_a_lock_timeout_is_not(server_
     # Given a real deadlock, and a real lock wait timeout, on the server
     dialect = server_db.engine.dialect.name
     lost = deadlock(server_db)
-    table = seed(server_db)
-    mysql = dialect != "postgresql"
-    with server_db.engine.connect() as holder, server_db.engine.connect() as victim:
-        holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
-        victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
-                               else "SET lock_timeout = '200ms'")
-        with pytest.raises(exc.DBAPIError) as caught:
-            victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
-        holder.rollback()
-    timeout = caught.value
+    timeout = lock_wait_timeout(server_db, seed(server_db))
     # Then the deadlock's transaction lost to the other and may run again at once; the
     # timeout is an outage to wait out, not a conflict; both are transient
     assert is_conflict(lost, dialect) and is_transient(lost, dialect), lost
@@ -227,17 +232,10 @@ def test_a_driver_error_sqlalchemy_did_not_wrap_is_judged_by_its_code(server_db:
     # Given a driver error raised bare (as by a caller holding a raw DB-API connection)
     table = seed(server_db)
     engine = server_db.engine
-    mysql = engine.dialect.name != "postgresql"
-    with engine.connect() as holder, engine.connect() as victim:
-        holder.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
-        victim.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1" if mysql
-                               else "SET lock_timeout = '200ms'")
-        with pytest.raises(exc.DBAPIError) as timeout:
-            victim.exec_driver_sql(f"SELECT * FROM {table} FOR UPDATE")
-        holder.rollback()
+    timeout = lock_wait_timeout(server_db, table)
     unknown = raised(engine, lambda c: c.exec_driver_sql(f"UPDATE {table} SET nothing = 1"))
     # Then the driver's own errors are judged as their wrappers are
-    assert is_transient(timeout.value.orig, engine.dialect.name)  # type: ignore[arg-type]
+    assert is_transient(timeout.orig, engine.dialect.name)  # type: ignore[arg-type]
     assert not is_transient(unknown.orig, engine.dialect.name)  # type: ignore[arg-type]
 
 
