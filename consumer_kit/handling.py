@@ -135,7 +135,7 @@ class Handling:
                         found = self.store.status(msg.id, conn)
                 else:
                     found = self.store.status(msg.id, conn)
-        except DBAPIError:
+        except SQLAlchemyError:  # (a pool timeout too)
             return None  # not known: reconsume later
         if found is not ProcessedStatus.SUCCEEDED:
             return None

@@ -304,6 +304,7 @@ class Relay:
             what = None
             try:
                 stats = self.step()
+                lost_in_a_row = 0  # (a batch, or nothing due: the lost claims are not in a row)
             except ClaimLost as lost:
                 metrics.CLAIMS_LOST.inc()
                 lost_in_a_row += 1
@@ -345,7 +346,6 @@ class Relay:
                 continue
             outage_wait = OUTAGE_BACKOFF[0]
             outage_since = None
-            lost_in_a_row = 0
             if stats is None:
                 if once and not swept and isinstance(self.claimer, ReplicaClaimer) \
                         and self.claimer.sweep_next():

@@ -209,8 +209,12 @@ def causal_reads(conn: sa.engine.Connection) -> Iterator[sa.engine.Connection]:
     try:
         yield conn
     finally:
-        conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {before}")
-        conn.rollback()
+        try:
+            conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {before}")
+            conn.rollback()
+        except Exception:
+            conn.invalidate()  # never back to the pool with the setting
+            raise
 
 
 def check_tables(engine: Engine, *tables: sa.Table) -> None:

@@ -167,3 +167,29 @@ def test_a_deadlock_with_no_concurrent_success_is_still_retried(real_env: Env) -
     assert result.outcome is Outcome.RETRY
     assert "Deadlock found" in result.reason or "deadlock detected" in result.reason
     assert real_env.effects() == {} and real_env.processed() == []
+
+
+def test_a_lost_race_whose_winner_cannot_be_read_is_still_retried(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a handler whose transaction lost to a concurrent one, and a pool too busy to read
+    # whether a concurrent delivery of the message won (the pool's TimeoutError)
+    import sqlalchemy as sa
+
+    from consumer_kit import handling
+
+    def pool_busy(engine: sa.Engine) -> bool:
+        raise sa.exc.TimeoutError("QueuePool limit of size 1 overflow 0 reached")
+
+    monkeypatch.setattr(handling, "is_conflict", lambda error, dialect: True)
+    monkeypatch.setattr(handling, "is_galera_node", pool_busy)
+    app = env.app(use_redis=False, local_cache=0)
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+        raise sa.exc.OperationalError("INSERT", {}, Exception("deadlock"))
+
+    # When it is processed, then it is a retry like any database error, never an exception
+    result = app.pipeline().process(delivery("M1"))
+    assert result.outcome is Outcome.RETRY and "deadlock" in result.reason
+    assert env.effects() == {}

@@ -121,18 +121,12 @@ def cluster() -> Iterator[tuple[Db, Db]]:
             engine.dispose()
 
 
-def causal(conn: sa.Connection) -> sa.Connection:
-    """`conn`, whose reads wait until its node has applied what the cluster committed before
-    them (a commit on the other node is applied here a moment later)."""
-    conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
-    return conn
-
-
 def states(db: Db) -> Counter[OutboxState]:
+    """The outbox rows' states on `db`'s node once it has applied what the cluster committed
+    (a commit on the other node is applied here a moment later)."""
     t = outbox_table(sa.MetaData(), db.names.outbox)
-    with db.engine.connect() as conn:
-        return Counter(OutboxState(s)
-                       for s in causal(conn).execute(sa.select(t.c.state)).scalars())
+    with db.engine.connect() as conn, causal_reads(conn):
+        return Counter(OutboxState(s) for s in conn.execute(sa.select(t.c.state)).scalars())
 
 
 def conflicts(db: Db) -> int:
@@ -249,9 +243,8 @@ def test_two_consumers_on_two_nodes_racing_one_message_apply_it_once(
         for app in apps:
             assert app.pipeline().process(delivery("SAME", reconsume=1)).outcome is \
                 Outcome.DUPLICATE
-        with node1.engine.connect() as conn:
-            assert causal(conn).execute(sa.select(sa.func.count()).select_from(stock)).scalar() \
-                == 1
+        with node1.engine.connect() as conn, causal_reads(conn):
+            assert conn.execute(sa.select(sa.func.count()).select_from(stock)).scalar() == 1
     finally:
         stock.drop(node1.engine)
 

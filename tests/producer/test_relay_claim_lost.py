@@ -109,20 +109,27 @@ def test_claims_lost_too_many_times_in_a_row_are_waited_out_as_an_outage(
     assert "(3 in a row); retry in" in caplog.text and "4 in a row" not in caplog.text
 
 
-@pytest.mark.parametrize(("between", "errors"), [("claim", 0), ("outage", 1)])
+@pytest.mark.parametrize(("between", "errors"), [
+    ("claim", 0), ("outage", 1), ("broker outage", 1)])
 def test_lost_claims_count_in_a_row_only_until_a_batch_or_an_outage_comes_between(
         server_db: Db, monkeypatch: pytest.MonkeyPatch, between: str, errors: int) -> None:
     monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF", (0.01, 0.02))
     monkeypatch.setattr(relay_module, "CLAIM_AGAIN_TIMES", 2)
     ids = publish(server_db, range(4))
     # Given a relay whose claims lose twice (as many as it claims again), then a batch is
-    # claimed (or an outage comes), then they lose twice more
-    relay = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox, batch=1)
-    left = scripted(relay, ["lost", "lost", between, "lost", "lost"])
+    # claimed (or a database outage comes, or a batch is claimed whose send meets a broker
+    # outage), then they lose twice more
+    transport = RecordingTransport()
+    relay = Relay(server_db.engine, transport, table=server_db.names.outbox, batch=1)
+    if between == "broker outage":
+        transport.fail_next = 1
+    left = scripted(relay, ["lost", "lost", "outage" if between == "outage" else "claim",
+                            "lost", "lost"])
     # When it drains, then no four losses were taken for one run of them: nothing was an
     # outage but the outage
     result = relay.run_once()
     assert left == [] and result.errors == errors and result.stats.sent == len(ids)
+    assert transport.counts() == {m: 1 for m in ids}
 
 
 def test_a_lasting_error_from_the_claim_still_stops_the_relay(
