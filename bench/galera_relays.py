@@ -10,9 +10,10 @@ The same fresh backlog, drained run by run by:
 - *two relays, node 1*: row locks and SKIP LOCKED keep them apart without a conflict.
 
 Each drain is `Relay.run_once()` on a thread per relay, to a transport whose send only counts;
-it prints rows/s, what each relay sent, the claims lost and the rows sent more than once (0, or
-the run is wrong). The cluster is scripts/mariadb-galera.sh's (both nodes on this machine, so
-they and the relays share its cores).
+it prints rows/s, what each relay sent, the claims lost, the outages waited out (each a
+warning and a back-off) and the rows sent more than once (0, or the run is wrong). The cluster
+is scripts/mariadb-galera.sh's (both nodes on this machine, so they and the relays share its
+cores).
 
     python bench/galera_relays.py [--url URL] [--url2 URL2] [--rows 20000] [--batch 200] [--runs 3]
 
@@ -88,6 +89,7 @@ def drain(engines: list[sa.Engine], name: str, mode: str, batch: int) -> dict[st
     index in `engines`), each on its own thread."""
     transport = CountingTransport()
     sent: list[int] = []
+    errors: list[int] = []
     lost_before = metrics.CLAIMS_LOST._value.get()
     again = relay_module.CLAIM_AGAIN_TIMES
     if mode.endswith("waited out"):
@@ -95,8 +97,12 @@ def drain(engines: list[sa.Engine], name: str, mode: str, batch: int) -> dict[st
     try:
         relays = [Relay(engines[node], transport, table=name, batch=batch)
                   for node in MODES[mode]]
-        threads = [threading.Thread(target=lambda r=relay: sent.append(r.run_once().stats.sent))
-                   for relay in relays]
+        def run(relay: Relay) -> None:
+            result = relay.run_once()
+            sent.append(result.stats.sent)
+            errors.append(result.errors)  # outages waited out, each with a warning
+
+        threads = [threading.Thread(target=run, args=(relay,)) for relay in relays]
         started = time.monotonic()
         for thread in threads:
             thread.start()
@@ -108,6 +114,7 @@ def drain(engines: list[sa.Engine], name: str, mode: str, batch: int) -> dict[st
     return {"elapsed": elapsed, "sent": sorted(sent, reverse=True),
             "lost": int(metrics.CLAIMS_LOST._value.get() - lost_before),
             "twice": sum(1 for n in transport.sent.values() if n > 1),
+            "outages": sum(errors),
             "rows": len(transport.sent)}
 
 
@@ -149,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.rows / got["elapsed"]
             rates[mode].append(rate)
             rows.append([run, mode, f"{rate:,.0f}", "/".join(f"{n:,}" for n in got["sent"]),
-                         got["lost"], got["twice"]])
-    print(table(["run", "relays", "rows/s", "sent by each", "claims lost", "sent twice"], rows))
+                         got["lost"], got["outages"], got["twice"]])
+    print(table(["run", "relays", "rows/s", "sent by each", "claims lost", "outages waited out",
+                 "sent twice"], rows))
     base = statistics.median(rates["one relay, node 1"])
     print()
     print(table(["relays", "median rows/s", "x one relay"],

@@ -5,6 +5,7 @@ means.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -129,12 +130,10 @@ class Handling:
         try:
             if self._galera is None:
                 self._galera = is_galera_node(self.engine)
-            with self.engine.connect() as conn:
-                if self._galera:  # the winner's commit on another node may not be applied yet
-                    with causal_reads(conn):
-                        found = self.store.status(msg.id, conn)
-                else:
-                    found = self.store.status(msg.id, conn)
+            with self.engine.connect() as conn, (
+                    # the winner's commit on another node may not be applied here yet
+                    causal_reads(conn) if self._galera else contextlib.nullcontext()):
+                found = self.store.status(msg.id, conn)
         except SQLAlchemyError:  # (a pool timeout too)
             return None  # not known: reconsume later
         if found is not ProcessedStatus.SUCCEEDED:

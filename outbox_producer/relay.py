@@ -314,7 +314,6 @@ class Relay:
                         0, CLAIM_AGAIN_JITTER * 2 ** (lost_in_a_row - 1)))
                     continue
                 stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
-                lost_in_a_row = 0  # (waited out as an outage: counting starts again)
             except Exception as exc:
                 partial = committed_part(exc)  # marks of the batch committed before it
                 if partial is not None and partial.committed():
@@ -326,12 +325,12 @@ class Relay:
                     raise
                 stats = None
                 what = "database error: " + describe(exc)
-                lost_in_a_row = 0  # (an outage in between: the lost claims are not in a row)
             if stats is not None and stats.outage:
                 result.batches += 1
                 result.stats.add(stats)
                 what = stats.outage
             if what is not None:
+                lost_in_a_row = 0  # (an outage, waited out: lost claims after it start a new run)
                 result.errors += 1
                 now = time.monotonic()
                 outage_since = outage_since if outage_since is not None else now
