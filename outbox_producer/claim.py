@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 
+from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, supports_skip_locked
 from consumer_kit.core.errors import ConfigError
@@ -172,7 +173,7 @@ class Claimer:
         t = self.table
         taken: list[Any] = []
         claimed: list[tuple[int, OutboxState]] = []  # (rows, the state they came from)
-        with self.engine.begin() as conn:
+        with checkin.begin(self.engine) as conn:
             for name, where in self._plan(now):
                 room = batch - len(taken)
                 if room <= 0:
@@ -224,7 +225,7 @@ class Claimer:
 
     def _claim_locked(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
         t = self.table
-        with self.engine.begin() as conn:
+        with checkin.begin(self.engine) as conn:
             rows = conn.execute(
                 sa.select(*self.columns).where(*self.due(now)).order_by(t.c.next_retry_at)
                 .limit(batch).with_for_update(skip_locked=True)
@@ -246,7 +247,7 @@ class Claimer:
     def _claim_optimistic(self, batch: int, now: dt.datetime) -> list[OutboxRow]:
         t = self.table
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
-        with self.engine.begin() as conn:
+        with checkin.begin(self.engine) as conn:
             found = list(conn.execute(
                 sa.select(t.c.id, t.c.state).where(*self.due(now))
                 .order_by(t.c.next_retry_at).limit(batch)).all())
@@ -292,7 +293,7 @@ class Claimer:
         t = self.table
         now = utcnow()
         token = f"{self.owner[:100]}#{next(_CLAIM_SEQ)}"
-        with self.engine.begin() as conn:
+        with checkin.begin(self.engine) as conn:
             claimed = cas(conn, t, "claim", Versions([(r.id, r.lock_version) for r in rows],
                                                      [r.message_id for r in rows]),
                           now=now, by=self.owner, values=self._values(now, token))

@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, is_galera_node, supports_skip_locked
 from consumer_kit.core.errors import CkitError, ConfigError
@@ -122,7 +123,7 @@ class LockedSender:
                 the lease): nothing of the batch is marked, its rows are due again.
         """
         began = time.monotonic()
-        with self.sender.engine.connect() as conn:
+        with checkin.connection(self.sender.engine) as conn:
             try:
                 stats, fatal = self._step(conn, batch, pace)
             except DBAPIError:

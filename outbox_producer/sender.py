@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.envelope import to_message
 from consumer_kit.core.errors import (
@@ -128,13 +129,13 @@ class Sender:
         committed = SendStats()  # `stats` as of the last commit: what an error leaves done
         try:
             if attempt.sent:
-                with self.engine.begin() as conn:
+                with checkin.begin(self.engine) as conn:
                     stats.sent, stats.conflicts = self.mark_sent(conn, attempt.sent,
                                                                  "mark_sent")
                 metrics.SENT.inc(stats.sent)
                 committed = dataclasses.replace(stats)
             for row, reason, permanent in attempt.failures:
-                with self.engine.begin() as conn:
+                with checkin.begin(self.engine) as conn:
                     self.mark_failure(conn, row, reason, permanent, stats,
                                       moves=("retry_later", "give_up"))
                 committed = dataclasses.replace(stats)
@@ -230,7 +231,7 @@ class Sender:
                   if r.claimed_from != OutboxState.FAILED]
         free = {"lease_owner": None, "lease_until": None}
         released = 0
-        with self.engine.begin() as conn:
+        with checkin.begin(self.engine) as conn:
             for move, pairs in (("release", others), ("release_failed", failed)):
                 if pairs:
                     released += cas(conn, self.table, move, Versions(pairs), now=now,

@@ -17,7 +17,8 @@ connection, a SQLAlchemy without these internals) closes it as `Connection.close
 reset and all.
 
 The consumer's transaction per message (its processed row and the handler's writes) uses it:
-one round trip fewer per message on MariaDB, and per duplicate a ROLLBACK fewer.
+one round trip fewer per message on MariaDB, and per duplicate a ROLLBACK fewer. So do the
+relay's transactions (`begin`): its claim, its marks, its releases.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def connection(engine: Engine) -> Iterator[Connection]:
         conn.close()
         raise
     give_back(conn)
+
+
+@contextlib.contextmanager
+def begin(engine: Engine) -> Iterator[Connection]:
+    """`engine.begin()` whose connection goes back by `give_back`: the block's transaction is
+    committed when it ends without an exception (rolled back when it raises), then the
+    connection is given back without the pool's reset."""
+    with connection(engine) as conn, conn.begin():
+        yield conn
 
 
 def give_back(conn: Connection) -> None:

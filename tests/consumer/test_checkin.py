@@ -20,7 +20,7 @@ from tests.conftest import Db
 from tests.consumer.conftest import delivery
 
 
-def _resets(engine: sa.Engine) -> list[bool]:
+def check_ins(engine: sa.Engine) -> list[bool]:
     """`transaction_was_reset` of every check-in of `engine`'s pool, in order."""
     seen: list[bool] = []
 
@@ -41,7 +41,7 @@ def test_a_committed_connection_goes_back_to_the_pool_without_a_reset(tmp_path: 
     # Given
     engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     table = _table(engine)
-    resets = _resets(engine)
+    resets = check_ins(engine)
     # When: a unit of work commits
     with checkin.connection(engine) as conn, conn.begin():
         conn.execute(table.insert().values(n=1))
@@ -87,7 +87,7 @@ def test_give_back_after_a_statement_run_since_the_commit_resets(tmp_path: Path)
         assert again.execute(sa.select(table.c.n)).scalars().all() == [1]
 
 
-def _rollbacks(engine: sa.Engine) -> int:
+def server_rollbacks(engine: sa.Engine) -> int:
     """The server's count of ROLLBACKs run by the pool's two connections, both held while
     asked (their two check-ins after it add one each)."""
     with engine.connect() as one, engine.connect() as two:
@@ -115,12 +115,12 @@ def test_a_consumed_message_sends_no_rollback_after_its_commit_on_mariadb(
 
     pipe = app.pipeline()
     try:
-        before = _rollbacks(engine)
+        before = server_rollbacks(engine)
         # When: three messages are consumed, then one of them is delivered again
         for mid in ("M1", "M2", "M3"):
             assert pipe(delivery(mid)).status is ConsumeStatus.CONSUME_SUCCESS
         assert pipe(delivery("M2")).status is ConsumeStatus.CONSUME_SUCCESS
-        after = _rollbacks(engine)
+        after = server_rollbacks(engine)
         # Then: the only ROLLBACKs are the first count's two check-ins and the duplicate's
         # own (its row is then read in a transaction that commits, on the same connection);
         # the reset after each COMMIT and after the duplicate's ROLLBACK are gone, and so is
@@ -139,7 +139,7 @@ def test_a_pool_without_the_expected_internals_gets_its_connection_closed_as_usu
     # Given: a pool whose connections' `_close_special` takes other arguments
     engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     table = _table(engine)
-    resets = _resets(engine)
+    resets = check_ins(engine)
     conn = engine.connect()
     fairy = conn._dbapi_connection
 
