@@ -228,7 +228,7 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
                           producer.index, now=now, stuck_after=config.stuck_after)
         if not force:
             check_groups(config.groups, engines, producers, outbox, receipts,
-                         cutoff=now - config.stuck_after)
+                         cutoff=now - config.stuck_after, now=now)
     finally:
         for made in engines.values():
             made.dispose()

@@ -4,12 +4,13 @@ messages, that each topic a `--group` lists is one the outbox holds, and that ea
 recent enough to show what is stuck.
 
 Each mistake here is silent in the run itself: a misspelt group or a group URL pointing at
-another database makes every message of the window look unprocessed (re-sent, and failed at
-its limit although consumed); a misspelt topic leaves the group unexpected for the topic it
-meant, so its messages turn CONSUMED without it; a replica that stopped applying changes hides
-every row stuck since, and the run reports nothing. `--force` runs past the first two (a group
-that has processed nothing yet, a topic nothing was published on yet); a stale replica always
-stops the run (reconcile against the primary instead).
+another database (or a `@TABLE` naming another table) makes every message of the window look
+unprocessed (re-sent, and failed at its limit although consumed); a misspelt topic leaves the
+group unexpected for the topic it meant, so its messages turn CONSUMED without it; a replica
+that stopped applying changes hides every row stuck since, and the run reports nothing.
+`--force` runs past the first two (a group that has processed nothing yet, a topic nothing was
+published on yet); a stale replica always stops the run (reconcile against the primary
+instead).
 """
 
 from __future__ import annotations
@@ -23,23 +24,37 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_archive_table, processed_table
 from consumer_kit.core.states import OutboxState
 from consumer_kit.core.urls import mask_url
+from consumer_kit.processed import PURGE_FLOOR
 from consumer_kit.reconcile.model import GroupSource
 
 #: topics named in a refusal, at most
 _SHOWN = 10
+#: a group's latest receipts whose messages its processed table is asked for (`check_groups`)
+RECEIPTS_PROBED = 20
+#: how far back those receipts go: inside `ckit processed purge`'s safety floor, so their
+#: processed rows are still there (a day's margin for a receipt applied late)
+RECEIPTS_LOOKBACK = PURGE_FLOOR - dt.timedelta(days=1)
 
 
 def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.Engine],
                  producers: Sequence[str], outbox: sa.Table, receipts: sa.Table, *,
-                 cutoff: dt.datetime) -> None:
-    """Refuse a group topic no row of any producer database's outbox or its archive holds, and
-    a group of which neither its processed table nor any producer database's receipts hold a
-    single row while the window (rows SENT before `cutoff`) holds messages of its topics.
+                 cutoff: dt.datetime, now: dt.datetime) -> None:
+    """Refuse a group topic no row of any producer database's outbox or its archive holds;
+    while the window (rows SENT before `cutoff`) holds messages of a group's topics, refuse
+    the group when its processed table holds none of the messages its latest receipts (up to
+    `RECEIPTS_PROBED` of each producer database, received since `now - RECEIPTS_LOOKBACK`)
+    say it handled, or, without such receipts, when neither its processed table nor any
+    producer database's receipts hold a single row of it.
 
-    A quiet topic whose rows were archived passes (the archive is looked at only when the
-    outbox has no row of the topic: a scan until the first row of it, the archive having no
-    topic index), and so does a group whose processed rows were purged but whose receipts
-    remain. What is refused is a name nothing ever carried.
+    A receipt is sent only once the group's processed row is committed, and `ckit processed
+    purge` keeps rows `PURGE_FLOOR`: so a processed table that holds none of the messages of
+    recent receipts is another database's or another table (a group URL of the wrong
+    database would otherwise pass on the receipts alone). One found is enough (a receipt
+    applied late may name a row purged since). A quiet topic whose rows were archived passes
+    (the archive is looked at only when the outbox has no row of the topic: a scan until the
+    first row of it, the archive having no topic index), and so does a group whose processed
+    rows were purged but whose older receipts remain. What is refused is a name nothing ever
+    carried, and a table that does not hold what its group did.
 
     Raises:
         ConfigError: naming the `--group` and what to check.
@@ -57,15 +72,31 @@ def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.
                     "then turn CONSUMED without it (--force if nothing was published on "
                     f"{topic!r} yet)")
         table = processed_table(sa.MetaData(), group.table)
+        stuck = sa.and_(outbox.c.state == int(OutboxState.SENT), outbox.c.sent_at < cutoff)
+        if group.topics:
+            stuck = sa.and_(stuck, outbox.c.topic.in_(group.topics))
+        recent = _recent_receipts(engines, producers, receipts, group.name,
+                                  since=now - RECEIPTS_LOOKBACK)
+        if recent:
+            with engines[group.url].connect() as conn:
+                held = conn.execute(sa.select(sa.literal(1)).where(
+                    table.c.consumer_group == group.name,
+                    table.c.message_id.in_(recent)).limit(1)).first()
+            if held is None and _any_row(engines, producers, outbox, stuck):
+                raise ConfigError(
+                    f"--group {group.name}: {mask_url(group.url)} holds none of the "
+                    f"{len(recent)} messages the latest receipts of {group.name!r} say it "
+                    f"handled (e.g. {recent[0]}) in {group.table}, while messages of its topics "
+                    "are stuck in SENT: another database or table (every message would look "
+                    "unprocessed: re-sent, and failed at its limit; --force if its processed "
+                    "rows were purged early)")
+            continue
         with engines[group.url].connect() as conn:
             processed = conn.execute(sa.select(sa.literal(1)).where(
                 table.c.consumer_group == group.name).limit(1)).first()
         if processed is not None or _any_row(engines, producers, receipts,
                                              receipts.c.consumer_group == group.name):
             continue
-        stuck = sa.and_(outbox.c.state == int(OutboxState.SENT), outbox.c.sent_at < cutoff)
-        if group.topics:
-            stuck = sa.and_(stuck, outbox.c.topic.in_(group.topics))
         if _any_row(engines, producers, outbox, stuck):
             raise ConfigError(
                 f"--group {group.name}: {mask_url(group.url)} holds no processed row of group "
@@ -101,6 +132,21 @@ def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.T
         f"made at {missing.gmt_create}, at least --stuck-after ({_span(stuck_after)}) "
         "ago, so rows stuck since would not be seen (reconcile against the primary, or mend "
         "the replica)")
+
+
+def _recent_receipts(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
+                     receipts: sa.Table, group: str, *, since: dt.datetime) -> list[str]:
+    """The message ids of `group`'s latest receipts received since `since`, up to
+    `RECEIPTS_PROBED` from each producer database, newest first (on the receipts' index by
+    group and time)."""
+    found: list[str] = []
+    for url in producers:
+        with engines[url].connect() as conn:
+            found.extend(conn.execute(
+                sa.select(receipts.c.message_id)
+                .where(receipts.c.consumer_group == group, receipts.c.received_at >= since)
+                .order_by(receipts.c.received_at.desc()).limit(RECEIPTS_PROBED)).scalars())
+    return found
 
 
 def _any_row(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],

@@ -106,11 +106,12 @@ class World:
                 consumer_group=group, message_id=message_id, topic=topic, src=src,
                 status=status, attempts=1, error=error, first_seen_at=ts, processed_at=ts))
 
-    def add_ack(self, message_id: str, group: str, outcome: str = "consumed") -> None:
-        """Insert an ack row in the producer database."""
+    def add_ack(self, message_id: str, group: str, outcome: str = "consumed", *,
+                age: dt.timedelta = OLD) -> None:
+        """Insert an ack row in the producer database, received `age` ago."""
         with self.producer.begin() as conn:
             conn.execute(self.receipts.insert().values(message_id=message_id, consumer_group=group,
-                                                  outcome=outcome, received_at=self.now - OLD))
+                                                  outcome=outcome, received_at=self.now - age))
 
     def row(self, message_id: str) -> Any:
         """The outbox row of `message_id`."""

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
-from consumer_kit.core.schema import outbox_archive_table
+from consumer_kit.core.schema import outbox_archive_table, processed_table
 from consumer_kit.core.states import OutboxState
 from tests.cli import error_line
 from tests.reconcile.conftest import World
@@ -70,6 +70,62 @@ def test_a_group_url_of_a_database_without_its_rows_is_refused(world: World,
     assert world.row(message_id).state == int(OutboxState.SENT)
 
 
+def test_a_group_url_of_a_database_without_the_messages_of_its_receipts_is_refused(
+        world: World) -> None:
+    # Given: inventory consumed one message (its receipt came back) and another (its receipt
+    # lost, so it is stuck in SENT); the producer's database holds a processed table too
+    consumed = world.add_outbox(OutboxState.CONSUMED)
+    world.add_processed("inventory", consumed)
+    world.add_ack(consumed, "inventory")
+    stuck = world.add_outbox(OutboxState.SENT, retry_count=3, max_retries=3)
+    world.add_processed("inventory", stuck)
+    table = world.processed["inventory"]
+    table.metadata.create_all(world.producer, tables=[table])
+    # When: the group's URL is the producer's database (the receipt alone used to pass it)
+    code, output = run(world, f"inventory={world.producer_url}")
+    # Then: one line naming the group and a message of its receipts; nothing failed
+    assert code == 2, output
+    line = error_line(output)
+    assert "--group inventory" in line and "holds none of the 1 messages" in line, line
+    assert consumed in line
+    assert world.row(stuck).state == int(OutboxState.SENT)
+    # And with the right URL the stuck message turns CONSUMED (its processed row found)
+    code, output = run(world)
+    assert code == 0, output
+    assert world.row(stuck).state == int(OutboxState.CONSUMED)
+
+
+def test_a_processed_table_holding_other_messages_of_the_group_is_refused(world: World) -> None:
+    # Given: the group's table on the right database, and beside it another table with rows of
+    # the same group name (an old copy, another environment's), none of the receipted messages
+    consumed = world.add_outbox(OutboxState.CONSUMED)
+    world.add_processed("inventory", consumed)
+    world.add_ack(consumed, "inventory")
+    stuck = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", stuck)
+    other = processed_table(sa.MetaData(), "ckit_processed_copy")
+    other.metadata.create_all(world.group_engines["inventory"])
+    with world.group_engines["inventory"].begin() as conn:
+        conn.execute(other.insert().values(
+            consumer_group="inventory", message_id="m-elsewhere", topic="ORDER", src="orders",
+            status="SUCCEEDED", attempts=1, first_seen_at=world.now, processed_at=world.now))
+    # When: --group names that table
+    code, output = run(world, f"inventory@ckit_processed_copy={world.group_urls['inventory']}")
+    # Then
+    assert code == 2, output
+    assert "in ckit_processed_copy" in error_line(output)
+    assert world.row(stuck).state == int(OutboxState.SENT)
+
+
+def test_recent_receipts_whose_rows_are_gone_pass_while_nothing_is_stuck(world: World) -> None:
+    # Given: a receipt whose processed row is not there, and no message stuck
+    consumed = world.add_outbox(OutboxState.CONSUMED)
+    world.add_ack(consumed, "inventory")
+    # When / Then: nothing would be repaired wrongly: the run goes ahead
+    code, output = run(world)
+    assert code == 0, output
+
+
 def test_a_group_that_processed_nothing_passes_while_none_of_its_messages_is_stuck(
         world: World) -> None:
     # Given: a quiet group (its rows purged), its topic's messages all consumed long ago
@@ -95,10 +151,11 @@ def test_a_misspelt_topic_is_refused_naming_the_topics_the_outbox_holds(world: W
 
 def test_a_quiet_topic_whose_rows_were_archived_and_a_group_whose_rows_were_purged_pass(
         world: World) -> None:
-    # Given: ORDER_PAID's rows all archived; billing's processed rows purged, its receipts kept;
-    # a message of billing's topic stuck now (billing's consumer is down)
+    # Given: ORDER_PAID's rows all archived; billing's processed rows purged (past the purge's
+    # 7-day floor), its receipts kept; a message of billing's topic stuck now (billing's
+    # consumer is down)
     paid = world.add_outbox(OutboxState.CONSUMED, topic="ORDER_PAID")
-    world.add_ack(paid, "billing")
+    world.add_ack(paid, "billing", age=dt.timedelta(days=8))
     archive = outbox_archive_table(sa.MetaData(), f"{world.outbox.name}_archive")
     archive.metadata.create_all(world.producer)
     with world.producer.begin() as conn:
