@@ -33,11 +33,14 @@ class ClassCount:
     found: int = 0
     intended: int = 0
     applied: int = 0
+    #: a dry run's: nothing was tried, so nothing conflicted
+    dry_run: bool = False
 
     @property
     def conflicts(self) -> int:
-        """Intended repairs that the compare-and-set refused (the row moved)."""
-        return self.intended - self.applied
+        """Intended repairs that the compare-and-set refused (the row moved); none in a dry
+        run, which tries none."""
+        return 0 if self.dry_run else self.intended - self.applied
 
 
 @dataclasses.dataclass
@@ -125,6 +128,7 @@ class SummaryBuilder:
                 for p in config.producers),
             groups=[{"name": g.name, "url": mask_url(g.url), "table": g.table,
                      "topics": list(g.topics)} for g in config.groups],
+            classes={k: ClassCount(dry_run=config.dry_run) for k in RepairClass},
         )
 
     def decision(self, d: Decision) -> None:

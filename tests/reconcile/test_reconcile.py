@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.states import OutboxState
 from consumer_kit.reconcile import EXIT_ALERT, EXIT_OK, RepairClass, run_reconcile
+from consumer_kit.reconcile.model import Thresholds
 from consumer_kit.reconcile.repair import RepairApplier
 from tests.reconcile.conftest import OLD, RECENT, World
 
@@ -109,8 +110,10 @@ def test_dry_run_writes_nothing_but_reports_what_it_would_do(
     _seed_every_class(world)
     snapshot = world.snapshot()
 
-    # When a dry run reconciles
-    summary = run_reconcile(world.config(engine_name, dry_run=True, output_dir=tmp_path / "out"))
+    # When a dry run reconciles, alerting on any conflict
+    summary = run_reconcile(world.config(
+        engine_name, dry_run=True, output_dir=tmp_path / "out",
+        thresholds=Thresholds(conflicts=0, fail_on_failures=False)))
 
     # Then it counts intended repairs, applies none, and the database is unchanged
     assert summary.classes[RepairClass.RETRY].intended == 1
@@ -119,6 +122,9 @@ def test_dry_run_writes_nothing_but_reports_what_it_would_do(
     assert world.snapshot() == snapshot
     data = json.loads((Path(summary.output_dir or "") / "summary.json").read_text())
     assert data["dry_run"] is True and data["classes"]["retry"]["intended"] == 1
+    # And the repairs it did not try are no conflicts (they used to be, and alerted)
+    assert summary.conflicts == 0 and data["classes"]["retry"]["conflicts"] == 0
+    assert data["conflicts"] == 0 and summary.alerts == [] and summary.exit_code == EXIT_OK
 
 
 def test_row_changed_between_read_and_write_is_a_conflict_not_overwritten(
