@@ -84,6 +84,17 @@ def test_the_cli_log_formatter_masks_messages_arguments_and_exceptions(
     assert_no_secret(err)
 
 
+def test_debug_logging_leaves_the_py4j_wire_log_off() -> None:
+    # Given / When: the CLI's logging at -vv
+    configure_logging(2)
+    # Then our code logs at DEBUG, but not py4j, whose DEBUG lines are every command sent to
+    # Spark's JVM, JDBC passwords included, in a format the masking cannot read
+    assert logging.getLogger("consumer_kit.reconcile").isEnabledFor(logging.DEBUG)
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        assert not logging.getLogger(name).isEnabledFor(logging.DEBUG), name
+    assert logging.getLogger("py4j.clientserver").isEnabledFor(logging.INFO)
+
+
 def ckit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`ckit -vv ARGS`: the debug log goes through the masking formatter too."""
     return run_ckit("-vv", *args, env=env)

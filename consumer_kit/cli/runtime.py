@@ -166,6 +166,14 @@ def configure_logging(verbose: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in NEVER_DEBUG:
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
+
+
+#: Loggers kept at INFO or above even with `-vv`: py4j logs every command it sends to Spark's
+#: JVM at DEBUG, the JDBC connection properties (a password) among them, in its own wire
+#: format, which `mask_text` cannot know (a key on one line, its value on the next).
+NEVER_DEBUG = ("py4j",)
 
 
 class _StderrHandler(logging.StreamHandler):

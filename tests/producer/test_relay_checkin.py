@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from consumer_kit.core.db import make_engine
 from outbox_producer import Relay
 from tests.conftest import Db
-from tests.consumer.test_checkin import server_rollbacks, check_ins
+from tests.consumer.test_checkin import check_ins, server_rollbacks
 from tests.producer.test_relay import publish_many
 from tests.recording import RecordingTransport
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from consumer_kit.core.states import OutboxState
@@ -58,3 +59,27 @@ def test_reconcile_output_and_files_never_show_a_password(world: World, tmp_path
     if world.kind == "mariadb":
         real = sa.make_url(world.producer_url).password
         assert f"password={real}" not in result.stdout + "".join(p.read_text() for p in files)
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("kind", ["mariadb"])
+def test_a_debug_spark_run_logs_no_py4j_command_with_the_jdbc_password(
+        world: World, tmp_path: Path) -> None:
+    # Given a stuck row on MariaDB, read by Spark over JDBC with the user's password
+    world.add_processed("inventory", world.add_outbox(OutboxState.SENT))
+    # When reconcile runs Spark at -vv
+    result = subprocess.run(
+        [sys.executable, "-m", "consumer_kit.cli.main", "-vv", "reconcile",
+         "--url", world.producer_url, "--group", f"inventory={world.group_urls['inventory']}",
+         "--processed-table", world.processed["inventory"].name,
+         "--outbox-table", world.outbox.name, "--receipt-table", world.receipts.name,
+         "--engine", "spark", "--dry-run", "--output", ""],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # Then it ran with the log on (py4j's INFO lines are there), and without py4j's DEBUG wire
+    # log (each command sent to the JVM: the JDBC properties' "password" and, on the next
+    # line, its value)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "INFO py4j.clientserver" in result.stderr
+    assert "DEBUG py4j" not in result.stderr and "Command to send" not in result.stderr
+    assert "\nspassword\n" not in result.stderr
