@@ -59,6 +59,17 @@ def test_mask_text_hides_passwords_of_urls_inside_free_text(template: str) -> No
     assert_no_secret(mask_text(template.format(url=NASTY)))
 
 
+def test_mask_text_keeps_the_driver_s_words_after_a_url_with_a_password() -> None:
+    # Given MySQL's refusal after the URL it refused, whose "user 'u'@'host'" holds an @ too
+    line = ("error: SQL transport failed to check the schema on mysql+pymysql://u:S3cr3t@"
+            "127.0.0.1:3306/x: (1045, \"Access denied for user 'u'@'127.0.0.1' (using "
+            "password: YES)\")")
+    # When / Then: the password is masked, the host, database and the driver's words kept
+    assert mask_text(line) == line.replace("S3cr3t", "***")
+    # And a password whose raw @ is followed by a quote is still masked whole
+    assert_no_secret(mask_text("cannot open mysql://u:p@ss'S3cr3t@h/db: refused"))
+
+
 def test_a_password_with_spaces_seen_once_is_masked_wherever_it_shows_up_again() -> None:
     remember_secrets(["sqlite:////tmp/x.db?password=sp ace Qx2sEcret"])
     assert_no_secret(mask_text("driver said: password 'sp ace Qx2sEcret' refused"))

@@ -31,11 +31,13 @@ _QUERY_IN_URL = re.compile(rf"(?i)((?:{_PARAM})=)([^&;#]*)")
 _QUERY_IN_TEXT = re.compile(rf"(?i)((?:{_PARAM})=)([^&;#\s'\"]*)")
 #: In free text: `scheme://user:` then the password up to the last `@` of the line that is not
 #: past another URL's scheme (a password may hold spaces, `@`, `:` and `/`; masking too much
-#: of a line is safe, too little is not). `host:port` followed by the end of the URL is not a
-#: user and a password.
+#: of a line is safe, too little is not), and is not followed by a quote: a URL's host never
+#: starts with one, MySQL's "user 'ckit'@'127.0.0.1'" after the URL always does (masked, it
+#: took the host, the database and the driver's own words with it). `host:port` followed by
+#: the end of the URL is not a user and a password.
 _USERINFO_IN_TEXT = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?!\d+(?:[/?#\s]|$))"
-    r"(?P<pw>(?:(?![A-Za-z][A-Za-z0-9+.\-]*://)[^\n])*)@"
+    r"(?P<pw>(?:(?![A-Za-z][A-Za-z0-9+.\-]*://)[^\n])*)@(?![\'\"`])"
 )
 
 _lock = threading.Lock()
