@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +336,34 @@ def insert_ignoring_duplicates(conn: sa.Connection | Engine, table: sa.Table) ->
 
         return postgresql.insert(table).on_conflict_do_nothing()
     return sa.insert(table)
+
+
+def insert_new(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]], *,
+               chunk: int = 400) -> int:
+    """Insert the `rows` whose primary key `table` does not hold yet, in multi-row statements
+    of `chunk` rows (`insert_ignoring_duplicates`: a row another writer inserts meanwhile is
+    skipped, not an error); returns how many went in.
+
+    PostgreSQL and SQLite count only the rows inserted. MySQL and MariaDB count a duplicate
+    too (SQLAlchemy's PyMySQL connections ask for found rows, so the no-op update of an
+    existing row counts 1): there the keys found are left out first, by one SELECT per chunk,
+    and only a row another writer inserts between that SELECT and the INSERT is counted
+    twice.
+    """
+    keys = list(table.primary_key.columns)
+    found_rows = dialect_name(conn) == "mysql"
+    inserted = 0
+    for start in range(0, len(rows), chunk):
+        part = list(rows[start:start + chunk])
+        if found_rows:
+            wanted = [tuple(row[c.name] for c in keys) for row in part]
+            held = set(conn.execute(sa.select(*keys).where(sa.tuple_(*keys).in_(wanted)))
+                       .tuples())
+            part = [row for row, key in zip(part, wanted) if key not in held]
+            if not part:
+                continue
+        stmt = insert_ignoring_duplicates(conn, table).values(part)
+        inserted += max(0, int(conn.execute(
+            stmt.execution_options(preserve_rowcount=True)).rowcount))
+    return inserted
+

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.core.clock import utcnow
-from consumer_kit.core.db import insert_ignoring_duplicates, make_engine, read_committed
+from consumer_kit.core.db import insert_new, make_engine, read_committed
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import (
     DEFAULT_OUTBOX_TABLE,
@@ -117,15 +117,7 @@ class ReceiptApplier:
                  "outcome": r.outcome.value,
                  "reason": (r.reason or None) and r.reason[:REASON_LEN], "received_at": now}
                 for r in receipts]
-        recorded = 0
-        for start in range(0, len(rows), INSERT_CHUNK):
-            # one multi-row statement: its row count is the rows inserted on every database
-            stmt = insert_ignoring_duplicates(conn, self.receipts).values(
-                rows[start:start + INSERT_CHUNK])
-            recorded += max(0, int(conn.execute(
-                stmt.execution_options(preserve_rowcount=True)).rowcount))
-        # (not skipped when every INSERT went in: MariaDB's row count of an INSERT ... ON
-        # DUPLICATE KEY UPDATE counts a found duplicate as a row; one UPDATE per group and batch)
+        recorded = insert_new(conn, self.receipts, rows, chunk=INSERT_CHUNK)
         consumed: dict[str, list[str]] = {}
         for r in receipts:
             if r.outcome is ReceiptOutcome.CONSUMED:

@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from consumer_kit.core.db import insert_ignoring_duplicates
+from consumer_kit.core.db import insert_new
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.schema import outbox_table, receipt_table
 from consumer_kit.core.states import OutboxState, Transition, transition
@@ -198,8 +198,7 @@ class RepairApplier:
         ]
         if not rows:
             return
-        conn.execute(insert_ignoring_duplicates(conn, self._receipts), rows)
-        self.result.receipts_inserted += len(rows)
+        self.result.receipts_inserted += insert_new(conn, self._receipts, rows)
         # a group's older rejected receipt (its processed row says SUCCEEDED: `classify`) is
         # replaced, as the receipt applier replaces one: `archive --expect` waits for consumed
         by_group: dict[str, list[str]] = {}

@@ -227,6 +227,24 @@ def test_a_group_that_rejected_a_message_and_consumed_a_later_delivery_makes_it_
     assert outcomes == {"inventory": "consumed", "billing": "consumed"}
 
 
+def test_receipts_applied_again_are_not_counted_as_recorded_on_any_database(db: Db) -> None:
+    # Given two groups' receipts of a message, applied once
+    [mid] = publish(db, topic="ORDER")
+    Relay(db.engine, RecordingTransport(), table=db.names.outbox).run_once()
+    acks = applier(db, expected_groups={"ORDER": ["inventory", "billing"]})
+    first = acks.apply([Receipt(mid, "inventory"),
+                        Receipt(mid, "billing", ReceiptOutcome.REJECTED, "no stock")])
+    # When the same receipts come again, then billing's consumed one replaces its rejection
+    again = acks.apply([Receipt(mid, "inventory"),
+                        Receipt(mid, "billing", ReceiptOutcome.REJECTED, "no stock")])
+    replaced = acks.apply([Receipt(mid, "inventory"), Receipt(mid, "billing")])
+    # Then only real changes count: 2 rows, none, the one replaced (MariaDB counted a found
+    # duplicate as a row: 2 and 3)
+    assert (first.recorded, again.recorded, replaced.recorded) == (2, 0, 1)
+    assert db.count(db.names.receipts) == 2
+    assert state(db, mid)[0] == OutboxState.CONSUMED
+
+
 def test_a_rejection_from_a_group_not_expected_for_the_topic_does_not_reject_the_row(
         db: Db) -> None:
     # Given the topic's expected group, and another subscriber of it
