@@ -15,13 +15,15 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.reconcile_checks import check_groups, check_lag
+from consumer_kit.cli.reconcile_checks import check_distinct_producers, check_groups, check_lag
 from consumer_kit.cli.replicas import check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration, utcnow
 from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
+from consumer_kit.core.db_errors import describe
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
+from consumer_kit.core.urls import mask_url
 from consumer_kit.reconcile import (
     GroupSource,
     ReconcileConfig,
@@ -187,13 +189,14 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
     """Check every database before the run reads or repairs anything: each URL (driver
     installed, SQLite file there), then each database's tables (the outbox and its receipts on
     every producer database and replica, the processed table of every group), then what their
-    rows say of the options (`reconcile_checks`: the group and topic checks skipped with
-    `force`). A run that repaired the first shard and then met a typo in the second would leave
-    half its work done and report none of it.
+    rows say of the options (`reconcile_checks`: one producer database named twice; the
+    group and topic checks, skipped with `force`). A run that repaired the first shard and then
+    met a typo in the second would leave half its work done and report none of it.
 
     Raises:
-        ConfigError: the first URL that cannot work, naming its option; a group, topic or
-            replica its rows show wrong (`reconcile_checks`).
+        ConfigError: the first URL that cannot work (a driver missing, a server that does not
+            answer or refuses the login), naming its option; a producer database, group,
+            topic or replica its rows show wrong (`reconcile_checks`).
         SchemaError: a table missing, naming its database.
     """
     metadata = sa.MetaData()
@@ -218,14 +221,19 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
                                       must_exist=True)
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
-        for _, url, tables in checks:
-            check_tables(engines[url], *tables)
+        for option, url, tables in checks:
+            try:
+                check_tables(engines[url], *tables)
+            except sa.exc.OperationalError as exc:  # unreachable, refused, unknown database
+                raise ConfigError(f"{option}: {mask_url(url)}: cannot be used: "
+                                  f"{describe(exc)}") from None
         for producer in config.producers:
             if producer.read_url and producer.read_url != producer.url:
                 check_replica(engines[producer.url], engines[producer.read_url], outbox,
                               producer.index)
                 check_lag(engines[producer.url], engines[producer.read_url], outbox,
                           producer.index, now=now, stuck_after=config.stuck_after)
+        check_distinct_producers(engines, producers, outbox)
         if not force:
             check_groups(config.groups, engines, producers, outbox, receipts,
                          cutoff=now - config.stuck_after, now=now)

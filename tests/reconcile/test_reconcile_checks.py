@@ -201,3 +201,33 @@ def test_a_replica_lacking_a_row_made_stuck_after_ago_is_refused(
         assert world.row(lost).state == int(OutboxState.SENT)
     else:
         assert code == 0, output
+
+
+def test_a_database_that_cannot_be_reached_is_refused_naming_its_option(world: World) -> None:
+    # Given a stuck message, and a group URL whose server refuses connections
+    stuck = world.add_outbox(OutboxState.SENT)
+    # When
+    code, output = run(world, "inventory=mysql+pymysql://u:S3cr3t@127.0.0.1:1/x")
+    # Then one line names the option and the URL (masked), with the driver's reason
+    assert code == 2, output
+    line = error_line(output)
+    assert line.startswith("error: --group inventory: mysql+pymysql://u:***@127.0.0.1:1/x: "
+                           "cannot be used: OperationalError"), line
+    assert "S3cr3t" not in output
+    assert world.row(stuck).state == int(OutboxState.SENT)
+
+
+def test_one_producer_database_named_twice_in_two_spellings_is_refused(world: World) -> None:
+    # Given a stuck message the group processed, and the producer's URL spelt a second way
+    stuck = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", stuck)
+    folder, _, name = world.producer_url.rpartition("/")
+    again = f"{folder}/./{name}"
+    assert again != world.producer_url
+    # When both are given as producer databases (shards)
+    code, output = run(world, extra=("--url", again))
+    # Then one line names both (the row would have been repaired, and counted, twice)
+    assert code == 2, output
+    line = error_line(output)
+    assert "--url number 2" in line and "same outbox as --url number 1" in line, line
+    assert world.row(stuck).state == int(OutboxState.SENT)
