@@ -10,6 +10,7 @@ from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.runtime import friendly_errors, require
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import TableNames
 from outbox_producer.ops import ARCHIVE_FLOOR, OutboxTables, check_archive_floor
 from outbox_producer.ops import partitions as parts
@@ -89,6 +90,9 @@ def show_cmd(
     """The outbox's partitions, their upper bounds and estimated rows."""
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
     found = parts.partitions(engine, outbox_table)
+    if not found:
+        raise ConfigError(f"table {outbox_table} is not partitioned (ckit outbox partitions "
+                          "create makes a partitioned outbox)")
     if as_json:
         print_json([p.__dict__ for p in found])
         return

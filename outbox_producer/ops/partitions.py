@@ -60,6 +60,7 @@ from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.schema.types import MYSQL_TABLE
 from consumer_kit.core.states import OutboxState
+from consumer_kit.core.urls import mask_url
 from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
 from outbox_producer.ops.table_lock import LockBusy, write_locked
@@ -186,9 +187,13 @@ def partitions(engine: Engine, table: str) -> list[Partition]:
     """The table's partitions in order (empty when it is not partitioned).
 
     Raises:
-        ConfigError: not MySQL/MariaDB.
+        ConfigError: not MySQL/MariaDB, or no such table (it would read as one with no
+            partitions).
     """
     _require_mysql(engine)
+    if not sa.inspect(engine).has_table(table):
+        raise ConfigError(f"table {table} missing in {mask_url(engine.url)}: a misspelt "
+                          "--outbox-table, or `ckit outbox partitions create` not run yet")
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS "

@@ -246,6 +246,12 @@ def test_partitions_show_and_refusals_are_one_line(
         on_sqlite = runner.invoke(app, ["outbox", "partitions", command, "--url",
                                         sqlite_db.url])
         assert on_sqlite.exit_code == 2 and "needs MySQL or MariaDB" in on_sqlite.output
+    # and show refuses a table that is missing or not partitioned (it printed an empty table
+    # and exited 0)
+    for table, why in (("ckit_no_such_table", "missing"), (names.receipts, "not partitioned")):
+        shown = runner.invoke(app, ["outbox", "partitions", "show", "--url", db.url,
+                                    "--outbox-table", table])
+        assert shown.exit_code == 2 and why in shown.output, shown.output
 
 
 def consumed_day(db: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch, days_ago: int,
