@@ -206,6 +206,27 @@ def test_relay_once_with_the_broker_down_gives_up_with_exit_1_and_charges_no_ret
     assert row_states(url) == PENDING_UNTOUCHED
 
 
+def test_relay_with_a_name_server_host_that_does_not_resolve_exits_2_and_moves_no_row(
+        tmp_path: Path) -> None:
+    from consumer_kit.transports.rocketmq import native
+
+    try:
+        native.client()
+    except ConfigError:
+        pytest.skip("librocketmq is not installed (scripts/librocketmq.sh)")
+    # Given due rows and a misspelt name-server host
+    url = producer_db(tmp_path)
+    # When
+    result = ckit("relay", "--url", url, "--transport", "rocketmq://nohost.invalid:9876",
+                  "--once", timeout=120)
+    # Then one line before any row is claimed (the native client aborted the process from its
+    # own thread, rows claimed, once a row was due)
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(
+        "error: RocketMQ name server host 'nohost.invalid' does not resolve")
+    assert row_states(url) == PENDING_UNTOUCHED
+
+
 def test_ckit_relay_once_gives_up_on_an_unreachable_sql_transport_after_give_up_after(
         tmp_path: Path) -> None:
     # Given an outbox and a SQL transport whose database does not answer (nothing listens)

@@ -32,6 +32,7 @@ from consumer_kit.transports.base import Consumer, all_ordered
 from consumer_kit.transports.rocketmq import native
 from consumer_kit.transports.rocketmq.admin import RocketMQAdmin
 from consumer_kit.transports.rocketmq.liveness import STALLS, owned_backlog
+from consumer_kit.transports.rocketmq.resolve import for_native
 from consumer_kit.transports.rocketmq.sendback import SendBack
 from consumer_kit.transports.rocketmq.wire import received_delivery, translate
 
@@ -152,7 +153,7 @@ class RocketMQConsumer(Consumer):
         transport = self.transport
         client = native.client()
         push = client.PushConsumer(self.group, orderly=self.orderly)
-        push.set_name_server_address(transport.addr)
+        push.set_name_server_address(for_native(transport.addr))
         push.set_instance_name(self.instance_name)
         push.set_thread_count(self.threads)
         push.set_message_batch_max_size(1)

@@ -35,7 +35,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from consumer_kit.core.envelope import ENC_BASE64, PROP_ENC, PROP_ID, PROP_NAMES
-from consumer_kit.core.errors import ConfigError, EmptyBody, MessageTooLarge, TransportError
+from consumer_kit.core.errors import (
+    ConfigError,
+    EmptyBody,
+    MessageTooLarge,
+    TransportError,
+    TransportUnavailable,
+)
 from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
@@ -54,6 +60,7 @@ from consumer_kit.transports.rocketmq.liveness import (
     MIN_STALL_AFTER,
     OFFSET_COMMIT_SECONDS,
 )
+from consumer_kit.transports.rocketmq.resolve import for_native, resolved
 from consumer_kit.transports.rocketmq.sendback import DEFAULT_PATIENCE
 from consumer_kit.transports.rocketmq.wire import (
     DEFAULT_ADMIN_TIMEOUT,
@@ -190,7 +197,7 @@ class RocketMQTransport(Transport):
                     compress_level=self.compress_level,
                     max_message_size=self.max_body_bytes,
                 )
-                producer.set_name_server_address(self.addr)
+                producer.set_name_server_address(for_native(self.addr))
                 native.set_producer_instance_name(producer, native.new_instance_name("p"))
                 native.configure_client_log(producer._handle, kind="Producer",
                                             path=self.client_log_dir,
@@ -278,12 +285,18 @@ class RocketMQTransport(Transport):
     # ------------------------------------------------------------------------------------ topics
 
     def check(self) -> None:
-        """rocketmq-client-python and librocketmq load.
+        """rocketmq-client-python and librocketmq load, and the name servers' host names
+        resolve (`resolve`: one that does not would abort the process from a native thread).
 
         Raises:
-            ConfigError: the client or its native library is missing (says what to run).
+            ConfigError: the client or its native library is missing (says what to run), or
+                a name-server host name does not exist.
         """
         native.client()
+        try:
+            resolved(self.addr)
+        except TransportUnavailable as exc:  # DNS away for now: the sends wait it out
+            log.warning("%s", exc)
 
     def ensure_topic(self, topic: str) -> None:
         """Create `topic` on the brokers when the name server has no route for it.
