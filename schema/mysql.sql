@@ -3,6 +3,11 @@
 -- do not edit.
 -- Regenerate with `python -m consumer_kit.core.ddl --write schema/`; tests/test_schema_ddl.py fails on drift.
 --
+-- Collation: utf8mb4_bin here (every server has it; it pads trailing spaces, so
+-- 'E-1' and 'E-1 ' are one key). `ckit db init` makes the tables NO PAD where the
+-- server can (utf8mb4_nopad_bin on MariaDB 10.2+, utf8mb4_0900_bin on MySQL
+-- 8.0.17+); after this file, `ckit db init --upgrade` converts them.
+--
 -- Outbox states (ckit_outbox.state, numbers fixed):
 --   0  PENDING    committed, not yet sent (or re-queued)
 --   1  SENDING    claimed by a dispatcher/relay under a send lease

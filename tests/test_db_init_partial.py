@@ -19,6 +19,7 @@ from consumer_kit.cli.main import app
 from consumer_kit.cli.runtime import EXIT_FAILURE, EXIT_USAGE
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames
+from consumer_kit.core.schema.check import server_collation
 from tests.cli import error_line
 from tests.conftest import DB_KINDS, Db, database_url
 
@@ -126,6 +127,6 @@ def test_db_init_upgrade_failing_at_an_index_says_which_changes_stay(db: Db) -> 
     else:
         assert {"receipt_due_at", "receipt_attempts"} <= columns
         if db.kind == "mariadb":
-            done += f", 1 table converted to utf8mb4_bin ({name})"
+            done += f", 1 table converted to {server_collation(db.engine)} ({name})"
         done += f", 2 columns added ({name}.receipt_attempts, {name}.receipt_due_at)"
     assert f"(after {done}: that stays committed" in line

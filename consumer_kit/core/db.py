@@ -18,6 +18,7 @@ from consumer_kit.core.schema.check import (
     case_folding_tables,
     describe_missing,
     missing_columns,
+    padding_tables,
 )
 from consumer_kit.core.urls import mask_unparsable, mask_url, remember_secrets
 
@@ -228,20 +229,31 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
             f"table(s) {', '.join(missing)} missing in {mask_url(str(engine.url))}: "
             f"run `ckit db init --url <that url>` first"
         )
-    where = mask_url(str(engine.url))
-    folding = [t for t in case_folding_tables(engine, tables) if (where, t) not in _WARNED_FOLDING]
-    if folding:
-        _WARNED_FOLDING.update((where, t) for t in folding)
-        log.warning("table(s) %s in %s compare text without case (made by an older "
-                    "consumer-kit): ids, keys, topics and groups that differ only in case are "
-                    "one there; run `ckit db init --upgrade --url <that url>`",
-                    ", ".join(folding), where)
+    _warn_collations(engine, tables)
     lacking = missing_columns(engine, tables)
     if lacking:
         raise SchemaError(
             f"table(s) made by an older consumer-kit in {mask_url(str(engine.url))}: "
             f"{describe_missing(lacking)}: run `ckit db init --upgrade --url <that url>` "
             "(README, Upgrading from 0.1.0)")
+
+
+def _warn_collations(engine: Engine, tables: Sequence[sa.Table]) -> None:
+    """Warn once per process for each of `tables` whose text compares without case, or pads
+    trailing spaces (MySQL/MariaDB tables made by an older consumer-kit; `db init --upgrade`
+    converts them)."""
+    where = mask_url(str(engine.url))
+    for found, what in (
+            (case_folding_tables(engine, tables), "compare text without case: ids, keys, "
+             "topics and groups that differ only in case are one there"),
+            (padding_tables(engine, tables), "compare ids with trailing spaces padded "
+             "(utf8mb4_bin): ids and keys that differ only by trailing spaces are one there "
+             "(the second message acked as a duplicate without running)")):
+        new = [t for t in found if (where, t) not in _WARNED_FOLDING]
+        if new:
+            _WARNED_FOLDING.update((where, t) for t in new)
+            log.warning("table(s) %s in %s %s (made by an older consumer-kit); run `ckit db "
+                        "init --upgrade --url <that url>`", ", ".join(new), where, what)
 
 
 def read_committed(engine: Engine) -> Engine:

@@ -26,13 +26,14 @@ from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.progress import counted, mark_committed
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.schema.check import describe_missing, missing_columns
+from consumer_kit.core.schema.types import PAD_BINARY_COLLATION
 from consumer_kit.core.schema_upgrade import upgrade_tables
 from consumer_kit.core.states import MEANINGS, OutboxState
 
 DIALECTS: tuple[str, ...] = ("mysql", "postgresql", "sqlite")
 MYSQL_ENGINE = "InnoDB"
 MYSQL_CHARSET = "utf8mb4"
-MYSQL_COLLATE = "utf8mb4_bin"
+MYSQL_COLLATE = PAD_BINARY_COLLATION
 REGENERATE_COMMAND = "python -m consumer_kit.core.ddl --write schema/"
 
 def sql_dialect(name: str) -> Dialect:
@@ -85,6 +86,14 @@ def header(dialect: str, names: TableNames) -> list[str]:
         "--",
         f"-- Outbox states ({names.outbox}.state, numbers fixed):",
     ]
+    if dialect == "mysql":
+        lines[-1:-1] = [
+            "-- Collation: utf8mb4_bin here (every server has it; it pads trailing spaces, so",
+            "-- 'E-1' and 'E-1 ' are one key). `ckit db init` makes the tables NO PAD where the",
+            "-- server can (utf8mb4_nopad_bin on MariaDB 10.2+, utf8mb4_0900_bin on MySQL",
+            "-- 8.0.17+); after this file, `ckit db init --upgrade` converts them.",
+            "--",
+        ]
     width = max(len(s.name) for s in OutboxState)
     for state in OutboxState:
         lines.append(f"--   {state.value}  {state.name.ljust(width)}  {MEANINGS[state]}")
@@ -209,7 +218,8 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     A table made by an older version that lacks columns is refused, naming them, unless
     `upgrade`: then the columns are added (nullable or with their default, as the definition
     says), the missing indexes of existing tables created, and on MySQL/MariaDB a table whose
-    text compares without case converted to the binary collation (a table rebuild). Without
+    text compares without case, or pads trailing spaces (`utf8mb4_bin`), converted to the
+    server's NO PAD binary collation (a table rebuild). Without
     `upgrade` an existing table is left as it is.
 
     Raises:

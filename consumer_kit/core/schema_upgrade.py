@@ -1,10 +1,11 @@
 """`ckit db init --upgrade`: bring tables an older consumer-kit made up to the definitions.
 
-It converts MySQL/MariaDB tables whose text compares without case to the binary collation (a
-table rebuild), adds the columns a table lacks, and creates the indexes it lacks. MySQL/MariaDB
-and SQLite commit each of those statements by itself, so an upgrade that fails part way leaves
-the earlier ones done; PostgreSQL rolls the whole upgrade back. Either way the error is marked
-with what the database shows changed (`core.progress`), read after the failure.
+It converts MySQL/MariaDB tables whose text compares without case, or pads trailing spaces
+(`utf8mb4_bin`), to the server's NO PAD binary collation (a table rebuild), adds the columns a
+table lacks, and creates the indexes it lacks. MySQL/MariaDB and SQLite commit each of those
+statements by itself, so an upgrade that fails part way leaves the earlier ones done;
+PostgreSQL rolls the whole upgrade back. Either way the error is marked with what the database
+shows changed (`core.progress`), read after the failure.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from sqlalchemy.engine import Dialect, Engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema.check import (
-    BINARY_COLLATION,
     case_folding_tables,
     missing_columns,
+    padding_tables,
+    server_collation,
 )
 
 Lacking = Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]
@@ -47,7 +49,7 @@ def upgrade_statement(table: sa.Table, column: sa.Column[object], dialect: Diale
 class _Shape:
     """What an upgrade changes, as the database shows it."""
 
-    folding: frozenset[str]
+    folding: frozenset[str]  # compare without case, or pad trailing spaces
     lacking: frozenset[str]  # "table.column"
     indexes: frozenset[str]
 
@@ -55,16 +57,16 @@ class _Shape:
     def read(cls, engine: Engine, tables: Sequence[sa.Table]) -> _Shape:
         inspector = sa.inspect(engine)
         return cls(
-            folding=frozenset(case_folding_tables(engine, tables)),
+            folding=frozenset(case_folding_tables(engine, tables))
+            | frozenset(padding_tables(engine, tables)),
             lacking=frozenset(f"{t.name}.{c.name}" for t, cols in missing_columns(engine, tables)
                               for c in cols),
             indexes=frozenset(str(i["name"]) for t in tables
                               for i in inspector.get_indexes(t.name) if i["name"]))
 
-    def since(self, before: _Shape) -> str | None:
+    def since(self, before: _Shape, collation: str) -> str | None:
         """What changed from `before` to this: "1 column added (t.c), 1 index created (ix)"."""
-        changes = [(sorted(before.folding - self.folding), "table", "converted to "
-                    + BINARY_COLLATION),
+        changes = [(sorted(before.folding - self.folding), "table", "converted to " + collation),
                    (sorted(before.lacking - self.lacking), "column", "added"),
                    (sorted(self.indexes - before.indexes), "index", "created")]
         said = [f"{counted(len(names), noun, verb)} ({', '.join(names)})"
@@ -84,11 +86,13 @@ def upgrade_tables(engine: Engine, tables: Sequence[sa.Table], lacking: Lacking,
     """
     statements = [upgrade_statement(t, c, engine.dialect) for t, cols in lacking for c in cols]
     before = _Shape.read(engine, tables)
-    with committed_on_error(lambda: _done(engine, tables, before, created)), engine.begin() as conn:
-        for name in sorted(before.folding):  # a binary collation only splits values: no
-            quoted = engine.dialect.identifier_preparer.quote(name)  # unique key breaks
+    collation = server_collation(engine) if before.folding else ""
+    with (committed_on_error(lambda: _done(engine, tables, before, created, collation)),
+          engine.begin() as conn):
+        for name in sorted(before.folding):  # a binary NO PAD collation only splits values:
+            quoted = engine.dialect.identifier_preparer.quote(name)  # no unique key breaks
             conn.exec_driver_sql(f"ALTER TABLE {quoted} CONVERT TO CHARACTER SET utf8mb4 "
-                                 f"COLLATE {BINARY_COLLATION}")
+                                 f"COLLATE {collation}")
         for statement in statements:
             conn.exec_driver_sql(statement)
         for table in tables:
@@ -98,9 +102,9 @@ def upgrade_tables(engine: Engine, tables: Sequence[sa.Table], lacking: Lacking,
 
 
 def _done(engine: Engine, tables: Sequence[sa.Table], before: _Shape,
-          created: str | None) -> str | None:
+          created: str | None, collation: str) -> str | None:
     try:
-        changed = _Shape.read(engine, tables).since(before)
+        changed = _Shape.read(engine, tables).since(before, collation)
     except Exception:  # the database is away too: claim only what is known
         changed = None
     return ", ".join(part for part in (created, changed) if part) or None

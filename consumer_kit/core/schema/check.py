@@ -1,6 +1,6 @@
 """Whether existing tables match the definitions: the columns a table made by an older
-consumer-kit lacks, and on MySQL/MariaDB text columns that compare without case (`ckit db init
---upgrade` adds the first and converts the second)."""
+consumer-kit lacks, and on MySQL/MariaDB text columns that compare without case or that pad
+trailing spaces (`ckit db init --upgrade` adds the first and converts the others)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+from consumer_kit.core.schema.types import mysql_collation
 
 
 def missing_columns(engine: Engine, tables: Sequence[sa.Table]
@@ -31,9 +33,13 @@ def describe_missing(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]
     return "; ".join(f"{t.name} lacks {', '.join(c.name for c in cols)}" for t, cols in lacking)
 
 
-#: The collation every text column of a consumer-kit table has on MySQL/MariaDB
-#: (`consumer_kit.core.schema.types.MYSQL_TABLE`)
-BINARY_COLLATION = "utf8mb4_bin"
+def server_collation(engine: Engine) -> str:
+    """The collation consumer-kit's tables take on `engine`'s MySQL/MariaDB server
+    (`consumer_kit.core.schema.types.mysql_collation`; connects once to learn its version)."""
+    if engine.dialect.server_version_info is None:
+        with engine.connect():
+            pass
+    return mysql_collation(engine.dialect)
 
 
 def case_folding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]:
@@ -50,3 +56,22 @@ def case_folding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]
     with engine.connect() as conn:
         return [str(name) for name in conn.execute(query, {"names": [t.name for t in tables]})
                 .scalars()]
+
+
+def padding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]:
+    """MySQL/MariaDB: those of `tables` with an identifier column (VARCHAR, CHAR) in a binary
+    collation other than the server's NO PAD one (`utf8mb4_bin`, made by an older consumer-kit):
+    there, ids and keys that differ only by trailing spaces are one ("E-1" and "E-1 ": one
+    processed row, the second message acked as a duplicate without running). Empty elsewhere,
+    and on a server without a NO PAD binary collation (MySQL 5.7)."""
+    if engine.dialect.name != "mysql" or not tables:
+        return []
+    target = server_collation(engine)
+    query = sa.text(
+        "SELECT DISTINCT TABLE_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+        "DATABASE() AND TABLE_NAME IN :names AND DATA_TYPE IN ('varchar', 'char') AND "
+        "COLLATION_NAME LIKE '%\\_bin' AND COLLATION_NAME <> :target ORDER BY TABLE_NAME"
+    ).bindparams(sa.bindparam("names", expanding=True))
+    with engine.connect() as conn:
+        return [str(name) for name in conn.execute(
+            query, {"names": [t.name for t in tables], "target": target}).scalars()]
