@@ -13,7 +13,7 @@ import time
 import traceback
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from consumer_kit.control import InvalidBody, Reject, Retry
@@ -247,7 +247,7 @@ class Handling:
                 log.warning("message %s: processed concurrently by another consumer "
                             "(a handler without a session is at-least-once)", msg.id)
         except DBAPIError as exc:
-            return Result(Outcome.RETRY, f"database unavailable after the handler: {exc.orig}")
+            return Result(Outcome.RETRY, f"{_unrecorded(exc)} after the handler: {exc.orig}")
         except ProcessedRowGone as exc:
             return Result(Outcome.RETRY, str(exc))
         return Result(Outcome.SUCCEEDED)
@@ -279,7 +279,7 @@ class Handling:
                                      receipt=receipt):
                 return self._recorded_before(msg)
         except DBAPIError as exc:
-            return Result(Outcome.RETRY, f"database unavailable to record a reject: {exc.orig}")
+            return Result(Outcome.RETRY, f"{_unrecorded(exc)} to record a reject: {exc.orig}")
         except ProcessedRowGone as exc:
             return Result(Outcome.RETRY, str(exc))
         return Result(Outcome.REJECTED, reason)
@@ -293,8 +293,8 @@ class Handling:
                                      receipt=receipt):
                 return self._recorded_before(msg)
         except DBAPIError as exc:
-            return Result(Outcome.RETRY, f"{reason} (and the database is unavailable to record "
-                          f"the dead letter: {exc.orig})")
+            return Result(Outcome.RETRY, f"{reason} ({_unrecorded(exc)} to record the dead "
+                          f"letter: {exc.orig})")
         except ProcessedRowGone as exc:
             return Result(Outcome.RETRY, f"{reason} ({exc})")
         return Result(Outcome.DEAD_LETTER, why)
@@ -327,6 +327,15 @@ def from_the_handler(exc: BaseException) -> str:
                   if not os.path.abspath(frame.filename).startswith(_PACKAGE)), 0)
     formatted.stack = traceback.StackSummary.from_list(frames[first:])
     return "".join(formatted.format()).rstrip()
+
+
+def _unrecorded(exc: DBAPIError) -> str:
+    """Why a processed row was not written: a data error (the database refused the row's
+    values: every attempt fails the same way, it is no outage) or the database unavailable.
+    The outcome is a retry either way; only the reason differs."""
+    if isinstance(exc, DataError):
+        return "the database refused the row's values (a data error, not an outage)"
+    return "database unavailable"
 
 
 def _unflushed(session: Session) -> bool:

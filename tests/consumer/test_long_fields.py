@@ -67,3 +67,24 @@ def test_every_message_field_the_processed_row_takes_is_fitted(real_env: Env) ->
     # Then it is recorded with each fitted
     assert result.status is ConsumeStatus.CONSUME_SUCCESS
     assert _row(env) == ("M1", topic[:TOPIC_LEN], tags[:TAGS_LEN], LONG_SRC[:NAME_LEN])
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis
+def test_a_row_the_database_refuses_says_so_instead_of_database_unavailable(
+        tmp_path: Any) -> None:
+    from tests.consumer.conftest import _env
+
+    for env in _env("postgresql", tmp_path):
+        app = env.app()
+
+        @app.listener("ORDER_CANCELLED")
+        def release(msg: Message) -> None:
+            pass
+
+        # Given a message whose tags PostgreSQL cannot store (a NUL), matching no listener
+        # When it is rejected
+        rejected = app.pipeline().process(delivery("M1", tags="a\x00b"))
+        # Then the reason names a data error, not an outage (the outcome is still a retry)
+        assert "data error, not an outage" in rejected.reason
+        assert "database unavailable" not in rejected.reason
