@@ -188,6 +188,20 @@ def test_bulk_retry_takes_state_topic_and_limit(db: Db) -> None:
     assert json.loads(result.stdout)["changed"] == [r["id"] for r in rows[:2]]
 
 
+def test_bulk_retry_of_a_topic_no_row_carries_is_refused_and_an_empty_state_is_said(
+        sqlite_db: Db) -> None:
+    # Given FAILED rows of topic A, none of B
+    insert(sqlite_db, OutboxState.FAILED, topic="A")
+    insert(sqlite_db, OutboxState.SENT, topic="B")
+    # When the topic is misspelt, or names rows that are not FAILED
+    typo = ckit("outbox", "retry", "--state", "failed", "--topic", "a", *opts(sqlite_db))
+    none = ckit("outbox", "retry", "--state", "failed", "--topic", "B", *opts(sqlite_db))
+    # Then the misspelt one is one error line (it exited 0 as "no FAILED rows"); the other
+    # says it matched nothing
+    assert_one_error_line(typo, 2, "no outbox row has topic 'a'")
+    assert none.exit_code == 0 and "no FAILED rows for topic B" in none.stdout
+
+
 def test_bulk_retry_of_consumed_rows_needs_force(sqlite_db: Db) -> None:
     result = ckit("outbox", "retry", "--state", "CONSUMED", *opts(sqlite_db))
     assert_one_error_line(result, 2, "--force")

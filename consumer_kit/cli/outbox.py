@@ -1,8 +1,10 @@
 """`ckit outbox`: look at and repair the producer's outbox (stats, show, retry, suspend, resume,
 archive). The operations themselves live in `outbox_producer.ops`; this module parses and prints.
 
-Exit codes: 0 done; 1 some requested rows were refused (wrong state, conflict, not found) or
-nothing matched; 2 a usage or configuration error (one `error:` line, never a traceback).
+Exit codes: 0 done (a bulk `--state` that matched no row says so in a line); 1 some requested
+rows were refused (wrong state, conflict, not found) or `show` found none; 2 a usage or
+configuration error (one `error:` line, never a traceback), a `--topic` no row carries among
+them.
 """
 
 from __future__ import annotations
@@ -186,6 +188,9 @@ def retry_cmd(
         ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit)
     )
     if not ids:
+        if topic is not None and not ops.select_ids(engine, tables.outbox, topic=topic,
+                                                    states=list(OutboxState), limit=1):
+            fail(f"no outbox row has topic {topic!r}: a misspelt --topic?")
         typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
         return
     _report(ops.retry(engine, tables, ids, states=states, force=force), as_json)
