@@ -20,6 +20,7 @@ from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core import checkin
 from consumer_kit.core.db import causal_reads, is_galera_node
 from consumer_kit.core.db_errors import describe, is_conflict
+from consumer_kit.core.raised import describe_exception
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
 from consumer_kit.listeners import Listener
@@ -259,7 +260,7 @@ class Handling:
         if isinstance(exc, Reject):
             return self.reject(msg, exc.reason, receipt=receipt)
         if isinstance(exc, permanent):
-            return self.reject(msg, f"{type(exc).__name__}: {exc}", receipt=receipt)
+            return self.reject(msg, describe_exception(exc), receipt=receipt)
         if isinstance(exc, Retry):
             wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
             return Result(Outcome.RETRY, exc.reason + wish)
@@ -270,7 +271,7 @@ class Handling:
             return Result(Outcome.RETRY, f"database error: {exc.orig or exc}")
         log.warning("message %s: handler %s raised, reconsume later:\n%s", msg.id, name,
                     from_the_handler(exc))
-        return Result(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+        return Result(Outcome.RETRY, describe_exception(exc))
 
     def reject(self, msg: Message, reason: str, *, receipt: bool) -> Result:
         """Record FAILED with the reason (durably) before the broker is acked."""

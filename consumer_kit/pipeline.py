@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from consumer_kit import metrics
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
+from consumer_kit.core.raised import describe_exception
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import ProcessedStatus
 from consumer_kit.deadline import Watchdog
@@ -87,7 +88,8 @@ class Pipeline:
         except BaseException as exc:
             log.exception("message %s: pipeline error; reconsume later",
                           getattr(delivery, "broker_message_id", "?"))
-            return Verdict(ConsumeStatus.RECONSUME_LATER, f"pipeline error: {exc!r}")
+            return Verdict(ConsumeStatus.RECONSUME_LATER,
+                           f"pipeline error: {describe_exception(exc)}")
 
     def process(self, delivery: Delivery) -> Result:
         """Run the pipeline for one delivery and return its outcome."""
@@ -283,7 +285,7 @@ def _listener_key(dedupe_key: DedupeKey, msg: Message) -> str:
     try:
         key = dedupe_key(msg)
     except Exception as exc:
-        raise ValueError(f"dedupe_key failed: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"dedupe_key failed: {describe_exception(exc)}") from exc
     if isinstance(key, bool) or not isinstance(key, str | int) or key == "":
         raise ValueError(f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
                          "int)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from sqlalchemy import exc
 
+from consumer_kit.core.raised import exception_text
+
 #: MySQL/MariaDB error codes worth retrying: lock wait timeout, deadlock, too many connections
 #: (the server's, a user's MAX_USER_CONNECTIONS, the global max_user_connections), server
 #: shutdown in progress, query interrupted (KILL QUERY, a shutdown), statement timeout
@@ -67,7 +69,7 @@ def describe(error: BaseException) -> str:
     """`error` in one line for a log: its class and the first line of its text, the driver's own
     for a SQLAlchemy `DBAPIError` (whose text adds the statement and a link)."""
     orig = _orig(error)
-    text = str(orig).strip()
+    text = exception_text(orig).strip()
     return f"{type(orig).__name__}: {text.splitlines()[0] if text else ''}"
 
 

@@ -31,6 +31,7 @@ from consumer_kit.core.messages import (
     as_verdict,
     tag_matches,
 )
+from consumer_kit.core.raised import describe_exception
 from consumer_kit.transports.base import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -244,7 +245,7 @@ class MemoryConsumer(Consumer):
         except Exception as exc:  # the transport contract: an exception means RECONSUME_LATER
             log.exception("callback raised for message %s; reconsume later",
                           delivery.broker_message_id)
-            return Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}")
+            return Verdict(ConsumeStatus.RECONSUME_LATER, describe_exception(exc))
 
     def _reconsume_later(self, delivery: Delivery, reason: str, *, spend: bool = True) -> None:
         transport = self.transport

@@ -31,6 +31,7 @@ from consumer_kit.core.messages import (
     retry_topic,
     tag_matches,
 )
+from consumer_kit.core.raised import describe_exception
 from consumer_kit.transports.base import Consumer
 from consumer_kit.transports.sql.group import GroupStore, QueueKey, allocate, new_member_id
 from consumer_kit.transports.sql.ownership import QueueState, Work, hold_until_idle
@@ -374,7 +375,7 @@ class SqlConsumer(Consumer):
         except Exception as error:  # the transport contract: an exception means RECONSUME_LATER
             log.exception("callback raised for message %s; reconsume later",
                           delivery.broker_message_id)
-            verdict = Verdict(ConsumeStatus.RECONSUME_LATER, f"{type(error).__name__}: {error}")
+            verdict = Verdict(ConsumeStatus.RECONSUME_LATER, describe_exception(error))
         if verdict.status is ConsumeStatus.CONSUME_SUCCESS:
             return True
         while True:

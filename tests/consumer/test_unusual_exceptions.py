@@ -1,0 +1,149 @@
+"""Handler exceptions out of the ordinary: one whose `str()` raises is a handler failure like
+any other: retried with a reason that names it, and on the last attempt dead-lettered with its
+DEAD_LETTERED processed row, counted."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from consumer_kit import ConsumerApp, Message, Outcome
+from consumer_kit.core.raised import describe_exception, exception_text
+from consumer_kit.core.schema import ProcessedStatus
+from consumer_kit.dedupe.keys import lease_key
+from consumer_kit.metrics import DEAD_LETTERED, REJECTED, RETRIED
+from consumer_kit.transports import Delivery
+from tests.consumer.conftest import Env, add_reservation, delivery
+
+
+class Unprintable(Exception):
+    """An error whose text cannot be made: its `str()` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+class Unreadable(Exception):
+    """An error whose `str()` and `repr()` both raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+def last(ckit_id: str, attempts: int = 1) -> Delivery:
+    """The delivery of `ckit_id` that is its last attempt, after `attempts - 1` others."""
+    return dataclasses.replace(delivery(ckit_id, reconsume=attempts - 1),
+                               max_reconsume_times=attempts - 1)
+
+
+def counted(app: ConsumerApp, metric: Any) -> float:
+    """`metric`'s count for the app's group on the test topic."""
+    return float(metric.labels(app.group, "ORDER_CREATED")._value.get())
+
+
+def failing_app(env: Env, error: BaseException, *, session: bool) -> ConsumerApp:
+    """An app whose one listener writes a reservation (with a session) then raises `error`."""
+    app = env.app()
+    if session:
+        @app.listener("ORDER_CREATED")
+        def reserve(msg: Message, session: Any) -> None:
+            add_reservation(env, session, "A")
+            raise error
+    else:
+        @app.listener("ORDER_CREATED")
+        def notify(msg: Message) -> None:
+            raise error
+    return app
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "no-session"])
+@pytest.mark.parametrize(("error", "named"), [
+    (Unprintable(), "Unprintable: Unprintable() (its str() raised RuntimeError)"),
+    (Unreadable(), "Unreadable: <unprintable Unreadable object>"),
+], ids=["str-raises", "str-and-repr-raise"])
+def test_an_unusual_handler_error_is_retried_then_dead_lettered_with_its_row_and_count(
+        env: Env, error: BaseException, named: str, session: bool) -> None:
+    # Given a handler that raises an error whose str() raises
+    app = failing_app(env, error, session=session)
+    pipe = app.pipeline()
+    retried, dead = counted(app, RETRIED), counted(app, DEAD_LETTERED)
+
+    # When the message is delivered, then delivered for its last attempt
+    first = pipe.process(dataclasses.replace(delivery("M1"), max_reconsume_times=1))
+    rows_after_first = env.processed()
+    final = pipe.process(last("M1", attempts=2))
+    app.close()
+
+    # Then the first is retried with a reason naming the handler's error, nothing recorded
+    assert first.outcome is Outcome.RETRY and first.reason == named
+    assert rows_after_first == []
+    # and the last is dead-lettered: its DEAD_LETTERED row says why, in the same words
+    assert final.outcome is Outcome.DEAD_LETTER
+    assert final.reason == f"retries spent after 2 deliveries: {named}"
+    assert env.processed() == [("M1", ProcessedStatus.DEAD_LETTERED.value, final.reason)]
+    assert env.effects() == {}  # the handler's writes were rolled back
+    # and both outcomes were counted, in the pipeline's counts and its metrics
+    assert pipe.counts == {Outcome.RETRY: 1, Outcome.DEAD_LETTER: 1}
+    assert counted(app, RETRIED) == retried + 1
+    assert counted(app, DEAD_LETTERED) == dead + 1
+    # and the Redis lease was released each time, never left to expire
+    assert not env.redis.exists(lease_key(app.group, "M1"))
+
+
+@pytest.mark.parametrize(("error", "named"), [
+    (Unprintable(), "Unprintable: Unprintable() (its str() raised RuntimeError)"),
+], ids=["str-raises"])
+def test_a_dedupe_key_function_raising_an_unusual_error_rejects_the_message_naming_it(
+        env: Env, error: BaseException, named: str) -> None:
+    # Given a listener whose dedupe_key function raises (for a message without an outbox id)
+    app = env.app()
+    ran: list[str] = []
+
+    def key(msg: Message) -> str:
+        raise error
+
+    @app.listener("ORDER_CREATED", dedupe_key=key)
+    def reserve(msg: Message, session: Any) -> None:
+        ran.append(msg.id)
+
+    rejected = counted(app, REJECTED)
+
+    # When such a message is delivered
+    result = app.pipeline().process(delivery(None, keys="K1", src=None))
+    counts = app.pipeline().counts
+    app.close()
+
+    # Then it is rejected as when the function raises an Exception, the reason naming the error
+    reason = f"dedupe_key failed: {named}"
+    assert result.outcome is Outcome.REJECTED and result.reason == reason
+    assert [(status, error_text) for _id, status, error_text in env.processed()] == [
+        (ProcessedStatus.FAILED.value, reason)]
+    assert counts == {Outcome.REJECTED: 1}
+    assert counted(app, REJECTED) == rejected + 1
+    assert ran == []
+
+
+def test_the_text_of_an_exception_whose_str_and_repr_raise_is_made_without_raising() -> None:
+    # Given errors whose str() raises, and whose str() and repr() both raise
+    # When their text is made
+    # Then it falls back to their repr, then to a placeholder naming the type
+    assert exception_text(Unprintable()) == "Unprintable() (its str() raised RuntimeError)"
+    assert exception_text(Unreadable()) == "<unprintable Unreadable object>"
+    assert describe_exception(ValueError("bad")) == "ValueError: bad"  # the usual words
+
+
+def test_the_text_of_an_exception_whose_str_stops_the_process_raises_that() -> None:
+    # Given an error whose str() is interrupted (Ctrl-C lands in it)
+    class Interrupted(Exception):
+        def __str__(self) -> str:
+            raise KeyboardInterrupt
+
+    # When its text is made
+    # Then the interrupt is raised on, not swallowed into a fallback
+    with pytest.raises(KeyboardInterrupt):
+        exception_text(Interrupted())
