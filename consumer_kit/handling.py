@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from consumer_kit.calling import call, unwrapped
 from consumer_kit.control import InvalidBody, Reject, Retry
 from consumer_kit.core import checkin
 from consumer_kit.core.db import causal_reads, is_galera_node
@@ -180,8 +181,8 @@ class Handling:
                 past_deadline: object) -> None:
         with Session(bind=conn) as session:
             try:
-                self._returned(listener, listener.fn(msg, session))
-            except Exception as exc:
+                self._returned(listener, call(listener.fn, msg, session))
+            except Exception as exc:  # (a handler's other BaseException too: `calling.Raised`)
                 if not conn.in_transaction():
                     raise _Ended(exc, _unflushed(session)) from exc
                 raise
@@ -219,7 +220,7 @@ class Handling:
                         "writes and the processed row were committed then; leave the commit to "
                         "the framework (session.commit() is safe)", msg.id, listener.name)
             return Result(Outcome.SUCCEEDED)
-        after = (f"then raised ({describe(ended.error)})" if ended.error is not None
+        after = (f"then raised ({describe(unwrapped(ended.error))})" if ended.error is not None
                  else "then changed its session, never written")
         log.error("message %s: handler %s committed the session's connection itself, %s: the "
                   "processed row and the writes made before that commit stay committed, so the "
@@ -237,7 +238,7 @@ class Handling:
             if found is not None and not may_run_again(found, msg):
                 return Result(Outcome.DUPLICATE, "processed row exists",
                               may_run_again=found is not ProcessedStatus.SUCCEEDED)
-            self._returned(listener, listener.fn(msg))
+            self._returned(listener, call(listener.fn, msg))
         except Exception as exc:
             return self.failure(listener, msg, exc, receipt=receipt)
         if callable(past_deadline) and past_deadline():
@@ -253,9 +254,11 @@ class Handling:
             return Result(Outcome.RETRY, str(exc))
         return Result(Outcome.SUCCEEDED)
 
-    def failure(self, listener: Listener | None, msg: Message, exc: Exception, *,
+    def failure(self, listener: Listener | None, msg: Message, exc: BaseException, *,
                 receipt: bool) -> Result:
-        """What an exception from a handler means: REJECTED (recorded), else RETRY."""
+        """What an exception from a handler means: REJECTED (recorded), else RETRY. (A
+        `calling.Raised` is taken as the exception it carries.)"""
+        exc = unwrapped(exc)
         permanent = self.permanent + (listener.permanent if listener else ())
         if isinstance(exc, Reject):
             return self.reject(msg, exc.reason, receipt=receipt)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from consumer_kit import metrics
+from consumer_kit.calling import call, unwrapped
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Verdict
 from consumer_kit.core.raised import describe_exception
@@ -141,7 +142,8 @@ class Pipeline:
             return self._count(msg, Result(Outcome.BUSY, "another consumer holds the lease"))
         try:
             result = self._run(listener, msg, token if leased else "", receipt, pending)
-        except BaseException:  # SystemExit from a handler: free the lease for the redelivery
+        except BaseException:  # the process stops (SystemExit, Ctrl-C: any other exception a
+            # handler raises is its failure, `calling`): free the lease for the redelivery
             if leased and self.redis is not None and (
                     pending is None or pending.result() is Claim.CLAIMED):
                 self.redis.release(msg.id, token)
@@ -278,14 +280,15 @@ def _listener_key(dedupe_key: DedupeKey, msg: Message) -> str:
     """The id a listener's `dedupe_key` gives `msg`, as text (an int is taken as its text).
 
     Raises:
-        ValueError: the function raised (its error named), or returned no usable id: None,
-            "", bytes, a float or a bool (`str(None)` would make every such message "None":
-            one would run, the others would be acked as its duplicates).
+        ValueError: the function raised (its error named; a `BaseException` too, but for one
+            that stops the process, `calling`), or returned no usable id: None, "", bytes, a
+            float or a bool (`str(None)` would make every such message "None": one would run,
+            the others would be acked as its duplicates).
     """
     try:
-        key = dedupe_key(msg)
+        key = call(dedupe_key, msg)
     except Exception as exc:
-        raise ValueError(f"dedupe_key failed: {describe_exception(exc)}") from exc
+        raise ValueError(f"dedupe_key failed: {describe_exception(unwrapped(exc))}") from exc
     if isinstance(key, bool) or not isinstance(key, str | int) or key == "":
         raise ValueError(f"dedupe_key returned {key!r}: it must return a non-empty str (or an "
                          "int)")

@@ -1,6 +1,9 @@
-"""Handler exceptions out of the ordinary: one whose `str()` raises is a handler failure like
-any other: retried with a reason that names it, and on the last attempt dead-lettered with its
-DEAD_LETTERED processed row, counted."""
+"""Handler exceptions out of the ordinary: one whose `str()` raises, and a `BaseException` that
+is not an `Exception` (a library's own, a gevent timeout). Each is a handler failure like any
+other: retried with a reason that names it, and on the last attempt dead-lettered with its
+DEAD_LETTERED processed row, counted. Only the exceptions that mean the process is stopping
+(`SystemExit`, `KeyboardInterrupt`, `GeneratorExit`) pass through, the Redis lease released
+(docs/signals.md)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ class Unreadable(Exception):
         raise RuntimeError("no repr either")
 
 
+class Abort(BaseException):
+    """A library's own `BaseException`: not an `Exception`, not a stop of the process."""
+
+
 def last(ckit_id: str, attempts: int = 1) -> Delivery:
     """The delivery of `ckit_id` that is its last attempt, after `attempts - 1` others."""
     return dataclasses.replace(delivery(ckit_id, reconsume=attempts - 1),
@@ -65,10 +72,11 @@ def failing_app(env: Env, error: BaseException, *, session: bool) -> ConsumerApp
 @pytest.mark.parametrize(("error", "named"), [
     (Unprintable(), "Unprintable: Unprintable() (its str() raised RuntimeError)"),
     (Unreadable(), "Unreadable: <unprintable Unreadable object>"),
-], ids=["str-raises", "str-and-repr-raise"])
+    (Abort("the warehouse hung up"), "Abort: the warehouse hung up"),
+], ids=["str-raises", "str-and-repr-raise", "base-exception"])
 def test_an_unusual_handler_error_is_retried_then_dead_lettered_with_its_row_and_count(
         env: Env, error: BaseException, named: str, session: bool) -> None:
-    # Given a handler that raises an error whose str() raises
+    # Given a handler that raises an error whose str() raises, or a BaseException subclass
     app = failing_app(env, error, session=session)
     pipe = app.pipeline()
     retried, dead = counted(app, RETRIED), counted(app, DEAD_LETTERED)
@@ -95,9 +103,27 @@ def test_an_unusual_handler_error_is_retried_then_dead_lettered_with_its_row_and
     assert not env.redis.exists(lease_key(app.group, "M1"))
 
 
+def test_a_base_exception_listed_as_permanent_rejects_the_message(env: Env) -> None:
+    # Given a listener that lists a BaseException subclass among its permanent errors
+    app = env.app()
+
+    @app.listener("ORDER_CREATED", permanent=(Abort,))
+    def reserve(msg: Message, session: Any) -> None:
+        raise Abort("malformed order")
+
+    # When its handler raises it
+    result = app.pipeline().process(delivery("M1"))
+    app.close()
+
+    # Then the message is rejected, recorded FAILED with the error's name and text
+    assert result.outcome is Outcome.REJECTED and result.reason == "Abort: malformed order"
+    assert env.processed() == [("M1", ProcessedStatus.FAILED.value, "Abort: malformed order")]
+
+
 @pytest.mark.parametrize(("error", "named"), [
     (Unprintable(), "Unprintable: Unprintable() (its str() raised RuntimeError)"),
-], ids=["str-raises"])
+    (Abort("no key today"), "Abort: no key today"),
+], ids=["str-raises", "base-exception"])
 def test_a_dedupe_key_function_raising_an_unusual_error_rejects_the_message_naming_it(
         env: Env, error: BaseException, named: str) -> None:
     # Given a listener whose dedupe_key function raises (for a message without an outbox id)
@@ -126,6 +152,46 @@ def test_a_dedupe_key_function_raising_an_unusual_error_rejects_the_message_nami
     assert counts == {Outcome.REJECTED: 1}
     assert counted(app, REJECTED) == rejected + 1
     assert ran == []
+
+
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_an_exception_that_stops_the_process_passes_through_and_frees_the_lease(
+        env: Env, stop: type[BaseException]) -> None:
+    # Given a handler that raises an exception meaning the process is stopping
+    app = failing_app(env, stop(), session=True)
+
+    # When the message is delivered for its last attempt
+    with pytest.raises(stop):
+        app.pipeline().process(last("M1"))
+    counts = app.pipeline().counts
+    app.close()
+
+    # Then it is raised on, nothing recorded or counted, and the Redis lease is released (the
+    # redelivery after the restart runs at once)
+    assert env.processed() == [] and env.effects() == {}
+    assert counts == {}
+    assert not env.redis.exists(lease_key(app.group, "M1"))
+
+
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
+def test_a_dedupe_key_function_that_stops_the_process_passes_through(
+        env: Env, stop: type[BaseException]) -> None:
+    # Given a listener whose dedupe_key function raises an exception that stops the process
+    app = env.app()
+
+    def key(msg: Message) -> str:
+        raise stop()
+
+    @app.listener("ORDER_CREATED", dedupe_key=key)
+    def reserve(msg: Message, session: Any) -> None:
+        pass
+
+    # When a message without an outbox id is delivered
+    # Then it is raised on, nothing recorded
+    with pytest.raises(stop):
+        app.pipeline().process(delivery(None, keys="K1", src=None))
+    app.close()
+    assert env.processed() == []
 
 
 def test_the_text_of_an_exception_whose_str_and_repr_raise_is_made_without_raising() -> None:
