@@ -187,8 +187,7 @@ def partitions(engine: Engine, table: str) -> list[Partition]:
     """The table's partitions in order (empty when it is not partitioned).
 
     Raises:
-        ConfigError: not MySQL/MariaDB, or no such table (it would read as one with no
-            partitions).
+        ConfigError: not MySQL/MariaDB, or no such table (read as one without partitions).
     """
     _require_mysql(engine)
     if not sa.inspect(engine).has_table(table):
