@@ -16,6 +16,7 @@ from consumer_kit.core.envelope import (
     PROP_SRC,
     dedupe_id,
     fit_id,
+    split_keys,
 )
 from consumer_kit.core.messages import Delivery
 
@@ -47,7 +48,7 @@ class Message:
         """Build a message (dedupe id by the envelope's rules) from a transport delivery."""
         props = dict(delivery.properties)
         return cls(id=dedupe_id(delivery), topic=delivery.topic, tags=delivery.tags,
-                   keys=tuple(delivery.keys.split()), body=delivery.body, properties=props,
+                   keys=split_keys(delivery.keys), body=delivery.body, properties=props,
                    reconsume_times=delivery.reconsume_times,
                    broker_message_id=delivery.broker_message_id,
                    producer=props.get(PROP_SRC) or None, last_error=delivery.last_error,

@@ -125,6 +125,22 @@ def stored_body(body: bytes, properties: dict[str, str]) -> tuple[bytes, dict[st
         return body, properties
 
 
+#: RocketMQ's KEYS separator (`MessageConst.KEY_SEPARATOR`): one space, nothing else
+KEY_SEPARATOR = " "
+
+
+def split_keys(keys: str) -> tuple[str, ...]:
+    """The entries of a KEYS string, in order: split on single spaces only, empty entries
+    (from doubled, leading or trailing spaces) dropped. A tab, a no-break space or any other
+    whitespace is part of a key, as it is for a Java producer (`str.split()` cut
+    `order\\t1001` into `order` and `1001`, and `order\\t1002` was taken for its duplicate).
+
+    >>> split_keys(" a  b\\tc ")
+    ('a', 'b\\tc')
+    """
+    return tuple(key for key in keys.split(KEY_SEPARATOR) if key)
+
+
 def to_message(row: OutboxRow) -> OutgoingMessage:
     """The message the broker sees for an outbox row.
 
@@ -143,7 +159,7 @@ def to_message(row: OutboxRow) -> OutgoingMessage:
         properties[PROP_RESEND] = "1"
     keys: tuple[str, ...] = (row.message_id,)
     if row.keys:
-        keys += tuple(k for k in row.keys.split() if k != row.message_id)
+        keys += tuple(k for k in split_keys(row.keys) if k != row.message_id)
     return OutgoingMessage(
         topic=row.topic,
         body=row.body,
@@ -162,7 +178,7 @@ def dedupe_id(delivery: Delivery) -> str:
     >>> dedupe_id(Delivery("T", b"", "B1", keys="k1 k2"))
     'k1'
     """
-    return fit_id(delivery.properties.get(PROP_ID) or next(iter(delivery.keys.split()), "")
+    return fit_id(delivery.properties.get(PROP_ID) or next(iter(split_keys(delivery.keys)), "")
                   or delivery.broker_message_id)
 
 

@@ -107,3 +107,12 @@ def test_an_await_below_the_proxys_shortest_long_poll_is_refused_at_once(
 def test_an_await_of_the_proxys_shortest_long_poll_or_more_is_taken() -> None:
     assert RocketMQ5Transport("127.0.0.1:8081", await_seconds=5.0).await_seconds == 5.0
     assert RocketMQ5Transport("127.0.0.1:8081", await_seconds=20.0).await_seconds == 20.0
+
+
+def test_a_dead_letters_keys_are_split_on_spaces_only() -> None:
+    # Given a dead letter of a Java producer's message whose first key holds a tab
+    delivery = stored_delivery("%DLQ%g", b"{}", {"KEYS": "order\t1001  cust-7"},
+                               reconsume_times=3, queue_id=0, queue_offset=0,
+                               born_timestamp_ms=1)
+    # When its keys are read, Then the tab stays in its key and the doubled space makes no key
+    assert sorted(delivery.keys.split(" ")) == ["cust-7", "order\t1001"]

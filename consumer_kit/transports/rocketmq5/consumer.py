@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from consumer_kit.core.envelope import PROP_ID, PROP_REASON
+from consumer_kit.core.envelope import PROP_ID, PROP_REASON, split_keys
 from consumer_kit.core.errors import TransportError
 from consumer_kit.core.messages import (
     ConsumeStatus,
@@ -368,7 +368,7 @@ class RocketMQ5Consumer(Consumer):
             properties[PROP_REASON] = reason
         try:
             self.transport.send_raw(dlq_topic(self.group), delivery.body, tags=delivery.tags,
-                                    keys=tuple(delivery.keys.split()), properties=properties)
+                                    keys=split_keys(delivery.keys), properties=properties)
         except Exception as exc:
             log.warning("consumer %s: message %s: copy to %s failed (%s); leaving it to the "
                         "broker's dead-lettering", self.group, ckit_id, dlq_topic(self.group),

@@ -19,6 +19,7 @@ from consumer_kit.core.envelope import (
     ROCKETMQ5_PROPERTIES,
     ROCKETMQ_RESERVED_PREFIXES,
     decode_body,
+    split_keys,
     stored_body,
 )
 from consumer_kit.core.errors import (
@@ -174,7 +175,7 @@ def stored_delivery(topic: str, body: bytes, properties: Mapping[str, str], *,
     body, user = stored_body(body, user)
     reason = user.pop(PROP_REASON, "")
     origin = properties.get(PROP_DLQ_TOPIC) or properties.get("RETRY_TOPIC") or topic
-    keys = properties.get("KEYS", "").split()
+    keys = split_keys(properties.get("KEYS", ""))
     return Delivery(
         topic=origin, body=body, broker_message_id=properties.get("UNIQ_KEY", ""),
         tags=properties.get("TAGS", ""), keys=ordered_keys(keys, user.get(PROP_ID)),
