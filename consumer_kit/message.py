@@ -20,6 +20,9 @@ from consumer_kit.core.envelope import (
 )
 from consumer_kit.core.messages import Delivery
 
+#: The most digits of a Java `long` (`ckit_sent` is epoch ms)
+_LONG_DIGITS = 19
+
 
 @dataclasses.dataclass(frozen=True)
 class Message:
@@ -77,9 +80,14 @@ class Message:
 
     @property
     def sent_at_ms(self) -> int | None:
-        """Epoch ms when the producer committed the message (a handler may measure its lag)."""
+        """Epoch ms when the producer committed the message (a handler may measure its lag);
+        None when `ckit_sent` is missing or not a number of ASCII digits a Java `long` holds (a
+        foreign producer's junk: `str.isdigit` alone took "²" and 5000 digits, which `int`
+        refuses, and the handler raised on every attempt)."""
         raw = self.properties.get(PROP_SENT)
-        return int(raw) if raw and raw.isdigit() else None
+        if not raw or len(raw) > _LONG_DIGITS or not (raw.isascii() and raw.isdigit()):
+            return None
+        return int(raw)
 
     def text(self) -> str:
         """The body as UTF-8 text.

@@ -63,3 +63,20 @@ def test_foreign_keys_that_differ_after_a_tab_or_nbsp_are_two_effects(
     assert [o.outcome for o in outcomes] == [Outcome.SUCCEEDED, Outcome.SUCCEEDED]
     assert env.effects() == {"A": 1, "B": 1}
     assert [m for m, _, _ in env.processed()] == [f"order{space}1001", f"order{space}1002"]
+
+
+@pytest.mark.parametrize("junk", [
+    "\u00b2", "\u0661\u0667\u0660\u0660", "\uff11\uff17\uff10\uff10", "1" * 5000, "-1", "17e11", "",
+])
+def test_a_junk_ckit_sent_reads_as_no_send_time_instead_of_raising(junk: str) -> None:
+    # Given a foreign producer's ckit_sent that str.isdigit() may take but int() refuses (or
+    # reads as digits that are not ASCII)
+    msg = Message.from_delivery(foreign("order-1001", ckit_sent=junk))
+    # When a handler reads the send time, Then it is None, as the property promises
+    assert msg.sent_at_ms is None
+
+
+def test_a_ckit_sent_of_ascii_digits_is_the_send_time() -> None:
+    assert Message.from_delivery(foreign("k", ckit_sent="1700000000000")).sent_at_ms == (
+        1700000000000)
+
