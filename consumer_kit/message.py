@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -104,10 +105,18 @@ class Message:
         """The body parsed as JSON.
 
         Raises:
-            InvalidBody: the body is not valid JSON (a permanent error: the message is rejected
-                with the parse error as the reason).
+            InvalidBody: the body is not valid JSON, or JSON Python cannot parse (an integer
+                over Python's 4300-digit limit, nesting deeper than its recursion limit): a
+                permanent error, the message is rejected with the reason (retrying cannot
+                help: it used to go to the dead letters after every retry).
         """
+        text = self.text()
         try:
-            return json.loads(self.text())
+            return json.loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidBody(f"body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidBody("body is JSON nested too deep for Python to parse (over its "
+                              f"recursion limit, {sys.getrecursionlimit()})") from None
+        except ValueError as exc:  # an integer over `sys.get_int_max_str_digits()`
+            raise InvalidBody(f"body is JSON Python cannot parse: {exc}") from None

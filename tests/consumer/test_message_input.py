@@ -80,3 +80,27 @@ def test_a_ckit_sent_of_ascii_digits_is_the_send_time() -> None:
     assert Message.from_delivery(foreign("k", ckit_sent="1700000000000")).sent_at_ms == (
         1700000000000)
 
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"1" * 5000, "InvalidBody: body is JSON Python cannot parse: Exceeds the limit"),
+    (b"[" * 5000 + b"]" * 5000, "InvalidBody: body is JSON nested too deep for Python"),
+    (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "InvalidBody: body is JSON nested too deep"),
+])
+def test_json_python_cannot_parse_is_rejected_with_its_reason_not_retried(
+        env: Env, body: bytes, reason: str) -> None:
+    # Given a handler that parses the body, and valid JSON Python cannot parse (an integer over
+    # its digit limit, nesting over its recursion limit)
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, str(msg.json()))
+
+    # When it arrives
+    outcome = app.pipeline().process(delivery("M1", body))
+    # Then it is rejected at once with why (not retried until the dead letters), nothing applied
+    assert outcome.outcome is Outcome.REJECTED
+    [(mid, status, error)] = env.processed()
+    assert (mid, status) == ("M1", "FAILED")
+    assert error is not None and error.startswith(reason), error
+    assert env.effects() == {}
