@@ -175,11 +175,21 @@ def dedupe_id(delivery: Delivery) -> str:
     message id (UNIQ_KEY, stable across redeliveries of one send but not across a producer's
     own retries). "" when the delivery has none of them.
 
+    When the transport lost the order of several KEYS (`Delivery.keys_in_order` False), the id
+    is all of them, sorted and space separated: the same for a re-send with the same KEYS, and
+    never one key picked by chance that other messages share (the first in sorted order of
+    "order-1001 cust-7" made every later order of customer 7 a duplicate).
+
     >>> dedupe_id(Delivery("T", b"", "B1", keys="k1 k2"))
     'k1'
+    >>> dedupe_id(Delivery("T", b"", "B1", keys="order-1 cust-7", keys_in_order=False))
+    'cust-7 order-1'
     """
-    return fit_id(delivery.properties.get(PROP_ID) or next(iter(split_keys(delivery.keys)), "")
-                  or delivery.broker_message_id)
+    keys = split_keys(delivery.keys)
+    first = keys[0] if keys else ""
+    if len(keys) > 1 and not delivery.keys_in_order:
+        first = " ".join(sorted(keys))
+    return fit_id(delivery.properties.get(PROP_ID) or first or delivery.broker_message_id)
 
 
 #: characters of a long id kept as they are; then "~" and the whole id's SHA-1 (40 hex digits)

@@ -91,6 +91,10 @@ class Delivery:
     born_timestamp_ms: int = 0
     last_error: str = ""
     max_reconsume_times: int | None = None
+    #: False when the transport lost the order of several KEYS (a RocketMQ 5 client whose
+    #: received keys are a set): `core.envelope.dedupe_id` then uses them all, never one
+    #: picked by that lost order
+    keys_in_order: bool = True
 
     @property
     def last_attempt(self) -> bool:

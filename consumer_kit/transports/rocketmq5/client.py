@@ -11,11 +11,16 @@ them with fixed options, and gRPC's default back-off (1 s, x1.6 per failed attem
 back, for its next attempt. The cap bounds the wait between attempts (a refused connection is
 tried again within a second), not how long one attempt may take; it applies to every 5.x
 client of the process, from the first `v5()` on.
+
+Received messages keep their KEYS in the sender's order (`keep_received_key_order`): the client
+turns the protobuf's ordered `keys` into a set, and the first KEYS entry is a foreign message's
+dedupe id.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import logging
 import threading
 from collections.abc import Iterable
@@ -59,6 +64,7 @@ def v5() -> SimpleNamespace:
         except ImportError as exc:
             raise ConfigError(f"the rocketmq5:// transport needs {INSTALL}: {exc}") from None
         _cap_reconnect_backoff()
+        keep_received_key_order()
     return SimpleNamespace(
         ClientConfiguration=ClientConfiguration, Credentials=Credentials,
         SimpleConsumer=SimpleConsumer, FilterExpression=FilterExpression, Message=Message,
@@ -80,6 +86,62 @@ def _ordered_keys(base: type) -> type:
             return self._ckit_keys
 
     return OrderedKeysMessage
+
+
+#: Versions of rocketmq-python-client whose received-message path `keep_received_key_order`
+#: was read against (`Consumer.__handle_receive_message_response`: `Message().fromProtobuf`)
+KEY_ORDER_CLIENT_VERSIONS = frozenset({"5.1.2"})
+#: The attribute of a received message that holds its KEYS in the sender's order, a tuple (the
+#: client's own `keys` is a set)
+SENT_KEYS = "ckit_sent_keys"
+
+
+def keep_received_key_order() -> bool:
+    """Make the client's consumer keep each received message's KEYS in the sender's order, as
+    `SENT_KEYS`. False, with a warning, when the installed client is not one this was checked
+    against: its consumer then hands over the keys as a set, whose order is lost (see
+    `wire.received_delivery` for what a foreign message's dedupe id then is).
+
+    The client's `Message.fromProtobuf` copies the protobuf's repeated `keys` (the sender's
+    order) into a set. The consumer module's `Message` (it builds every received message with
+    it, and nothing else) becomes a subclass that also keeps them as a tuple; the client's own
+    class, its producer and everything else are left as they are.
+    """
+    try:
+        version = importlib.metadata.version("rocketmq-python-client")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        from rocketmq.v5.consumer import consumer as module
+        from rocketmq.v5.model import Message
+    except ImportError as exc:
+        version = f"{version} ({exc})"
+    else:
+        built = getattr(module, "Message", None)
+        if getattr(built, "ckit_keeps_key_order", False):
+            return True  # kept already
+        if (version in KEY_ORDER_CLIENT_VERSIONS and isinstance(built, type)
+                and built is Message and callable(getattr(built, "fromProtobuf", None))):
+            module.Message = _key_order_message(built)
+            return True
+    log.warning("rocketmq5: rocketmq-python-client %s is not one whose received KEYS order "
+                "consumer-kit can keep (%s): a message without ckit_id and with several KEYS "
+                "dedupes on all of them", version, ", ".join(sorted(KEY_ORDER_CLIENT_VERSIONS)))
+    return False
+
+
+def _key_order_message(base: type) -> type:
+    """The client's `Message` that also keeps the protobuf's keys, in order, as `SENT_KEYS`."""
+
+    class KeyOrderMessage(base):
+        ckit_keeps_key_order = True
+
+        def fromProtobuf(self, message: Any) -> Any:
+            built = super().fromProtobuf(message)
+            setattr(self, SENT_KEYS, tuple(message.system_properties.keys))
+            return built
+
+    return KeyOrderMessage
 
 
 def configuration(endpoint: str, request_timeout: float) -> Any:

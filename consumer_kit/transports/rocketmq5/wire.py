@@ -30,6 +30,7 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.messages import Delivery
 from consumer_kit.core.urls import mask_url
+from consumer_kit.transports.rocketmq5.client import SENT_KEYS
 
 DEFAULT_PRODUCER_TIMEOUT = 3.0
 #: The proxy refuses bodies over 4 MiB (`maxMessageSize`); the broker counts properties too.
@@ -117,15 +118,34 @@ def delivery_seconds(delay: float, now: float | None = None) -> int:
 
 
 def ordered_keys(keys: Iterable[str], ckit_id: str | None) -> str:
-    """Received keys as a KEYS string: the 5.x client returns them as a set, so `ckit_id` (the
-    outbox message id, always the first key sent) comes first and the rest sorted.
+    """Keys whose order was lost (a set) as a KEYS string: `ckit_id` (the outbox message id,
+    always the first key sent) first, the rest sorted (an order, not the sender's).
 
     >>> ordered_keys({"b", "M1", "a"}, "M1")
     'M1 a b'
     """
-    rest = sorted(k for k in keys if k != ckit_id)
+    rest = sorted(k for k in keys if k and k != ckit_id)
     first = [ckit_id] if ckit_id and ckit_id in set(keys) else []
     return " ".join(first + rest)
+
+
+def received_keys(message: Any, ckit_id: str | None) -> tuple[str, bool]:
+    """A received message's KEYS string, and whether it is in the sender's order: the order the
+    protobuf carried (`SENT_KEYS`, kept by `client.keep_received_key_order`), else (a client
+    that could not be hooked) `ordered_keys` of the client's set, which is in order only with
+    fewer than two keys.
+
+    >>> from types import SimpleNamespace as M
+    >>> received_keys(M(keys={"cust-7", "order-1"}, ckit_sent_keys=("order-1", "cust-7")), None)
+    ('order-1 cust-7', True)
+    >>> received_keys(M(keys={"order-1", "cust-7"}), None)
+    ('cust-7 order-1', False)
+    """
+    sent = getattr(message, SENT_KEYS, None)
+    if isinstance(sent, tuple):
+        return " ".join(k for k in sent if k), True
+    keys = tuple(message.keys or ())
+    return ordered_keys(keys, ckit_id), len(keys) < 2
 
 
 def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | None,
@@ -149,12 +169,14 @@ def received_delivery(message: Any, *, reason: str, max_reconsume_times: int | N
         body = decode_body(body, properties)
     reason = properties.pop(PROP_REASON, "") or reason
     attempt = int(message.delivery_attempt or 1)
+    keys, in_order = received_keys(message, properties.get(PROP_ID))
     return Delivery(
         topic=message.topic,
         body=body,
         broker_message_id=message.message_id,
         tags=message.tag or "",
-        keys=ordered_keys(message.keys or (), properties.get(PROP_ID)),
+        keys=keys,
+        keys_in_order=in_order,
         properties=properties,
         reconsume_times=max(0, attempt - 1),
         born_timestamp_ms=int(message.born_timestamp or 0),
@@ -175,10 +197,9 @@ def stored_delivery(topic: str, body: bytes, properties: Mapping[str, str], *,
     body, user = stored_body(body, user)
     reason = user.pop(PROP_REASON, "")
     origin = properties.get(PROP_DLQ_TOPIC) or properties.get("RETRY_TOPIC") or topic
-    keys = split_keys(properties.get("KEYS", ""))
     return Delivery(
         topic=origin, body=body, broker_message_id=properties.get("UNIQ_KEY", ""),
-        tags=properties.get("TAGS", ""), keys=ordered_keys(keys, user.get(PROP_ID)),
+        tags=properties.get("TAGS", ""), keys=" ".join(split_keys(properties.get("KEYS", ""))),
         properties=user, reconsume_times=reconsume_times, queue_id=queue_id,
         queue_offset=queue_offset, born_timestamp_ms=born_timestamp_ms, last_error=reason,
     )
