@@ -30,6 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from consumer_kit.core import checkin
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.driver_sql import DriverSQL, execute
+from consumer_kit.core.envelope import stored_text
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import (
     DEFAULT_PROCESSED_TABLE,
@@ -107,15 +108,17 @@ class ProcessedStore:
     def _row(self, msg: Message, status: ProcessedStatus, error: str | None,
              receipt: bool) -> dict[str, Any]:
         now = utcnow()
+        # (`stored_text`: a NUL in tags, say, made every write of the row fail on PostgreSQL)
         return {
             "consumer_group": self.group, "message_id": msg.id[:MESSAGE_ID_LEN],
-            "topic": msg.topic[:TOPIC_LEN], "tags": (msg.tags or None) and msg.tags[:TAGS_LEN],
-            "broker_message_id": msg.broker_message_id[:MESSAGE_ID_LEN] or None,
+            "topic": stored_text(msg.topic[:TOPIC_LEN]),
+            "tags": (msg.tags or None) and stored_text(msg.tags[:TAGS_LEN]),
+            "broker_message_id": stored_text(msg.broker_message_id[:MESSAGE_ID_LEN]) or None,
             # fitted as the others: a longer ckit_src (no producer's name: its receipt topic
             # would pass RocketMQ's 127) made every write of the row fail
-            "src": (msg.producer or None) and msg.producer[:NAME_LEN],
+            "src": (msg.producer or None) and stored_text(msg.producer[:NAME_LEN]),
             "status": status.value, "attempts": msg.reconsume_times + 1,
-            "error": error, "first_seen_at": now, "processed_at": now,
+            "error": error and stored_text(error), "first_seen_at": now, "processed_at": now,
             "receipt_due_at": now if receipt and msg.producer else None, "receipt_attempts": 0,
         }
 
@@ -162,8 +165,9 @@ class ProcessedStore:
         lock until commit); False when it changed meanwhile (another consumer's run won)."""
         now = utcnow()
         return bool(conn.execute(self._rerun, {
-            "b_id": msg.id[:MESSAGE_ID_LEN], "b_status": status.value, "b_error": error,
-            "b_now": now, "b_due": now if receipt and msg.producer else None}).rowcount)
+            "b_id": msg.id[:MESSAGE_ID_LEN], "b_status": status.value,
+            "b_error": error and stored_text(error), "b_now": now,
+            "b_due": now if receipt and msg.producer else None}).rowcount)
 
     def record(self, msg: Message, status: ProcessedStatus, error: str | None = None, *,
                receipt: bool = False) -> bool:

@@ -205,11 +205,39 @@ def fit_id(raw: str) -> str:
     one, and the second message was acked as a duplicate of the first). Redis and the
     processed row see the same id.
 
+    An id no database can store as it is, one holding a NUL (PostgreSQL's text refuses it)
+    or a lone surrogate (not UTF-8), takes the same form, those characters left out of the
+    kept part: stored as it came, every write of its processed row failed, and the message
+    was retried into the dead-letter queue with no row.
+
     >>> fit_id("order-1001")
     'order-1001'
     >>> len(fit_id("k" * 200))
     128
+    >>> fit_id("a\\x00b")[:4]  # a NUL left out, the SHA-1 of the whole after it
+    'ab~4'
     """
-    if len(raw) <= MESSAGE_ID_LEN:
+    if len(raw) <= MESSAGE_ID_LEN and storable(raw):
         return raw
-    return f"{raw[:_KEPT]}~{hashlib.sha1(raw.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    kept = raw if storable(raw) else "".join(ch for ch in raw if storable(ch))
+    return f"{kept[:_KEPT]}~{hashlib.sha1(raw.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def storable(text: str) -> bool:
+    """Whether every database can store `text` as it is: no NUL, valid UTF-8 (no lone
+    surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def stored_text(text: str) -> str:
+    """`text` as every database can store it: NULs left out, lone surrogates as U+FFFD (for
+    the columns that describe a message, not its id: `fit_id`)."""
+    if storable(text):
+        return text
+    return "".join(ch if storable(ch) else "\ufffd" for ch in text if ch != "\x00")

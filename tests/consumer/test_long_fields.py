@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from consumer_kit import Message
 from consumer_kit.core.schema import NAME_LEN, TAGS_LEN, TOPIC_LEN
+from consumer_kit.outcome import Outcome
 from consumer_kit.transports import ConsumeStatus
 from tests.consumer.conftest import Env, add_reservation, delivery
 
@@ -82,9 +83,43 @@ def test_a_row_the_database_refuses_says_so_instead_of_database_unavailable(
         def release(msg: Message) -> None:
             pass
 
-        # Given a message whose tags PostgreSQL cannot store (a NUL), matching no listener
+        # Given a processed table whose tags column is narrower than consumer-kit's (a table
+        # changed by hand), and a message whose tags fit consumer-kit's but not that one,
+        # matching no listener
+        with env.db.engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {env.db.names.processed} "
+                                 "ALTER COLUMN tags TYPE VARCHAR(3)"))
         # When it is rejected
-        rejected = app.pipeline().process(delivery("M1", tags="a\x00b"))
+        rejected = app.pipeline().process(delivery("M1", tags="abcdef"))
         # Then the reason names a data error, not an outage (the outcome is still a retry)
         assert "data error, not an outage" in rejected.reason
         assert "database unavailable" not in rejected.reason
+
+
+def test_a_nul_or_a_lone_surrogate_in_a_message_s_fields_or_id_is_stored_once(
+        real_env: Env) -> None:
+    env = real_env
+    app = env.app()
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        add_reservation(env, session, "A")
+
+    # Given messages whose tags, src and KEYS hold a NUL (PostgreSQL's text refuses it) or a
+    # lone surrogate (not UTF-8): every write of their processed row used to fail
+    nul = delivery(None, keys="order\x001", tags="a\x00b", src="sr\x00c")
+    odd = delivery(None, keys="order\udc801", tags="x\udc80y")
+    # When each is delivered twice
+    results = [app.pipeline().process(d) for d in (nul, odd, nul, odd)]
+    # Then each ran once and is recorded: ids fitted (distinct, hashed), fields without them
+    assert [r.outcome for r in results] == [Outcome.SUCCEEDED] * 2 + [Outcome.DUPLICATE] * 2, \
+        results
+    assert env.effects() == {"A": 2}
+    rows = env.processed()
+    assert len(rows) == 2 and {status for _, status, _ in rows} == {"SUCCEEDED"}
+    ids = sorted(message_id for message_id, _, _ in rows)
+    assert ids[0].startswith("order1~") and ids[1].startswith("order1~") and ids[0] != ids[1]
+    with env.db.engine.connect() as conn:
+        stored = set(conn.execute(sa.text(
+            f"SELECT tags, src FROM {env.db.names.processed}")).tuples())
+    assert stored == {("ab", "src"), ("x\ufffdy", "orders")}
