@@ -275,3 +275,19 @@ def test_archive_moves_old_consumed_rows(db: Db) -> None:
 def test_archive_with_a_bad_duration_is_one_error_line(sqlite_db: Db) -> None:
     result = ckit("outbox", "archive", "--older-than", "soon", *opts(sqlite_db))
     assert_one_error_line(result, 2, "not a duration")
+
+
+@pytest.mark.parametrize("command", [
+    ["outbox", "stats"], ["outbox", "archive"], ["outbox", "retry", "1"],
+    ["outbox", "partitions", "show"], ["processed", "purge", "--group", "g"],
+    ["receipts", "--producer", "orders", "--burst"],
+])
+def test_a_command_on_a_sqlite_file_that_is_not_there_refuses_and_makes_none(
+        tmp_path: Path, command: list[str]) -> None:
+    # Given a mistyped SQLite path in a folder that exists
+    missing = tmp_path / "ordres.db"
+    # When a command that works on existing tables is pointed at it
+    result = ckit(*command, "--url", f"sqlite:///{missing}")
+    # Then one line, and no empty file left behind (connecting used to make one)
+    assert_one_error_line(result, 2, f"SQLite database {missing} does not exist")
+    assert not missing.exists()

@@ -20,9 +20,8 @@ from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.partitions import partitions_app
 from consumer_kit.cli.receipts import expected_groups
-from consumer_kit.cli.runtime import fail, friendly_errors, require
+from consumer_kit.cli.runtime import existing_database, fail, friendly_errors
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -45,7 +44,7 @@ def _outbox(outbox_table: str) -> sa.Table:
 
 
 def _engine(url: str | None) -> Engine:
-    return make_engine(require(url, "--url", "CKIT_DB_URL"))
+    return existing_database(url)
 
 
 def _targets(values: Sequence[str]) -> list[int | str]:

@@ -7,9 +7,8 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.cli.runtime import existing_database, friendly_errors
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import TableNames
 from outbox_producer.ops import ARCHIVE_FLOOR, OutboxTables, check_archive_floor
@@ -34,7 +33,7 @@ def create_cmd(
     receipt_table: str = options.receipt_table(),
 ) -> None:
     """Create the outbox partitioned by day of message_id, with its key table and trigger."""
-    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    engine = existing_database(url)
     made = parts.create(engine, _tables(outbox_table, receipt_table), days_ahead=days_ahead)
     typer.echo(f"created {outbox_table} with partitions {', '.join(made)}")
 
@@ -66,7 +65,7 @@ def rotate_cmd(
     """
     horizon = parse_duration(older_than, option="--older-than")
     check_archive_floor(horizon, option=older_than, force=force, verb="rotate")
-    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    engine = existing_database(url)
     result = parts.rotate(engine, _tables(outbox_table, receipt_table), days_ahead=days_ahead,
                           older_than=horizon, batch=batch,
                           pause=parse_duration(pause, option="--pause").total_seconds(),
@@ -88,7 +87,7 @@ def show_cmd(
     as_json: bool = options.json_output(),
 ) -> None:
     """The outbox's partitions, their upper bounds and estimated rows."""
-    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    engine = existing_database(url)
     found = parts.partitions(engine, outbox_table)
     if not found:
         raise ConfigError(f"table {outbox_table} is not partitioned (ckit outbox partitions "

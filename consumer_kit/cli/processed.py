@@ -6,9 +6,9 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json
-from consumer_kit.cli.runtime import friendly_errors, require
+from consumer_kit.cli.runtime import existing_database, friendly_errors
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import GROUP_LEN
 from consumer_kit.processed import PURGE_FLOOR, ProcessedStore
@@ -48,7 +48,7 @@ def purge(
             f"--older-than {older_than} is under the safety floor of {PURGE_FLOOR.days} days: "
             "a redelivery after the purge would apply its effect again (--force to purge "
             "anyway)")
-    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    engine = existing_database(url)
     store = ProcessedStore(engine, group, table=processed_table)
     check_tables(engine, store.table)
     deleted = store.purge(window, batch=batch, max_batches=max_batches,

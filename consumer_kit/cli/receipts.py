@@ -8,9 +8,15 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_totals
-from consumer_kit.cli.runtime import friendly_errors, on_shutdown, require, serve_metrics
+from consumer_kit.cli.runtime import (
+    existing_database,
+    friendly_errors,
+    on_shutdown,
+    require,
+    serve_metrics,
+)
 from consumer_kit.cli.transports import open_for_processes
-from consumer_kit.core.db import check_tables, make_engine
+from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.transports.running import run_consumer
@@ -56,7 +62,7 @@ def receipts(
     message, REJECTED when a group rejected it. A batch is applied before the broker is acked,
     so a kill at any point loses nothing (applying it again changes nothing)."""
     check_producer(producer)  # before anything is made: it names the topic and group
-    db = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    db = existing_database(url)
     applier = ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
                              expected_groups=expected_groups(expect))
     check_tables(db, applier.table, applier.receipts)

@@ -12,10 +12,13 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 try:  # typer >= 0.2x vendors its own click; older versions use click itself
     from typer import _click as click
@@ -46,6 +49,18 @@ def require(value: str | None, option: str, env: str) -> str:
     if not value:
         fail(f"missing {option} (or set {env})")
     return value
+
+
+def existing_database(url: str | None) -> Engine:
+    """The engine of `--url` (or `CKIT_DB_URL`) for a command that works on tables already
+    made: a SQLite file that is not there is refused (connecting would make an empty one, a
+    typo in its path left behind as a file)."""
+    from consumer_kit.core.db import check_sqlite_path, make_engine
+
+    engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
+    if engine.dialect.name == "sqlite":
+        check_sqlite_path(engine.url.database, engine.url.query, must_exist=True)
+    return engine
 
 
 def exit_if_native_shutdown_hangs(code: int) -> None:
