@@ -202,6 +202,33 @@ def test_bulk_retry_of_a_topic_no_row_carries_is_refused_and_an_empty_state_is_s
     assert none.exit_code == 0 and "no FAILED rows for topic B" in none.stdout
 
 
+def test_bulk_retry_of_a_topic_on_an_empty_or_archived_outbox_says_no_rows(
+        tmp_path: Path) -> None:
+    # Given an empty outbox, then one whose only row of topic A went to the archive
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    assert ckit("db", "init", "--url", url).exit_code == 0
+    args = ("outbox", "retry", "--state", "failed", "--topic", "A", "--url", url)
+    empty = ckit(*args)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO ckit_outbox_archive (id, message_id, biz_type, biz_key, topic, body, "
+            "state, retry_count, max_retries, next_retry_at, lock_version, gmt_create, "
+            "gmt_modified) VALUES (1, 'm1', 't', 'k1', 'A', X'7B7D', 3, 0, 3, "
+            "'2026-01-01', 1, '2026-01-01', '2026-01-01')"))
+        conn.execute(sa.text(
+            "INSERT INTO ckit_outbox (message_id, biz_type, biz_key, topic, body, state, "
+            "retry_count, max_retries, next_retry_at, lock_version, gmt_create, gmt_modified) "
+            "VALUES ('m2', 't', 'k2', 'B', X'7B7D', 3, 0, 3, '2026-01-01', 1, '2026-01-01', "
+            "'2026-01-01')"))
+    engine.dispose()
+    archived = ckit(*args)
+    # When / Then: neither is a typo (a cron retrying per topic must not alert)
+    for result in (empty, archived):
+        assert result.exit_code == 0 and "no FAILED rows for topic A" in result.stdout, \
+            result.output
+
+
 def test_bulk_retry_of_consumed_rows_needs_force(sqlite_db: Db) -> None:
     result = ckit("outbox", "retry", "--state", "CONSUMED", *opts(sqlite_db))
     assert_one_error_line(result, 2, "--force")

@@ -187,12 +187,28 @@ def retry_cmd(
         ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit)
     )
     if not ids:
-        if topic is not None and not ops.select_ids(engine, tables.outbox, topic=topic,
-                                                    states=list(OutboxState), limit=1):
-            fail(f"no outbox row has topic {topic!r}: a misspelt --topic?")
+        if topic is not None and _unknown_topic(engine, tables, topic):
+            fail(f"no outbox row has topic {topic!r}, nor an archived one, while the outbox "
+                 "holds rows of other topics: a misspelt --topic?")
         typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
         return
     _report(ops.retry(engine, tables, ids, states=states, force=force), as_json)
+
+
+def _unknown_topic(engine: Engine, tables: ops.OutboxTables, topic: str) -> bool:
+    """Whether no row of the outbox or its archive carries `topic` while the outbox holds rows
+    (an empty outbox, or one whose rows of that topic were all archived, is no typo)."""
+    outbox, archive = tables.outbox, tables.archive
+    with engine.connect() as conn:
+        if conn.execute(sa.select(outbox.c.id).limit(1)).first() is None:
+            return False
+        if conn.execute(sa.select(outbox.c.id).where(outbox.c.topic == topic).limit(1)).first():
+            return False
+    if not sa.inspect(engine).has_table(archive.name):
+        return True
+    with engine.connect() as conn:
+        return conn.execute(sa.select(archive.c.id).where(archive.c.topic == topic)
+                            .limit(1)).first() is None
 
 
 def _move(

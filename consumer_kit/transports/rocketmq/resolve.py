@@ -6,8 +6,9 @@ own timer threads, and a name that does not resolve makes one of them throw
 the whole process aborts (SIGABRT, exit 134), a relay with rows claimed included. So the native
 client is only ever given addresses: `resolved` turns each `host:port` into `ip:port` first,
 and a name that does not resolve is an error Python can handle (a refusal at `check`, an
-outage at start). A host's address is looked up again at each start of a native client, not
-followed while it runs.
+outage at start). A host's address is looked up again at each start of a native client (a
+consumer the watchdog rebuilds looks again), not followed while it runs: a name server whose
+address changes under its name is found again by a restart of the producing process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def resolved(addr: str) -> str:
     out = []
     for entry in addr.split(";"):
         host, _, port = entry.rpartition(":")
-        out.append(f"{_address(host.strip('[]'), int(port))}:{port}")
+        found = _address(host.strip("[]"), int(port))
+        out.append(f"[{found}]:{port}" if ":" in found else f"{found}:{port}")  # IPv6 bracketed
     return ";".join(out)
 
 
