@@ -57,6 +57,16 @@ def row_states(url: str) -> list[tuple[int, int]]:
 PENDING_UNTOUCHED = [(int(OutboxState.PENDING), 0)] * 3
 
 
+def needs_librocketmq() -> None:
+    """Skip the test when the RocketMQ client's native library is not installed."""
+    from consumer_kit.transports.rocketmq import native
+
+    try:
+        native.client()
+    except ConfigError:
+        pytest.skip("librocketmq is not installed (scripts/librocketmq.sh)")
+
+
 # -- the relay -----------------------------------------------------------------------------------
 
 
@@ -189,12 +199,7 @@ def test_ckit_relay_once_with_retry_failed_after_0s_ends(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_relay_once_with_the_broker_down_gives_up_with_exit_1_and_charges_no_retry(
         tmp_path: Path) -> None:
-    from consumer_kit.transports.rocketmq import native
-
-    try:
-        native.client()
-    except ConfigError:
-        pytest.skip("librocketmq is not installed (scripts/librocketmq.sh)")
+    needs_librocketmq()
     # Given due rows and a name server nobody listens on
     url = producer_db(tmp_path)
     # When
@@ -208,12 +213,7 @@ def test_relay_once_with_the_broker_down_gives_up_with_exit_1_and_charges_no_ret
 
 def test_relay_with_a_name_server_host_that_does_not_resolve_exits_2_and_moves_no_row(
         tmp_path: Path) -> None:
-    from consumer_kit.transports.rocketmq import native
-
-    try:
-        native.client()
-    except ConfigError:
-        pytest.skip("librocketmq is not installed (scripts/librocketmq.sh)")
+    needs_librocketmq()
     try:
         socket.getaddrinfo("nohost.invalid", 9876)
         pytest.skip("this machine's resolver finds an address for nohost.invalid")

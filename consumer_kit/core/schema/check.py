@@ -48,14 +48,8 @@ def case_folding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]
     and group names that differ only in case are one. Empty elsewhere."""
     if engine.dialect.name != "mysql" or not tables:
         return []
-    query = sa.text(
-        "SELECT DISTINCT TABLE_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-        "DATABASE() AND TABLE_NAME IN :names AND COLLATION_NAME IS NOT NULL AND "
-        "COLLATION_NAME NOT LIKE '%\\_bin' ORDER BY TABLE_NAME"
-    ).bindparams(sa.bindparam("names", expanding=True))
-    with engine.connect() as conn:
-        return [str(name) for name in conn.execute(query, {"names": [t.name for t in tables]})
-                .scalars()]
+    return _tables_with_columns(engine, tables, "COLLATION_NAME IS NOT NULL AND "
+                                "COLLATION_NAME NOT LIKE '%\\_bin'")
 
 
 def padding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]:
@@ -66,12 +60,19 @@ def padding_tables(engine: Engine, tables: Sequence[sa.Table]) -> list[str]:
     and on a server without a NO PAD binary collation (MySQL 5.7)."""
     if engine.dialect.name != "mysql" or not tables:
         return []
-    target = server_collation(engine)
+    return _tables_with_columns(
+        engine, tables, "DATA_TYPE IN ('varchar', 'char') AND COLLATION_NAME LIKE '%\\_bin' "
+        "AND COLLATION_NAME <> :target", target=server_collation(engine))
+
+
+def _tables_with_columns(engine: Engine, tables: Sequence[sa.Table], where: str,
+                         **params: str) -> list[str]:
+    """The names of those of `tables` (in this database) with a column `where` holds for, by
+    `information_schema.COLUMNS`, in order."""
     query = sa.text(
         "SELECT DISTINCT TABLE_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-        "DATABASE() AND TABLE_NAME IN :names AND DATA_TYPE IN ('varchar', 'char') AND "
-        "COLLATION_NAME LIKE '%\\_bin' AND COLLATION_NAME <> :target ORDER BY TABLE_NAME"
+        f"DATABASE() AND TABLE_NAME IN :names AND {where} ORDER BY TABLE_NAME"
     ).bindparams(sa.bindparam("names", expanding=True))
     with engine.connect() as conn:
         return [str(name) for name in conn.execute(
-            query, {"names": [t.name for t in tables], "target": target}).scalars()]
+            query, {"names": [t.name for t in tables], **params}).scalars()]
