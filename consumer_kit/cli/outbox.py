@@ -22,6 +22,7 @@ from consumer_kit.cli.partitions import partitions_app
 from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import existing_database, fail, friendly_errors
 from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.db import any_row
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -199,16 +200,8 @@ def _unknown_topic(engine: Engine, tables: ops.OutboxTables, topic: str) -> bool
     """Whether no row of the outbox or its archive carries `topic` while the outbox holds rows
     (an empty outbox, or one whose rows of that topic were all archived, is no typo)."""
     outbox, archive = tables.outbox, tables.archive
-    with engine.connect() as conn:
-        if conn.execute(sa.select(outbox.c.id).limit(1)).first() is None:
-            return False
-        if conn.execute(sa.select(outbox.c.id).where(outbox.c.topic == topic).limit(1)).first():
-            return False
-    if not sa.inspect(engine).has_table(archive.name):
-        return True
-    with engine.connect() as conn:
-        return conn.execute(sa.select(archive.c.id).where(archive.c.topic == topic)
-                            .limit(1)).first() is None
+    return (any_row(engine, outbox) and not any_row(engine, outbox, outbox.c.topic == topic)
+            and not any_row(engine, archive, archive.c.topic == topic, optional=True))
 
 
 def _move(

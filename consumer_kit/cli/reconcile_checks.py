@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
 
+from consumer_kit.core.db import any_row
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_archive_table, processed_table
 from consumer_kit.core.states import OutboxState
@@ -179,17 +180,8 @@ def _recent_receipts(engines: Mapping[str, sa.engine.Engine], producers: Sequenc
 
 def _any_row(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
              table: sa.Table, where: sa.ColumnElement[bool], *, optional: bool = False) -> bool:
-    """Whether `table` of any producer database holds a row `where` (with `optional`, a
-    database without the table holds none)."""
-    for url in producers:
-        engine = engines[url]
-        if optional and not sa.inspect(engine).has_table(table.name):
-            continue
-        with engine.connect() as conn:
-            if conn.execute(sa.select(sa.literal(1)).select_from(table).where(where)
-                            .limit(1)).first():
-                return True
-    return False
+    """Whether `table` of any producer database holds a row `where` (`db.any_row`)."""
+    return any(any_row(engines[url], table, where, optional=optional) for url in producers)
 
 
 def _topics(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],

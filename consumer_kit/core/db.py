@@ -37,7 +37,7 @@ DRIVER_CHOICES = (
 log = logging.getLogger(__name__)
 #: (database, table) warned about already in this process (`check_tables` runs at every start;
 #: shards share table names)
-_WARNED_FOLDING: set[tuple[str, str]] = set()
+_WARNED_COLLATION: set[tuple[str, str]] = set()
 
 
 def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
@@ -249,9 +249,9 @@ def _warn_collations(engine: Engine, tables: Sequence[sa.Table]) -> None:
             (padding_tables(engine, tables), "compare ids with trailing spaces padded "
              "(utf8mb4_bin): ids and keys that differ only by trailing spaces are one there "
              "(the second message acked as a duplicate without running)")):
-        new = [t for t in found if (where, t) not in _WARNED_FOLDING]
+        new = [t for t in found if (where, t) not in _WARNED_COLLATION]
         if new:
-            _WARNED_FOLDING.update((where, t) for t in new)
+            _WARNED_COLLATION.update((where, t) for t in new)
             log.warning("table(s) %s in %s %s (made by an older consumer-kit); run `ckit db "
                         "init --upgrade --url <that url>`", ", ".join(new), where, what)
 
@@ -379,3 +379,14 @@ def insert_new(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str,
             stmt.execution_options(preserve_rowcount=True)).rowcount))
     return inserted
 
+
+def any_row(engine: Engine, table: sa.Table, where: sa.ColumnElement[bool] | None = None, *,
+            optional: bool = False) -> bool:
+    """Whether `table` holds a row (`where`, when given); with `optional`, a database without
+    the table holds none."""
+    if optional and not sa.inspect(engine).has_table(table.name):
+        return False
+    query = sa.select(sa.literal(1)).select_from(table)
+    with engine.connect() as conn:
+        return conn.execute((query if where is None else query.where(where)).limit(1)) \
+            .first() is not None

@@ -217,9 +217,10 @@ def fit_id(raw: str) -> str:
     >>> fit_id("a\\x00b")[:4]  # a NUL left out, the SHA-1 of the whole after it
     'ab~4'
     """
-    if len(raw) <= MESSAGE_ID_LEN and storable(raw):
+    whole = storable(raw)
+    if whole and len(raw) <= MESSAGE_ID_LEN:
         return raw
-    kept = raw if storable(raw) else "".join(ch for ch in raw if storable(ch))
+    kept = raw if whole else "".join(ch for ch in raw if storable(ch))
     return f"{kept[:_KEPT]}~{hashlib.sha1(raw.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
