@@ -318,3 +318,25 @@ def test_a_command_on_a_sqlite_file_that_is_not_there_refuses_and_makes_none(
     # Then one line, and no empty file left behind (connecting used to make one)
     assert_one_error_line(result, 2, f"SQLite database {missing} does not exist")
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(("producer", "warned"), [("ordres", True), ("orders", False)])
+def test_receipts_warns_when_no_recent_outbox_row_was_published_by_its_producer(
+        db: Db, tmp_path: Path, producer: str, warned: bool) -> None:
+    # Given an outbox whose rows were published by "orders"
+    insert(db, created_by="orders")
+    insert(db, created_by="orders")
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    assert ckit("db", "init", "--url", mq).exit_code == 0
+    # When receipts are consumed for a producer name
+    result = ckit("receipts", *retry_opts(db), "--producer", producer,
+                  "--transport", f"sql+{mq}", "--burst")
+    # Then a misspelt one is named in a warning with the producers found (it used to apply
+    # nothing, silently), and the right one is not
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "consumer_kit.cli.receipts" in line]
+    if warned:
+        assert len(lines) == 1 and "--producer 'ordres'" in lines[0]
+        assert "producers found: 'orders'" in lines[0]
+    else:
+        assert lines == []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
+import sqlalchemy as sa
 import typer
 
 from consumer_kit.cli import options
@@ -22,6 +24,28 @@ from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.transports.running import run_consumer
 from outbox_producer.receipts.consumer import ReceiptConsumer
 from outbox_producer.validation import check_producer
+
+log = logging.getLogger(__name__)
+
+#: outbox rows `warn_unless_producer_published` reads, the newest by id (the primary key's
+#: order, so the read is cheap on any outbox; `created_by` has no index)
+RECENT_ROWS = 1000
+
+
+def warn_unless_producer_published(db: sa.engine.Engine, table: sa.Table, producer: str) -> None:
+    """A warning naming the producers that did publish when the outbox's newest `RECENT_ROWS`
+    rows hold some and none of them was published by `producer` (a misspelt `--producer`
+    consumes a receipt topic nobody writes to, and applies nothing). A warning, not a
+    refusal: an outbox shared by several producers may hold none of this one's lately."""
+    newest = (sa.select(table.c.created_by).order_by(table.c.id.desc()).limit(RECENT_ROWS)
+              .subquery())
+    with db.connect() as conn:
+        names = {name for (name,) in conn.execute(sa.select(newest.c.created_by).distinct())}
+    if names and producer not in names:
+        found = ", ".join(sorted(repr(n) for n in names if n is not None)) or "none"
+        log.warning("no row of the newest %d in %s was published by --producer %r (producers "
+                    "found: %s): its receipts come from topic ckit-receipt-%s, so check the "
+                    "name", RECENT_ROWS, table.name, producer, found, producer)
 
 
 def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
@@ -72,6 +96,7 @@ def receipts(
     stop = threading.Event()
     try:
         target.check()
+        warn_unless_producer_published(db, applier.table, producer)
         serve_metrics(metrics_port)
         on_shutdown(stop.set)
         run_consumer(worker.consumer(), stop, burst=burst, activity=worker.activity)
