@@ -8,6 +8,9 @@ import time
 
 from consumer_kit.core.clock import to_epoch_ms
 
+#: the length of every message id `new_message_id` makes
+MESSAGE_ID_CHARS = 26
+
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 #: the two Crockford digits of every 10-bit value, in order
 _PAIRS = tuple(high + low for high in _ALPHABET for low in _ALPHABET)

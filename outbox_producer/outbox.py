@@ -29,13 +29,16 @@ from consumer_kit.core.schema import (
 )
 from consumer_kit.core.states import OutboxState
 from outbox_producer import validation
-from outbox_producer.ids import new_message_id
+from outbox_producer.ids import MESSAGE_ID_CHARS, new_message_id
 from outbox_producer.insert import OutboxInsert
 from outbox_producer.payload import encode_payload
 from outbox_producer.validation import UNSENDABLE
 
 #: The largest `max_retries` its INT column holds
 MAX_RETRIES_LIMIT = 2**31 - 1
+#: The longest `keys` text: every message travels with its id as the first KEYS entry, and the
+#: SQL transport keeps the KEYS, that id and a space included, in a column of `KEYS_LEN`
+KEYS_ROOM = KEYS_LEN - MESSAGE_ID_CHARS - 1
 
 if TYPE_CHECKING:
     from outbox_producer.dispatcher import Dispatcher
@@ -311,7 +314,7 @@ def _check_fields(topic: str, biz_type: str, biz_key: str, tags: str | None,
         _control_characters("biz_key", biz_key)
         return None
     keys_text = validation.keys_text(keys)
-    checks = [("biz_key", biz_key, BIZ_KEY_LEN), ("keys", keys_text, KEYS_LEN)]
+    checks = [("biz_key", biz_key, BIZ_KEY_LEN), ("keys", keys_text, KEYS_ROOM)]
     if known is None or known not in _KNOWN:
         checks += [("topic", topic, TOPIC_LEN), ("biz_type", biz_type, BIZ_TYPE_LEN),
                    ("tags", tags, TAGS_LEN)]
@@ -321,7 +324,10 @@ def _check_fields(topic: str, biz_type: str, biz_key: str, tags: str | None,
         if not isinstance(value, str) or not value:
             raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
         if len(value) > limit:
-            raise PayloadError(f"{name} is {len(value)} characters; the column holds {limit}")
+            room = (f"{limit} fit beside the message id, the first KEYS entry (the SQL "
+                    f"transport's KEYS column holds {KEYS_LEN})" if name == "keys"
+                    else f"the column holds {limit}")
+            raise PayloadError(f"{name} is {len(value)} characters; {room}")
     if known is None or known not in _KNOWN:
         validation.check_topic(topic)
         validation.check_tags(tags)

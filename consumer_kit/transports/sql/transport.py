@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.envelope import PROP_REASON
-from consumer_kit.core.errors import ConfigError, DuplicateKey
+from consumer_kit.core.errors import ConfigError, DuplicateKey, MessageRefused
 from consumer_kit.core.messages import (
     Delivery,
     DeliveryCallback,
@@ -212,14 +212,18 @@ class SqlTransport(Transport):
 
         Raises:
             MessageTooLarge: body over `max_body_bytes`.
-            ConfigError: topic, tags or keys too long or empty topic.
+            MessageRefused: tags or keys longer than their columns (this message's fault:
+                a relay fails its row alone and goes on).
+            ConfigError: topic too long or empty.
             SchemaError: the tables are missing.
             TransportUnavailable: the database stayed unreachable or locked.
         """
         check_body_size(message.body, self.max_body_bytes)
         keys = " ".join(message.keys)
         if len(message.tags or "") > TAGS_LEN or len(keys) > KEYS_LEN:
-            raise ConfigError(f"tags (max {TAGS_LEN}) or keys (max {KEYS_LEN}) too long")
+            raise MessageRefused(f"tags (max {TAGS_LEN}) or keys (max {KEYS_LEN}, space "
+                                 f"separated) too long: {len(message.tags or '')} and "
+                                 f"{len(keys)} characters")
         count = self.queue_count(message.topic)
         if message.sharding_key is not None:
             queue_id = zlib.crc32(message.sharding_key.encode()) % count
