@@ -20,6 +20,7 @@ from consumer_kit.core.errors import (
     ConfigError,
     MessageRefused,
     SchemaError,
+    TransportClosed,
     TransportError,
     TransportUnavailable,
 )
@@ -119,8 +120,9 @@ class Sender:
         >>> sender.send_rows(rows, deadline=send_deadline(started, claimer.lease))  # doctest: +SKIP
 
         Raises:
-            ConfigError, SchemaError: the transport is misconfigured (e.g. its tables are
-                missing): the rows not sent yet went back as they were, no retry counted.
+            ConfigError, SchemaError, TransportClosed: the transport is misconfigured (e.g.
+                its tables are missing) or closed: the rows not sent yet went back as they
+                were, no retry counted.
             sqlalchemy.exc.DBAPIError: a mark or a release failed.
             Either carries the marks the batch had committed before it (`committed_part`).
         """
@@ -194,7 +196,8 @@ class Sender:
                 break
             try:
                 result = self.transport.send(to_message(row))
-            except (ConfigError, SchemaError) as exc:  # no row is to blame: stop, charge none
+            except (ConfigError, SchemaError, TransportClosed) as exc:  # no row is to blame:
+                # stop, charge none
                 out.fatal, out.unsent = exc, [*doubt.undecided(), *rows[i:]]
                 break
             except MessageRefused as exc:  # retrying cannot help (too large, empty)

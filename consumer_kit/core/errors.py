@@ -10,6 +10,7 @@ in `consumer_kit.control`.
     ├── DatabaseUnavailable          the database cannot be reached right now
     ├── TransportError               a send or subscribe failed
     │   ├── TransportUnavailable     the broker cannot be reached right now
+    │   ├── TransportClosed          the transport was closed: no message is to blame
     │   ├── DuplicateKey             a unique key was taken first (SQL transport)
     │   └── MessageTooLarge          over the transport's size limit: nothing was sent
     ├── OutboxError                  the producer half
@@ -50,6 +51,11 @@ class TransportError(CkitError):
 
 class TransportUnavailable(TransportError):
     """The broker (or the SQL broker's database) cannot be reached right now; retry later."""
+
+
+class TransportClosed(TransportError):
+    """The transport was closed (e.g. before the dispatcher that sends through it): nothing
+    was sent, and no message is to blame, so none is charged a retry."""
 
 
 class ConsumerStalled(TransportError):

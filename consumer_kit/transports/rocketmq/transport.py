@@ -39,6 +39,7 @@ from consumer_kit.core.errors import (
     ConfigError,
     EmptyBody,
     MessageTooLarge,
+    TransportClosed,
     TransportError,
     TransportUnavailable,
 )
@@ -188,7 +189,7 @@ class RocketMQTransport(Transport):
             return producer
         with self._producer_lock:
             if self._closed:
-                raise TransportError("the RocketMQ transport is closed")
+                raise TransportClosed("the RocketMQ transport is closed")
             if self._producer is None:
                 client = native.client()
                 producer = client.Producer(

@@ -32,6 +32,7 @@ from consumer_kit.core.errors import (
     ConfigError,
     EmptyBody,
     MessageTooLarge,
+    TransportClosed,
     TransportError,
     TransportUnavailable,
 )
@@ -173,7 +174,7 @@ class RocketMQ5Transport(Transport):
     def _get_producer(self) -> Any:
         with self._lock:
             if self._closed:
-                raise TransportError("the RocketMQ 5 transport is closed")
+                raise TransportClosed("the RocketMQ 5 transport is closed")
             if self._producer is None:
                 producer = client.v5().Producer(self.configuration)
                 try:
