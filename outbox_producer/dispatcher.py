@@ -98,6 +98,7 @@ class Dispatcher:
                                 metrics.DISPATCHER_CLOCK_OFFSET.labels(
                                     metrics.database_label(self.engine)).set)
         self._next_clock_check = 0.0  # (monotonic) the first batch measures
+        self._said_idle = False  # rows were handed over while no thread ran (said once)
         self.worker: BatchWorker[OutboxRow] = BatchWorker(
             self._handle, name="ckit-dispatcher", max_batch=max_batch, queue_size=queue_size,
             after=self._check_clock_when_due)
@@ -108,8 +109,16 @@ class Dispatcher:
         return self
 
     def submit(self, rows: Sequence[OutboxRow]) -> None:
-        """Queue committed rows for sending. Never blocks: when the queue is full the rows are
-        left PENDING for the relay (logged)."""
+        """Queue committed rows for sending. Never blocks: when the queue is full, or the
+        dispatcher was never started or is closed, the rows are left PENDING for the relay
+        (logged; the latter once)."""
+        if not self.worker.started:  # else they would wait in memory, bodies and all, for ever
+            if rows and not self._said_idle:
+                self._said_idle = True
+                log.warning("message %s: the dispatcher is not running (never started, or "
+                            "closed): committed rows are left to the relay; call "
+                            "Dispatcher.start()", rows[0].message_id)
+            return
         for row in rows:
             if not self.worker.submit(row):
                 log.warning("message %s: dispatcher queue full, left for the relay",

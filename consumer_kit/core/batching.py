@@ -81,6 +81,12 @@ class BatchWorker(Generic[T]):
                 _STARTED.add(self)  # type: ignore[arg-type]
         return self
 
+    @property
+    def started(self) -> bool:
+        """Whether a thread handles what is submitted: started and not closed (in a forked
+        child, the parent's start counts: `submit` starts it again there)."""
+        return self._thread is not None or self._forked
+
     def submit(self, item: T) -> bool:
         """Queue `item` without blocking; False (nothing queued) when the queue is full."""
         if self._forked:  # started in the parent: this process has no thread yet

@@ -1,6 +1,8 @@
 """A transport closed before the dispatcher or relay that sends through it (a shutdown in the
 wrong order) is no message's fault: the rows stay as they were, no retry counted. It used to
-charge each row a failed attempt, so a row with `max_retries=0` was FAILED without being sent."""
+charge each row a failed attempt, so a row with `max_retries=0` was FAILED without being sent.
+A dispatcher never started, or closed, leaves committed rows to the relay and says so, instead
+of queueing them (bodies and all) where no thread takes them."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from consumer_kit.transports import open_transport
 from consumer_kit.transports.base import Transport
 from outbox_producer import Dispatcher, Outbox, Relay
 from tests.conftest import Db
+from tests.recording import RecordingTransport
 
 
 def closed_transport(url: str) -> Transport:
@@ -65,3 +68,25 @@ def test_a_closed_transport_charges_no_row_a_retry_nor_fails_one(sqlite_db: Db,
     with pytest.raises(TransportError, match="closed"):
         Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox).run_once()
     assert states(sqlite_db) == pending
+
+
+@pytest.mark.parametrize("when", ["never started", "closed"])
+def test_a_dispatcher_not_running_holds_no_rows_in_memory_and_says_so_once(
+        sqlite_db: Db, when: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a dispatcher its owner never started, or already closed
+    dispatcher = Dispatcher(sqlite_db.engine, RecordingTransport(),
+                            table=sqlite_db.names.outbox)
+    if when == "closed":
+        dispatcher.start().close()
+    outbox = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox,
+                    dispatcher=dispatcher)
+    # When rows commit
+    for key in ("1", "2"):
+        with Session(sqlite_db.engine) as session, session.begin():
+            outbox.publish(session, "T", {"v": key}, biz_type="t", biz_key=key)
+    # Then they are left to the relay (PENDING), not queued where nothing would take them
+    assert dispatcher.worker.queue.qsize() == 0
+    assert states(sqlite_db) == [(int(OutboxState.PENDING), 0, None)] * 2
+    said = [r.getMessage() for r in caplog.records if "dispatcher is not running" in
+            r.getMessage()]
+    assert len(said) == 1
