@@ -91,6 +91,26 @@ def test_unusable_urls_are_config_errors(url: str) -> None:
         SqlTransport(url)
 
 
+def test_a_sqlite_file_that_is_not_there_is_refused_without_making_it(tmp_path: Path) -> None:
+    # Given the SQL transport on a SQLite file that is not there (a typo in its path)
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    # When a message is sent, a consumer starts or a purge runs
+    for use in (lambda t: t.send(OutgoingMessage("orders", b"x")),
+                lambda t: t.consumer("g", [Subscription("orders")], collect([])).start(),
+                lambda t: t.purge(utcnow())):
+        with SqlTransport(url) as t, pytest.raises(SchemaError) as caught:
+            use(t)
+        # Then each is refused, naming the file and `ckit db init`
+        assert "typo.db' does not exist" in str(caught.value)
+        assert "ckit db init --url" in str(caught.value)
+    # and no empty file was left behind
+    assert not (tmp_path / "typo.db").exists()
+    # while create_tables still makes it
+    with SqlTransport(url, create_tables=True) as t:
+        t.send(OutgoingMessage("orders", b"x"))
+    assert (tmp_path / "typo.db").exists()
+
+
 def test_repr_shows_the_masked_url_and_the_table_prefix(tmp_path: Path) -> None:
     with SqlTransport("mysql+pymysql://ckit:s3cret@127.0.0.1:1/mq", table_prefix="abc") as t:
         assert repr(t) == ("SqlTransport('mysql+pymysql://ckit:***@127.0.0.1:1/mq', "

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event, exc
 
-from consumer_kit.core.db import driver_hint
+from consumer_kit.core.db import driver_hint, sqlite_file
 from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_transient
 from consumer_kit.core.errors import (
     ConfigError,
@@ -173,6 +173,10 @@ class Database:
             inspector = sa.inspect(conn)
             return [t.name for t in self.tables.all if not inspector.has_table(t.name)]
 
+        path = self.sqlite_path()
+        if not create and path is not None and not path.exists():
+            # connecting would make an empty file, left behind by a typo in the path
+            raise self.schema_error(f"the SQLite file {str(path)!r} does not exist")
         missing = self.run(check, write=False, what="check the schema")
         if missing and create:
             try:
@@ -182,6 +186,12 @@ class Database:
             missing = self.run(check, write=False, what="check the schema")
         if missing:
             raise self.schema_error("missing " + ", ".join(missing))
+
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file this transport keeps its tables in (None: another database)."""
+        if not self.is_sqlite:
+            return None
+        return sqlite_file(self.engine.url.database, self.engine.url.query)
 
     def dispose(self) -> None:
         """Close every pooled connection."""
