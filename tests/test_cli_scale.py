@@ -4,6 +4,7 @@ command line (SQLite files; the real MariaDB shards and replica: tests/integrati
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -14,6 +15,7 @@ from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Outbox
+from tests.cli import error_line
 
 
 def producer_db(path: Path, rows: int) -> str:
@@ -103,3 +105,54 @@ def test_delayed_checks_need_a_running_relay(tmp_path: Path) -> None:
                                       f"sql+sqlite:///{tmp_path / 'mq.db'}", "--once",
                                       "--check-topic", "ckit-check"])
     assert result.exit_code == 2 and "--check-topic needs a running relay" in result.output
+
+
+def mq_messages(mq: str) -> int:
+    engine = make_engine(mq)
+    with engine.connect() as conn:
+        count = int(conn.execute(sa.text("SELECT COUNT(*) FROM ckit_mq_message")).scalar_one())
+    engine.dispose()
+    return count
+
+
+def test_a_copy_of_a_producer_database_given_as_another_shard_is_refused_before_any_row_moves(
+        tmp_path: Path) -> None:
+    # Given a producer database with 4 due rows, a copy of it (a writable replica, a restored
+    # backup) that lags it by 2 rows, and the SQL transport
+    first = producer_db(tmp_path / "a.db", 4)
+    shutil.copy(tmp_path / "a.db", tmp_path / "copy.db")
+    engine = make_engine(first)
+    with engine.begin() as conn:
+        for k in range(2):
+            Outbox(engine, producer="orders").publish(conn, "T", {}, biz_type="t",
+                                                      biz_key=f"late-{k}")
+    engine.dispose()
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    # When one relay is given both as shards (in either order)
+    for urls in ([first, copy], [copy, first]):
+        result = runner.invoke(app, ["relay", "--url", urls[0], "--url", urls[1],
+                                     "--transport", f"sql+{mq}", "--once"])
+        # Then it stops with one line naming both, before any row moves (it sent every row of
+        # the copy a second time)
+        assert result.exit_code == 2, result.output
+        assert "--url number 2" in error_line(result.output)
+        assert "holds the outbox of --url number 1" in result.output
+    assert states(first) == states(copy) == {OutboxState.PENDING}
+    assert mq_messages(mq) == 0
+
+
+def test_the_relay_refuses_a_producer_sqlite_file_that_is_not_there_without_making_it(
+        tmp_path: Path) -> None:
+    # Given the SQL transport and a producer URL naming a file that is not there (a typo)
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    assert CliRunner().invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    # When the relay starts
+    result = CliRunner().invoke(app, ["relay", "--url", f"sqlite:///{tmp_path / 'typo.db'}",
+                                      "--transport", f"sql+{mq}", "--once"])
+    # Then it says so in one line and leaves no empty file behind
+    assert result.exit_code == 2
+    assert "typo.db does not exist" in error_line(result.output)
+    assert not (tmp_path / "typo.db").exists()

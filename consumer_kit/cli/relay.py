@@ -11,9 +11,10 @@ from sqlalchemy import exc as sa_exc
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table, print_totals
-from consumer_kit.cli.replicas import check_replica
+from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import (
     EXIT_FAILURE,
+    existing_database,
     fail,
     friendly_errors,
     on_shutdown,
@@ -122,6 +123,8 @@ def relay(
         outage_limit=relay_options["once_outage_limit"] if once else None)
     consumers: list[Consumer] = []
     try:
+        for text in url:  # a SQLite file that is not there: building a relay would make it
+            existing_database(text).dispose()
         relays = MultiRelay(url, target, read_urls=read_url, **relay_options)
         for index, worker in enumerate(relays.relays):
             check_tables(worker.engine, worker.table)
@@ -136,6 +139,8 @@ def relay(
                         raise
                     log.warning("--read-url number %d does not answer (%s): scanning the "
                                 "primary until it does", index + 1, exc.orig or exc)
+        if len(relays.relays) > 1:
+            check_distinct_outboxes([w.engine for w in relays.relays], relays.relays[0].table)
         target.check()
         if check_topic:
             consumers = _checkers(relays, target, check_topic)

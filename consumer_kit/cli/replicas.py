@@ -1,11 +1,15 @@
-"""Checks of a read replica given beside its primary (`--read-url`), before any row moves."""
+"""Checks of the databases `ckit relay` is given, before any row moves: a read replica beside
+its primary (`--read-url`), and producer databases that are one outbox (`--url`)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
 from consumer_kit.core.db import check_sqlite_path, check_tables
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
 
 
 def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
@@ -43,3 +47,38 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
             f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
             f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
             "primary (the two lists pair by position: same order for both)")
+
+
+def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Table) -> None:
+    """Refuse two `--url`s that hold one outbox: one database named twice in two spellings
+    (`localhost` and `127.0.0.1`, a default port written out), or a copy of a shard given as
+    another (a writable replica, a restored backup), whose rows a relay would send a second
+    time. Message ids are unique across shards, so each database's newest message id is looked
+    up in every other one (by its unique index): a copy that lags its source still holds the
+    source's older rows. An empty outbox shares nothing and passes.
+
+    Raises:
+        ConfigError: naming both `--url`s and the message id they share.
+    """
+    newest: list[str | None] = []
+    for engine in engines:
+        with engine.connect() as conn:
+            newest.append(conn.execute(sa.select(outbox.c.message_id)
+                                       .order_by(outbox.c.id.desc()).limit(1)).scalar())
+    for i, message_id in enumerate(newest):
+        if message_id is None:
+            continue
+        for j, engine in enumerate(engines):
+            if j == i:
+                continue
+            with engine.connect() as conn:
+                found = conn.execute(sa.select(outbox.c.id)
+                                     .where(outbox.c.message_id == message_id)).first()
+            if found is not None:
+                first, second = sorted((i, j))
+                raise ConfigError(
+                    f"--url number {second + 1} ({mask_url(str(engines[second].url))}) holds "
+                    f"the outbox of --url number {first + 1} "
+                    f"({mask_url(str(engines[first].url))}): message {message_id} is in both "
+                    "(one database named twice, or a copy of it such as a replica given as a "
+                    "shard); its rows would be sent twice")
