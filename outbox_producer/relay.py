@@ -55,6 +55,11 @@ CLAIM_AGAIN_JITTER = 0.01
 DEFAULT_ONCE_OUTAGE_LIMIT = 30.0
 
 
+#: the lowest `max_rate`: one send a day (a lower one made the wait overflow the clock, after
+#: the first send, with a row left claimed)
+MIN_RATE = 1 / 86400
+
+
 class RateLimiter:
     """A token bucket: `acquire()` blocks so that at most `rate` sends happen per second."""
 
@@ -167,8 +172,9 @@ class Relay:
                 f"--claim lock holds a batch's rows while it paces its sends: --max-rate "
                 f"{max_rate:g} with --lease {lease.total_seconds():g}s leaves under 2 sends per "
                 f"half lease; raise either, or use --claim lease")
-        if max_rate is not None and not (0 < max_rate < float("inf")):
-            raise ConfigError(f"max_rate must be a positive finite number, not {max_rate}")
+        if max_rate is not None and not (MIN_RATE <= max_rate < float("inf")):
+            raise ConfigError(f"max_rate must be a finite number of sends per second, at least "
+                              f"one a day ({MIN_RATE:.3g}), not {max_rate}")
         self.once_outage_limit = once_outage_limit
         self.engine = read_committed(make_engine(engine))
         self.table = outbox_table(sa.MetaData(), table)

@@ -104,7 +104,9 @@ def test_a_running_relay_refuses_a_slow_retry_that_would_spin(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("option", "value"), [
-    ("--max-rate", "inf"), ("--max-rate", "nan"), ("--max-rate", "-5"), ("--lease", "inf"),
+    ("--max-rate", "inf"), ("--max-rate", "nan"), ("--max-rate", "-5"),
+    ("--max-rate", "1e-10"),  # its wait overflowed the clock after the first send
+    ("--lease", "inf"),
     ("--lease", "nan"), ("--lease", "-5s"), ("--lease", "0s"), ("--lease", "0.5s"),
     ("--retry-failed-after", "-1s"),
     ("--give-up-after", "nan"), ("--metrics-port", "99999"), ("--metrics-port", "0"),

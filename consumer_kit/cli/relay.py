@@ -33,6 +33,7 @@ from outbox_producer.relay import (
     DEFAULT_BATCH,
     DEFAULT_IDLE_SLEEP,
     DEFAULT_ONCE_OUTAGE_LIMIT,
+    MIN_RATE,
     RelayResult,
 )
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY
@@ -94,9 +95,9 @@ def relay(
     before any row moves. With --once, an outage that outlasts --give-up-after ends the run
     with exit 1; nothing is charged a retry for it.
     """
-    if max_rate is not None and not (math.isfinite(max_rate) and max_rate > 0):
-        raise ConfigError(f"--max-rate must be a positive number of sends per second, "
-                          f"not {max_rate}")
+    if max_rate is not None and not (math.isfinite(max_rate) and max_rate >= MIN_RATE):
+        raise ConfigError(f"--max-rate must be a number of sends per second, at least one a "
+                          f"day ({MIN_RATE:.3g}), not {max_rate}")
     if not url:
         fail("missing --url (or set CKIT_DB_URL)")
     if check_topic and once:
