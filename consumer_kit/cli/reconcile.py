@@ -15,8 +15,8 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.reconcile_checks import check_distinct_producers, check_groups, check_lag
-from consumer_kit.cli.replicas import check_replica
+from consumer_kit.cli.reconcile_checks import check_groups, check_lag
+from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration, utcnow
 from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
@@ -233,7 +233,8 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
                               producer.index)
                 check_lag(engines[producer.url], engines[producer.read_url], outbox,
                           producer.index, now=now, stuck_after=config.stuck_after)
-        check_distinct_producers(engines, producers, outbox)
+        check_distinct_outboxes([engines[url] for url in producers], outbox,
+                                harm="every stuck row would be repaired, and counted, twice")
         if not force:
             check_groups(config.groups, engines, producers, outbox, receipts,
                          cutoff=now - config.stuck_after, now=now)

@@ -108,34 +108,6 @@ def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.
                 "purged and receipts archived)")
 
 
-def check_distinct_producers(engines: Mapping[str, sa.engine.Engine], producers: Sequence[str],
-                             outbox: sa.Table) -> None:
-    """Refuse two `--url`s whose outboxes hold the same newest row: one database named twice
-    (in two spellings: `localhost` and `127.0.0.1`, a default port written out) or a replica
-    given as a shard. Every stuck row would be repaired twice, and counted twice (the second
-    compare-and-set finds the first one's write). Message ids are unique across producers, so
-    shards never share one; an empty outbox has nothing to repair.
-
-    Raises:
-        ConfigError: naming both `--url`s.
-    """
-    seen: dict[str, int] = {}
-    for index, url in enumerate(producers):
-        with engines[url].connect() as conn:
-            newest = conn.execute(sa.select(outbox.c.message_id).order_by(outbox.c.id.desc())
-                                  .limit(1)).scalar()
-        if newest is None:
-            continue
-        if newest in seen:
-            first = seen[newest]
-            raise ConfigError(
-                f"--url number {index + 1} ({mask_url(url)}) holds the same outbox as --url "
-                f"number {first + 1} ({mask_url(producers[first])}): its newest row "
-                f"{newest} is in both (one database named twice, or a replica given as a "
-                "shard); every stuck row would be repaired twice")
-        seen[newest] = index
-
-
 def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
               index: int, *, now: dt.datetime, stuck_after: dt.timedelta) -> None:
     """Refuse a replica that lacks a row its primary made `stuck_after` or more before `now`:

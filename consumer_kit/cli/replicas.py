@@ -49,13 +49,15 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
             "primary (the two lists pair by position: same order for both)")
 
 
-def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Table) -> None:
+def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Table, *,
+                            harm: str = "its rows would be sent twice") -> None:
     """Refuse two `--url`s that hold one outbox: one database named twice in two spellings
     (`localhost` and `127.0.0.1`, a default port written out), or a copy of a shard given as
     another (a writable replica, a restored backup), whose rows a relay would send a second
-    time. Message ids are unique across shards, so each database's newest message id is looked
-    up in every other one (by its unique index): a copy that lags its source still holds the
-    source's older rows. An empty outbox shares nothing and passes.
+    time (and reconcile repair, and count, twice: `harm` says which). Message ids are unique
+    across shards, so each database's newest message id is looked up in every other one (by
+    its unique index): a copy that lags its source still holds the source's older rows. An
+    empty outbox shares nothing and passes.
 
     Raises:
         ConfigError: naming both `--url`s and the message id they share.
@@ -81,4 +83,4 @@ def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Tabl
                     f"the outbox of --url number {first + 1} "
                     f"({mask_url(str(engines[first].url))}): message {message_id} is in both "
                     "(one database named twice, or a copy of it such as a replica given as a "
-                    "shard); its rows would be sent twice")
+                    f"shard); {harm}")

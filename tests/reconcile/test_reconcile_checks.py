@@ -229,5 +229,6 @@ def test_one_producer_database_named_twice_in_two_spellings_is_refused(world: Wo
     # Then one line names both (the row would have been repaired, and counted, twice)
     assert code == 2, output
     line = error_line(output)
-    assert "--url number 2" in line and "same outbox as --url number 1" in line, line
+    assert "--url number 2" in line and "holds the outbox of --url number 1" in line, line
+    assert "repaired, and counted, twice" in line
     assert world.row(stuck).state == int(OutboxState.SENT)
