@@ -78,7 +78,8 @@ def consume(
     source = app.transport(transport)
     if not source.shared_across_processes:
         raise ConfigError(f"ckit consume cannot use {source.scheme}:// (it reaches only its "
-                          "own process): use sql+<db-url> or rocketmq://host:port")
+                          "own process): use sql+<db-url>, rocketmq://namesrv:port or "
+                          "rocketmq5://proxy:port")
     serve_metrics(metrics_port)
     stop = threading.Event()
     on_shutdown(stop.set)

@@ -19,7 +19,8 @@ from consumer_kit.core.schema import (
 )
 
 TRANSPORT_HELP = (
-    "transport URL: sql+<db-url>, rocketmq://host:port (or memory:// in one process) "
+    "transport URL: sql+<db-url>, rocketmq://namesrv:port, rocketmq5://proxy:port "
+    "(or memory:// in one process) "
     "(env CKIT_TRANSPORT)"
 )
 

@@ -23,5 +23,6 @@ def open_for_processes(url: str, *, command: str, outage_limit: float | None = N
     if not transport.shared_across_processes:
         transport.close()
         raise ConfigError(f"{command} cannot use {transport.scheme}:// (it reaches only its own "
-                          "process): use sql+<db-url> or rocketmq://host:port")
+                          "process): use sql+<db-url>, rocketmq://namesrv:port or "
+                          "rocketmq5://proxy:port")
     return transport
