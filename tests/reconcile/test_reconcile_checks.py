@@ -232,3 +232,24 @@ def test_one_producer_database_named_twice_in_two_spellings_is_refused(world: Wo
     assert "--url number 2" in line and "holds the outbox of --url number 1" in line, line
     assert "repaired, and counted, twice" in line
     assert world.row(stuck).state == int(OutboxState.SENT)
+
+
+def test_a_copy_of_the_producer_database_that_lags_it_is_refused_as_another_shard(
+        world: World, tmp_path: Path) -> None:
+    # Given a stuck message the group processed, a copy of the producer's database (a restored
+    # backup), and a newer row the copy does not hold
+    stuck = world.add_outbox(OutboxState.SENT)
+    world.add_processed("inventory", stuck)
+    copy = tmp_path / "copy.db"
+    with contextlib.closing(sqlite3.connect(world.producer_url.removeprefix("sqlite:///"))) \
+            as source, contextlib.closing(sqlite3.connect(copy)) as target:
+        source.backup(target)
+    world.add_outbox(OutboxState.SENT)
+    # When the copy is given as a second producer database (a shard)
+    code, output = run(world, extra=("--url", f"sqlite:///{copy}"))
+    # Then one line names both before any row moves (comparing the newest rows alone let the
+    # lagging copy through: each stuck row it holds would be repaired, and counted, twice)
+    assert code == 2, output
+    line = error_line(output)
+    assert "--url number 2" in line and "holds the outbox of --url number 1" in line, line
+    assert world.row(stuck).state == int(OutboxState.SENT)
