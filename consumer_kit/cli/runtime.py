@@ -210,14 +210,19 @@ class _MaskingFormatter(logging.Formatter):
 
 
 def on_shutdown(stop: Callable[[], None]) -> None:
-    """Call `stop` on SIGTERM or SIGINT (main thread only); a second signal exits at once."""
+    """Call `stop` on SIGTERM or SIGINT (main thread only); a second signal exits at once.
+
+    `stop` runs on a thread of its own: the handler runs on the main thread between two
+    bytecodes, maybe while that thread holds the very lock `stop` takes (the stop event's,
+    inside `Event.wait`: `run_consumer` waits on it every 50 ms), and would wait for itself
+    for ever while the consumer went on consuming."""
     hits = {"n": 0}
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         hits["n"] += 1
         if hits["n"] > 1:
             raise SystemExit(128 + signum)
-        stop()
+        threading.Thread(target=stop, name="ckit-shutdown", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
