@@ -39,6 +39,9 @@ def handle(msg: Message, session: Any) -> None:
 
 
 stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
+# stop set from a thread: the main thread's stop.wait() may hold the event's lock when
+# the handler runs (cli/runtime.on_shutdown)
+signal.signal(signal.SIGTERM,
+              lambda *_: threading.Thread(target=stop.set, daemon=True).start())
 app.run(stop=stop, max_seconds=float(env["W_MAX_SECONDS"]))
 app.close()

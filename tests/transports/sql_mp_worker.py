@@ -55,7 +55,10 @@ def main() -> None:
         record(f"done {pid} {body}")
         return ConsumeStatus.CONSUME_SUCCESS
 
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # stop set from a thread: the main thread's stop.wait() may hold the event's lock when
+    # the handler runs (cli/runtime.on_shutdown)
+    signal.signal(signal.SIGTERM,
+                  lambda *_: threading.Thread(target=stop.set, daemon=True).start())
     transport = SqlTransport(args.url, table_prefix=args.prefix, lease_seconds=args.lease,
                              poll_interval=0.02, retry_delays=[0.1])
     consumer = transport.consumer(args.group, [Subscription(args.topic)], callback, threads=2)
