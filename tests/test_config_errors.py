@@ -402,3 +402,37 @@ def test_ckit_consume_refuses_a_max_seconds_that_is_not_a_positive_finite_number
     assert result.exit_code == 2
     assert "--max-seconds" in error_line(result.output)
     assert not (tmp_path / "mq.db").exists()  # refused before anything was opened
+
+
+def test_relay_and_receipts_use_the_sql_transport_tables_named_by_mq_prefix(
+        tmp_path: Path) -> None:
+    # Given an outbox with 3 rows, and the SQL transport's tables made under another prefix
+    url = producer_db(tmp_path)
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    assert CliRunner().invoke(app, ["db", "init", "--url", mq, "--mq-prefix", "orders_mq"]
+                              ).exit_code == 0
+    # When the relay and the receipt consumer are given that prefix
+    relay = CliRunner().invoke(app, ["relay", "--url", url, "--transport", f"sql+{mq}",
+                                     "--mq-prefix", "orders_mq", "--once"])
+    receipts = CliRunner().invoke(app, ["receipts", "--url", url, "--transport", f"sql+{mq}",
+                                        "--mq-prefix", "orders_mq", "--producer", "orders",
+                                        "--burst"])
+    # Then they work on those tables (they could only use ckit_mq_*, which are not there)
+    assert relay.exit_code == 0, relay.output
+    assert receipts.exit_code == 0, receipts.output
+    assert row_states(url) == [(int(OutboxState.SENT), 0)] * 3
+    engine = make_engine(mq)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM orders_mq_message").scalar() == 3
+    engine.dispose()
+
+
+def test_an_mq_prefix_with_a_transport_that_is_not_sql_is_one_line_before_any_row_moves(
+        tmp_path: Path) -> None:
+    url = producer_db(tmp_path)
+    result = CliRunner().invoke(app, ["relay", "--url", url, "--transport",
+                                      "rocketmq://127.0.0.1:9876", "--mq-prefix", "orders_mq",
+                                      "--once"])
+    assert result.exit_code == 2
+    assert "--mq-prefix 'orders_mq'" in error_line(result.output)
+    assert row_states(url) == PENDING_UNTOUCHED

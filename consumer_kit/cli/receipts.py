@@ -73,6 +73,7 @@ def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
 def receipts(
     url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
     transport: str | None = options.transport(),
+    mq_prefix: str = options.mq_prefix(),
     producer: str = options.producer(),
     expect: list[str] = typer.Option([], "--expect", help="TOPIC=g1,g2: groups that must all "
                                      "send a consumed receipt (repeatable)"),
@@ -91,7 +92,7 @@ def receipts(
                              expected_groups=expected_groups(expect))
     check_tables(db, applier.table, applier.receipts)
     target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
-                                command="ckit receipts")
+                                command="ckit receipts", mq_prefix=mq_prefix)
     worker = ReceiptConsumer(applier, target, producer=producer)
     stop = threading.Event()
     try:

@@ -53,6 +53,7 @@ def relay(
                                   "CKIT_DB_URL, space separated)"),
     read_url: list[str] = options.read_urls(),
     transport: str | None = options.transport(),
+    mq_prefix: str = options.mq_prefix(),
     once: bool = typer.Option(False, "--once", help="drain what is due, then exit"),
     batch: int = typer.Option(DEFAULT_BATCH, "--batch", min=1, help="rows claimed per batch"),
     workers: int = typer.Option(1, "--workers", min=1,
@@ -121,7 +122,7 @@ def relay(
         idle_sleep=idle, sweep_every=sweep, claim=claim)
     target = open_for_processes(
         require(transport, "--transport", "CKIT_TRANSPORT"), command="ckit relay",
-        outage_limit=relay_options["once_outage_limit"] if once else None)
+        outage_limit=relay_options["once_outage_limit"] if once else None, mq_prefix=mq_prefix)
     consumers: list[Consumer] = []
     try:
         for text in url:  # a SQLite file that is not there: building a relay would make it
