@@ -5,6 +5,7 @@ transaction (PostgreSQL) nothing stays and the exit is 2, "nothing was done". `d
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,38 @@ def test_db_init_upgrade_failing_at_an_index_says_which_changes_stay(db: Db) -> 
             done += f", 1 table converted to {server_collation(db.engine)} ({name})"
         done += f", 2 columns added ({name}.receipt_attempts, {name}.receipt_due_at)"
     assert f"(after {done}: that stays committed" in line
+
+
+def test_db_init_without_upgrade_names_the_index_and_collation_an_upgrade_stopped_before(
+        db: Db, caplog: pytest.LogCaptureFixture) -> None:
+    from consumer_kit.core.ddl import init_db
+
+    # Given a processed table an upgrade stopped part way through: its columns added, but not
+    # its new index (and on MariaDB still comparing text without case); every column there, so
+    # no command refuses it
+    name = older_processed_table(db)
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN receipt_due_at "
+                             + ("DATETIME(6)" if db.kind == "mariadb" else "TIMESTAMP"))
+        conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN receipt_attempts INTEGER "
+                             "DEFAULT 0 NOT NULL")
+    try:
+        # When `ckit db init` runs again without --upgrade
+        with caplog.at_level(logging.WARNING, logger="consumer_kit.core.ddl"):
+            made = init_db(db.engine, db.names)
+        # Then it still leaves the table alone, but says what --upgrade would do (it reported
+        # every table "already present", and the receipt shipper's query went without its index)
+        assert made == [f"{db.names.mq_prefix}_{t}" for t in (
+            "dlq", "member", "message", "offset", "queue", "queue_lease")]
+        said = [r.getMessage() for r in caplog.records if "db init --upgrade" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+        assert f"create index: ix_{name}_receipt_due" in said[0]
+        if db.kind == "mariadb":
+            assert f"convert to {server_collation(db.engine)}: {name}" in said[0]
+        assert f"ix_{name}_receipt_due" not in {
+            i["name"] for i in sa.inspect(db.engine).get_indexes(name)}
+    finally:
+        with db.engine.begin() as conn:
+            for table in sa.inspect(db.engine).get_table_names():
+                if table.startswith(db.names.mq_prefix):
+                    conn.exec_driver_sql(f"DROP TABLE {table}")

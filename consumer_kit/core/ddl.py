@@ -12,6 +12,7 @@ Regenerate the committed files with::
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -27,14 +28,17 @@ from consumer_kit.core.progress import counted, mark_committed
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.schema.check import describe_missing, missing_columns
 from consumer_kit.core.schema.types import PAD_BINARY_COLLATION
-from consumer_kit.core.schema_upgrade import upgrade_tables
+from consumer_kit.core.schema_upgrade import left_to_upgrade, upgrade_tables
 from consumer_kit.core.states import MEANINGS, OutboxState
+from consumer_kit.core.urls import mask_url
 
 DIALECTS: tuple[str, ...] = ("mysql", "postgresql", "sqlite")
 MYSQL_ENGINE = "InnoDB"
 MYSQL_CHARSET = "utf8mb4"
 MYSQL_COLLATE = PAD_BINARY_COLLATION
 REGENERATE_COMMAND = "python -m consumer_kit.core.ddl --write schema/"
+
+log = logging.getLogger(__name__)
 
 def sql_dialect(name: str) -> Dialect:
     """Return the SQLAlchemy dialect object for `mysql`, `postgresql` or `sqlite`.
@@ -220,7 +224,8 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     says), the missing indexes of existing tables created, and on MySQL/MariaDB a table whose
     text compares without case, or pads trailing spaces (`utf8mb4_bin`), converted to the
     server's NO PAD binary collation (a table rebuild). Without
-    `upgrade` an existing table is left as it is.
+    `upgrade` an existing table is left as it is, and a warning names what `upgrade` would
+    still convert or create (tables in an older collation, an index an upgrade stopped before).
 
     Raises:
         ConfigError: invalid table name in `names`, or one whose index names would be too long
@@ -241,9 +246,13 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
         _mark_created(exc, engine, metadata, existing)
         raise
     made = sorted(name for name in metadata.tables if name not in existing)
+    kept = [metadata.tables[n] for n in sorted(existing & set(metadata.tables))]
     if upgrade:  # only when asked: an index built on a large table is the operator's decision
-        upgrade_tables(engine, [metadata.tables[n] for n in sorted(existing & set(
-            metadata.tables))], lacking, _created(made) if made else None)
+        upgrade_tables(engine, kept, lacking, _created(made) if made else None)
+    elif kept and (left := left_to_upgrade(engine, kept)):  # said, or "already present" hid it
+        log.warning("table(s) made by an older consumer-kit, or an upgrade stopped part way, in "
+                    "%s: %s; run `ckit db init --upgrade` (README, Upgrading from 0.1.0)",
+                    mask_url(str(engine.url)), left)
     return made
 
 

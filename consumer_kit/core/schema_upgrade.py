@@ -101,6 +101,19 @@ def upgrade_tables(engine: Engine, tables: Sequence[sa.Table], lacking: Lacking,
                     index.create(conn)
 
 
+def left_to_upgrade(engine: Engine, tables: Sequence[sa.Table]) -> str | None:
+    """What `db init --upgrade` would still do to `tables` (that exist) besides adding columns,
+    or None: "convert to utf8mb4_nopad_bin: a, b; create index: ix"."""
+    shape = _Shape.read(engine, tables)
+    indexes = sorted(str(i.name) for t in tables for i in t.indexes if i.name not in shape.indexes)
+    said = []
+    if shape.folding:
+        said.append(f"convert to {server_collation(engine)}: {', '.join(sorted(shape.folding))}")
+    if indexes:
+        said.append(f"create index: {', '.join(indexes)}")
+    return "; ".join(said) or None
+
+
 def _done(engine: Engine, tables: Sequence[sa.Table], before: _Shape,
           created: str | None, collation: str) -> str | None:
     try:
