@@ -40,6 +40,7 @@ REGENERATE_COMMAND = "python -m consumer_kit.core.ddl --write schema/"
 
 log = logging.getLogger(__name__)
 
+
 def sql_dialect(name: str) -> Dialect:
     """Return the SQLAlchemy dialect object for `mysql`, `postgresql` or `sqlite`.
 
