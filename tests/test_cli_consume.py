@@ -14,6 +14,7 @@ import consumer_kit.app as app_module
 from consumer_kit import ConsumerApp
 from consumer_kit.cli.main import app
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.schema import processed_table
 from consumer_kit.transports.sql import SqlTransport
 from tests.cli import error_line
@@ -112,3 +113,51 @@ def test_a_url_over_a_url_is_opened_once(tmp_path: Path,
     assert result.exit_code == 0, result.output
     assert opened == [override]
     sys.modules.pop("urlapp", None)
+
+
+def test_consume_reads_the_sql_transport_tables_named_by_mq_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an app configured with a URL, the default tables there (empty), and one message on
+    # the tables made under the prefix the relay was given
+    target = write_app(tmp_path, monkeypatch, "urlapp3", APP_WITH_URL.replace("g_url", "g3"))
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    with SqlTransport(mq, create_tables=True) as default_tables:
+        default_tables.ensure_topic("T")
+    with SqlTransport(mq, table_prefix="orders_mq", create_tables=True) as prefixed:
+        prefixed.send(OutgoingMessage("T", b"{}"))
+    # When it runs with that prefix (CKIT_MQ_PREFIX, as exported for the relay)
+    result = CliRunner().invoke(app, ["consume", target, "--burst", "--max-seconds", "20"],
+                                env={"CKIT_MQ_PREFIX": "orders_mq"})
+    # Then it consumed the message there (it polled the empty ckit_mq_* tables before)
+    assert result.exit_code == 0, result.output
+    assert "succeeded=1" in result.output
+    sys.modules.pop("urlapp3", None)
+
+
+def test_an_mq_prefix_with_a_transport_that_is_not_sql_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an app configured with a URL
+    target = write_app(tmp_path, monkeypatch, "urlapp4", APP_WITH_URL.replace("g_url", "g4"))
+    # When a prefix is given with a RocketMQ transport
+    result = CliRunner().invoke(app, ["consume", target, "--transport",
+                                      "rocketmq://127.0.0.1:9876", "--mq-prefix", "orders_mq",
+                                      "--max-seconds", "1"])
+    # Then nothing starts: one line naming the option
+    assert result.exit_code == 2
+    assert "--mq-prefix 'orders_mq'" in error_line(result.output)
+    sys.modules.pop("urlapp4", None)
+
+
+def test_an_exported_mq_prefix_leaves_the_apps_own_object_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an app with its own transport object, and CKIT_MQ_PREFIX exported for the relay
+    target = write_app(tmp_path, monkeypatch, "objapp5", APP_WITH_OBJECT.replace("g_obj", "g5"))
+    # When the app runs
+    result = CliRunner().invoke(app, ["consume", target, "--max-seconds", "1"],
+                                env={"CKIT_MQ_PREFIX": "orders_mq"})
+    # Then it consumes through its own object, and says the variable was not used
+    assert result.exit_code == 0, result.output
+    assert "CKIT_MQ_PREFIX is set, but app objapp5:app builds its own SqlTransport" \
+        in result.output + caplog.text
+    sys.modules.pop("objapp5", None)

@@ -21,7 +21,10 @@ from consumer_kit.cli.runtime import (
     serve_metrics,
 )
 from consumer_kit.core.errors import ConfigError, ConsumerStalled
+from consumer_kit.core.schema import DEFAULT_MQ_PREFIX
+from consumer_kit.core.urls import mask_url
 from consumer_kit.outcome import Outcome
+from consumer_kit.transports import open_transport
 from consumer_kit.transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ def consume(
     ctx: typer.Context,
     app_path: str = typer.Argument(..., metavar="MODULE:APP", help="e.g. examples.inventory:app"),
     transport: str | None = options.transport(),
+    mq_prefix: str = options.mq_prefix(),
     burst: bool = options.burst(),
     threads: int | None = typer.Option(None, "--threads", min=1, help="consumer threads"),
     metrics_port: int | None = options.metrics_port(),
@@ -75,7 +79,13 @@ def consume(
         log.warning("CKIT_TRANSPORT is set, but app %s builds its own %s: using the app's",
                     app_path, type(app.transport_config).__name__)
         transport = None
-    source = app.transport(transport)
+    if mq_prefix != DEFAULT_MQ_PREFIX and transport is None \
+            and isinstance(app.transport_config, Transport) \
+            and _source(ctx, "mq_prefix") == "ENVIRONMENT":
+        log.warning("CKIT_MQ_PREFIX is set, but app %s builds its own %s: using the app's",
+                    app_path, type(app.transport_config).__name__)
+        mq_prefix = DEFAULT_MQ_PREFIX
+    source = app.transport(_with_prefix(app, transport, mq_prefix))
     if not source.shared_across_processes:
         raise ConfigError(f"ckit consume cannot use {source.scheme}:// (it reaches only its "
                           "own process): use sql+<db-url>, rocketmq://namesrv:port or "
@@ -100,6 +110,28 @@ def consume(
                    "commit and the broker redelivers their messages", err=True)
     # offsets the native client did not persist are redelivered (and deduped) after a restart
     exit_if_native_shutdown_hangs(0)
+
+
+def _with_prefix(app: ConsumerApp, transport: str | None, mq_prefix: str
+                 ) -> str | Transport | None:
+    """The transport to give `app.transport`: with a `--mq-prefix` (or CKIT_MQ_PREFIX) other
+    than the default, the SQL transport of the URL in use opened on those tables (the relay
+    and `ckit receipts` take it too: ignoring it here would poll other, maybe empty, tables).
+
+    Raises:
+        ConfigError: such a prefix with a transport that is not a `sql+` URL (another scheme,
+            or a Transport object the app builds itself).
+    """
+    if mq_prefix == DEFAULT_MQ_PREFIX:
+        return transport
+    url = transport if transport is not None else app.transport_config
+    if not isinstance(url, str) or not url.startswith("sql+"):
+        what = (f"--transport {mask_url(url)!r}" if isinstance(url, str)
+                else f"the {type(url).__name__} app {app.group} builds itself")
+        raise ConfigError(f"--mq-prefix {mq_prefix!r} names the SQL transport's tables, but "
+                          f"ckit consume would use {what}: drop it (or unset CKIT_MQ_PREFIX), "
+                          "or build SqlTransport(url, table_prefix=...) in the app")
+    return open_transport(url, table_prefix=mq_prefix)
 
 
 def _source(ctx: typer.Context, name: str) -> str | None:
