@@ -49,7 +49,7 @@ app = ConsumerApp(group="bench", db=env["B_DB"], redis=None, transport=transport
 def handle(msg, session):
     session.execute(sa.insert(effects).values(n=msg.json()["n"]))
 stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
+signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stop.set, daemon=True).start())
 app.run(stop=stop, max_seconds=float(env["B_MAX"]))
 app.close()
 """

@@ -204,7 +204,9 @@ class Relay:
             metrics.database_label(self.engine)).set)
 
     def stop(self) -> None:
-        """Ask `run` to return after the current batch (safe from a signal handler): without
+        """Ask `run` to return after the current batch (from a signal handler, call it on a
+        thread of its own: the handler may run while the main thread, waiting in `run`, holds
+        the event's lock; `ckit`'s `on_shutdown` does so): without
         `max_rate` it sends the rest of that batch; with it, the rows still to wait for their
         turn are released instead (back to the state they were claimed from, no retry
         counted), so the cap holds to the last send."""

@@ -429,10 +429,13 @@ def test_relay_and_receipts_use_the_sql_transport_tables_named_by_mq_prefix(
 
 def test_an_mq_prefix_with_a_transport_that_is_not_sql_is_one_line_before_any_row_moves(
         tmp_path: Path) -> None:
+    # Given an outbox with 3 due rows
     url = producer_db(tmp_path)
+    # When the relay is given a prefix of SQL transport tables and a RocketMQ transport
     result = CliRunner().invoke(app, ["relay", "--url", url, "--transport",
                                       "rocketmq://127.0.0.1:9876", "--mq-prefix", "orders_mq",
                                       "--once"])
+    # Then one line naming the option, and no row moved
     assert result.exit_code == 2
     assert "--mq-prefix 'orders_mq'" in error_line(result.output)
     assert row_states(url) == PENDING_UNTOUCHED

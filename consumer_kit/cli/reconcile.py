@@ -189,9 +189,10 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
     """Check every database before the run reads or repairs anything: each URL (driver
     installed, SQLite file there), then each database's tables (the outbox and its receipts on
     every producer database and replica, the processed table of every group), then what their
-    rows say of the options (`reconcile_checks`: one producer database named twice; the
-    group and topic checks, skipped with `force`). A run that repaired the first shard and then
-    met a typo in the second would leave half its work done and report none of it.
+    rows say of the options (`replicas.check_distinct_outboxes`: one producer database named
+    twice; `reconcile_checks`: the group and topic checks, skipped with `force`). A run that
+    repaired the first shard and then met a typo in the second would leave half its work done
+    and report none of it.
 
     Raises:
         ConfigError: the first URL that cannot work (a driver missing, a server that does not

@@ -1,5 +1,6 @@
-"""Checks of the databases `ckit relay` is given, before any row moves: a read replica beside
-its primary (`--read-url`), and producer databases that are one outbox (`--url`)."""
+"""Checks of the databases `ckit relay` and `ckit reconcile` are given, before any row moves: a
+read replica beside its primary (`--read-url`), and producer databases that are one outbox
+(`--url`)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Tabl
     time (and reconcile repair, and count, twice: `harm` says which). Message ids are unique
     across shards, so each database's newest message id is looked up in every other one (by
     its unique index): a copy that lags its source still holds the source's older rows. An
-    empty outbox shares nothing and passes.
+    empty outbox shares nothing and passes. It runs once, at start, on the newest rows: a copy
+    written to since it was made (each newest row its own), or one whose newest row the source
+    has archived since, is not caught.
 
     Raises:
         ConfigError: naming both `--url`s and the message id they share.

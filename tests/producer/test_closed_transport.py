@@ -10,7 +10,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from consumer_kit.core.errors import ConfigError, TransportError
+from consumer_kit.core.errors import ConfigError, TransportClosed, TransportError
+from consumer_kit.core.messages import OutgoingMessage, SendResult
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.states import OutboxState
 from consumer_kit.transports import open_transport
@@ -68,6 +69,28 @@ def test_a_closed_transport_charges_no_row_a_retry_nor_fails_one(sqlite_db: Db,
     with pytest.raises(TransportError, match="closed"):
         Relay(sqlite_db.engine, transport, table=sqlite_db.names.outbox).run_once()
     assert states(sqlite_db) == pending
+
+
+class ClosedTransport(RecordingTransport):
+    """A transport that says it was closed, as the RocketMQ ones do (any machine)."""
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        raise TransportClosed("the transport is closed (simulated)")
+
+
+def test_a_relay_on_a_transport_that_says_it_is_closed_moves_no_row_and_charges_none(
+        sqlite_db: Db) -> None:
+    # Given three due rows that allow no retry
+    outbox = Outbox(sqlite_db.engine, producer="orders", table=sqlite_db.names.outbox,
+                    max_retries=0)
+    with sqlite_db.engine.begin() as conn:
+        for key in ("1", "2", "3"):
+            outbox.publish(conn, "T", {"v": key}, biz_type="t", biz_key=key)
+    # When a relay sends through a transport closed under it
+    with pytest.raises(TransportClosed, match="closed"):
+        Relay(sqlite_db.engine, ClosedTransport(), table=sqlite_db.names.outbox).run_once()
+    # Then every row is back as it was: none FAILED without being sent, no retry counted
+    assert states(sqlite_db) == [(int(OutboxState.PENDING), 0, None)] * 3
 
 
 @pytest.mark.parametrize("when", ["never started", "closed"])

@@ -218,6 +218,7 @@ class RocketMQTransport(Transport):
             MessageTooLarge: the wire body is over `max_body_bytes` (nothing sent).
             EmptyBody: the body is empty (nothing sent).
             TransportUnavailable: the name server/broker cannot be reached or timed out.
+            TransportClosed: the transport was closed (nothing sent, no message to blame).
             TransportError: a property RocketMQ cannot carry, or another send failure.
         """
         msg_id = message.properties.get(PROP_ID) or (message.keys[0] if message.keys else "-")

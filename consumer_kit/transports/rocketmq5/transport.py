@@ -234,6 +234,7 @@ class RocketMQ5Transport(Transport):
         Raises:
             MessageTooLarge: the body is over `max_body_bytes` (nothing sent).
             TransportUnavailable: the proxy cannot be reached or timed out.
+            TransportClosed: the transport was closed (nothing sent, no message to blame).
             TransportError: the topic does not exist or refuses this kind of message, an empty
                 body, a reserved property.
         """
