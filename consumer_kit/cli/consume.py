@@ -20,11 +20,10 @@ from consumer_kit.cli.runtime import (
     on_shutdown,
     serve_metrics,
 )
+from consumer_kit.cli.transports import open_for_processes
 from consumer_kit.core.errors import ConfigError, ConsumerStalled
 from consumer_kit.core.schema import DEFAULT_MQ_PREFIX
-from consumer_kit.core.urls import mask_url
 from consumer_kit.outcome import Outcome
-from consumer_kit.transports import open_transport
 from consumer_kit.transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -125,13 +124,12 @@ def _with_prefix(app: ConsumerApp, transport: str | None, mq_prefix: str
     if mq_prefix == DEFAULT_MQ_PREFIX:
         return transport
     url = transport if transport is not None else app.transport_config
-    if not isinstance(url, str) or not url.startswith("sql+"):
-        what = (f"--transport {mask_url(url)!r}" if isinstance(url, str)
-                else f"the {type(url).__name__} app {app.group} builds itself")
+    if not isinstance(url, str):
         raise ConfigError(f"--mq-prefix {mq_prefix!r} names the SQL transport's tables, but "
-                          f"ckit consume would use {what}: drop it (or unset CKIT_MQ_PREFIX), "
-                          "or build SqlTransport(url, table_prefix=...) in the app")
-    return open_transport(url, table_prefix=mq_prefix)
+                          f"ckit consume would use the {type(url).__name__} app {app.group} "
+                          "builds itself: drop it (or unset CKIT_MQ_PREFIX), or build "
+                          "SqlTransport(url, table_prefix=...) in the app")
+    return open_for_processes(url, command="ckit consume", mq_prefix=mq_prefix)
 
 
 def _source(ctx: typer.Context, name: str) -> str | None:

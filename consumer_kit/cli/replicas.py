@@ -65,25 +65,25 @@ def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Tabl
     Raises:
         ConfigError: naming both `--url`s and the message id they share.
     """
-    newest: list[str | None] = []
-    for engine in engines:
+    newest: dict[str, int] = {}  # each outbox's newest message id -> its --url index
+    for i, engine in enumerate(engines):
         with engine.connect() as conn:
-            newest.append(conn.execute(sa.select(outbox.c.message_id)
-                                       .order_by(outbox.c.id.desc()).limit(1)).scalar())
-    for i, message_id in enumerate(newest):
-        if message_id is None:
+            found = conn.execute(sa.select(outbox.c.message_id)
+                                 .order_by(outbox.c.id.desc()).limit(1)).scalar()
+        if found is not None:
+            newest.setdefault(found, i)
+    for j, engine in enumerate(engines):  # one lookup per database, by the unique index
+        others = [m for m, i in newest.items() if i != j]
+        if not others:
             continue
-        for j, engine in enumerate(engines):
-            if j == i:
-                continue
-            with engine.connect() as conn:
-                found = conn.execute(sa.select(outbox.c.id)
-                                     .where(outbox.c.message_id == message_id)).first()
-            if found is not None:
-                first, second = sorted((i, j))
-                raise ConfigError(
-                    f"--url number {second + 1} ({mask_url(str(engines[second].url))}) holds "
-                    f"the outbox of --url number {first + 1} "
-                    f"({mask_url(str(engines[first].url))}): message {message_id} is in both "
-                    "(one database named twice, or a copy of it such as a replica given as a "
-                    f"shard); {harm}")
+        with engine.connect() as conn:
+            shared = conn.execute(sa.select(outbox.c.message_id)
+                                  .where(outbox.c.message_id.in_(others)).limit(1)).scalar()
+        if shared is not None:
+            first, second = sorted((newest[shared], j))
+            raise ConfigError(
+                f"--url number {second + 1} ({mask_url(str(engines[second].url))}) holds "
+                f"the outbox of --url number {first + 1} "
+                f"({mask_url(str(engines[first].url))}): message {shared} is in both "
+                "(one database named twice, or a copy of it such as a replica given as a "
+                f"shard); {harm}")
