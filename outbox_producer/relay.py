@@ -19,6 +19,7 @@ from consumer_kit.core.db_errors import describe, is_conflict, is_transient
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
+from consumer_kit.core.stop_wait import wait_for_stop
 from consumer_kit.transports.base import Transport
 from outbox_producer import metrics
 from outbox_producer.backoff import Backoff
@@ -76,7 +77,7 @@ class RateLimiter:
             now = time.monotonic()
             slot = max(self.next_at, now)
             self.next_at = slot + self.interval
-        return not (slot > now and stop.wait(slot - now))
+        return not (slot > now and wait_for_stop(stop, slot - now))
 
 
 @dataclasses.dataclass
@@ -204,9 +205,8 @@ class Relay:
             metrics.database_label(self.engine)).set)
 
     def stop(self) -> None:
-        """Ask `run` to return after the current batch (from a signal handler, call it on a
-        thread of its own: the handler may run while the main thread, waiting in `run`, holds
-        the event's lock; `ckit`'s `on_shutdown` does so): without
+        """Ask `run` to return after the current batch (safe from a signal handler: `run`
+        waits for it without taking the event's lock on the main thread): without
         `max_rate` it sends the rest of that batch; with it, the rows still to wait for their
         turn are released instead (back to the state they were claimed from, no retry
         counted), so the cap holds to the last send."""
@@ -318,7 +318,7 @@ class Relay:
                 lost_in_a_row += 1
                 if lost_in_a_row <= CLAIM_AGAIN_TIMES:
                     log.debug("relay %s: %s; claiming again", self.owner, lost)
-                    self.stopping.wait(random.uniform(
+                    wait_for_stop(self.stopping, random.uniform(
                         0, CLAIM_AGAIN_JITTER * 2 ** (lost_in_a_row - 1)))
                     continue
                 stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
@@ -348,7 +348,7 @@ class Relay:
                               self.owner, now - outage_since, what)
                     break
                 log.warning("relay %s: %s; retry in %.1fs", self.owner, what, outage_wait)
-                self.stopping.wait(outage_wait)
+                wait_for_stop(self.stopping, outage_wait)
                 outage_wait = min(outage_wait * 2, OUTAGE_BACKOFF[1])
                 continue
             outage_wait = OUTAGE_BACKOFF[0]
@@ -360,7 +360,7 @@ class Relay:
                     continue
                 if once:
                     break
-                self.stopping.wait(self.idle_sleep)
+                wait_for_stop(self.stopping, self.idle_sleep)
                 continue
             result.batches += 1
             result.stats.add(stats)

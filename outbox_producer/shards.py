@@ -44,8 +44,8 @@ class MultiRelay:
         self.results: list[RelayResult] = [RelayResult() for _ in self.relays]
 
     def stop(self) -> None:
-        """Ask every relay to finish its batch and return (from a signal handler, on a thread
-        of its own, as `Relay.stop` says)."""
+        """Ask every relay to finish its batch and return (safe from a signal handler, as
+        `Relay.stop` is)."""
         for relay in self.relays:
             relay.stop()
 

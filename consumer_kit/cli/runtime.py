@@ -213,9 +213,10 @@ def on_shutdown(stop: Callable[[], None]) -> None:
     """Call `stop` on SIGTERM or SIGINT (main thread only); a second signal exits at once.
 
     `stop` runs on a thread of its own: the handler runs on the main thread between two
-    bytecodes, maybe while that thread holds the very lock `stop` takes (the stop event's,
-    inside `Event.wait`: `run_consumer` waits on it every 50 ms), and would wait for itself
-    for ever while the consumer went on consuming."""
+    bytecodes, maybe while that thread holds a lock `stop` takes, and would wait for itself
+    for ever while the consumer went on consuming. (The stop event's own lock was one:
+    `run_consumer` and the relay now wait for it without taking it on the main thread,
+    `core.stop_wait`; `stop` may be any callable.)"""
     hits = {"n": 0}
 
     def handler(signum: int, _frame: FrameType | None) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 
 from consumer_kit.core.errors import ConsumerStalled
+from consumer_kit.core.stop_wait import wait_for_stop
 from consumer_kit.transports.base import Consumer
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def run_consumer(
     activity = activity or Activity()
     quiet_since = time.monotonic()
     try:
-        while not stop.wait(DEFAULT_POLL):
+        while not wait_for_stop(stop, DEFAULT_POLL):
             if max_seconds is not None and time.monotonic() - started > max_seconds:
                 break
             if consumer.failure is not None:
@@ -53,7 +54,7 @@ def run_consumer(
                 # when drained, confirm once more after a short pause: a callback may be about
                 # to start
                 if ready == 0 and not busy and (
-                    stop.wait(DEFAULT_POLL)
+                    wait_for_stop(stop, DEFAULT_POLL)
                     or (consumer.ready() == 0 and consumer.in_flight == 0)
                 ):
                     break
