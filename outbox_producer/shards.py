@@ -18,6 +18,7 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.progress import mark_committed
 from consumer_kit.core.urls import mask_url
 from consumer_kit.transports.base import Transport
+from outbox_producer.distinct import check_distinct_outboxes
 from outbox_producer.relay import Relay, RelayResult
 
 
@@ -42,6 +43,21 @@ class MultiRelay:
         self.relays = [Relay(url, transport, read_engine=read_urls[i] if read_urls else None,
                              **relay_options) for i, url in enumerate(urls)]
         self.results: list[RelayResult] = [RelayResult() for _ in self.relays]
+        self.checked = len(self.relays) == 1
+
+    def check(self) -> None:
+        """Refuse databases that hold one outbox (one named twice in two spellings, or a copy
+        of a shard given as another: every row would be sent twice;
+        `distinct.check_distinct_outboxes`). A database that does not answer is left out with
+        a warning: its relay waits out the outage while the others send. `run` checks once,
+        unless this was called before it.
+
+        Raises:
+            ConfigError: two of them hold one outbox (before any row moves)."""
+        if not self.checked:
+            check_distinct_outboxes([relay.engine for relay in self.relays],
+                                    self.relays[0].table, skip_unreachable=True)
+            self.checked = True
 
     def stop(self) -> None:
         """Ask every relay to finish its batch and return (safe from a signal handler, as
@@ -51,7 +67,11 @@ class MultiRelay:
 
     def run(self, *, once: bool = False) -> RelayResult:
         """Run every relay until `stop()` (with `once`, until each has drained what is due);
-        return the totals (`results` holds each database's, in the order of `urls`)."""
+        return the totals (`results` holds each database's, in the order of `urls`).
+
+        Raises:
+            ConfigError: two databases hold one outbox (`check`, before any row moves)."""
+        self.check()
         if len(self.relays) == 1:
             self.results[0] = self.relays[0].run(once=once)
             return self.results[0]

@@ -11,7 +11,7 @@ from sqlalchemy import exc as sa_exc
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table, print_totals
-from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
+from consumer_kit.cli.replicas import check_replica
 from consumer_kit.cli.runtime import (
     EXIT_FAILURE,
     existing_database,
@@ -141,8 +141,7 @@ def relay(
                         raise
                     log.warning("--read-url number %d does not answer (%s): scanning the "
                                 "primary until it does", index + 1, exc.orig or exc)
-        if len(relays.relays) > 1:
-            check_distinct_outboxes([w.engine for w in relays.relays], relays.relays[0].table)
+        relays.check()  # one outbox given twice (every row sent twice): refused
         target.check()
         if check_topic:
             consumers = _checkers(relays, target, check_topic)

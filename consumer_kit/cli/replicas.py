@@ -1,16 +1,16 @@
 """Checks of the databases `ckit relay` and `ckit reconcile` are given, before any row moves: a
 read replica beside its primary (`--read-url`), and producer databases that are one outbox
-(`--url`)."""
+(`--url`: `outbox_producer.distinct`, which `MultiRelay` runs too)."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 
 from consumer_kit.core.db import check_sqlite_path, check_tables
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.urls import mask_url
+from outbox_producer.distinct import check_distinct_outboxes
+
+__all__ = ["check_distinct_outboxes", "check_replica"]
 
 
 def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,
@@ -48,42 +48,3 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
             f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
             f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
             "primary (the two lists pair by position: same order for both)")
-
-
-def check_distinct_outboxes(engines: Sequence[sa.engine.Engine], outbox: sa.Table, *,
-                            harm: str = "its rows would be sent twice") -> None:
-    """Refuse two `--url`s that hold one outbox: one database named twice in two spellings
-    (`localhost` and `127.0.0.1`, a default port written out), or a copy of a shard given as
-    another (a writable replica, a restored backup), whose rows a relay would send a second
-    time (and reconcile repair, and count, twice: `harm` says which). Message ids are unique
-    across shards, so each database's newest message id is looked up in every other one (by
-    its unique index): a copy that lags its source still holds the source's older rows. An
-    empty outbox shares nothing and passes. It runs once, at start, on the newest rows: a copy
-    written to since it was made (each newest row its own), or one whose newest row the source
-    has archived since, is not caught.
-
-    Raises:
-        ConfigError: naming both `--url`s and the message id they share.
-    """
-    newest: dict[str, int] = {}  # each outbox's newest message id -> its --url index
-    for i, engine in enumerate(engines):
-        with engine.connect() as conn:
-            found = conn.execute(sa.select(outbox.c.message_id)
-                                 .order_by(outbox.c.id.desc()).limit(1)).scalar()
-        if found is not None:
-            newest.setdefault(found, i)
-    for j, engine in enumerate(engines):  # one lookup per database, by the unique index
-        others = [m for m, i in newest.items() if i != j]
-        if not others:
-            continue
-        with engine.connect() as conn:
-            shared = conn.execute(sa.select(outbox.c.message_id)
-                                  .where(outbox.c.message_id.in_(others)).limit(1)).scalar()
-        if shared is not None:
-            first, second = sorted((newest[shared], j))
-            raise ConfigError(
-                f"--url number {second + 1} ({mask_url(str(engines[second].url))}) holds "
-                f"the outbox of --url number {first + 1} "
-                f"({mask_url(str(engines[first].url))}): message {shared} is in both "
-                "(one database named twice, or a copy of it such as a replica given as a "
-                f"shard); {harm}")

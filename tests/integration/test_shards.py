@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from consumer_kit.core.errors import ConfigError
 from outbox_producer.shards import MultiRelay
 from tests.integration.shards import Shards, shards
 from tests.recording import RecordingTransport
@@ -43,3 +44,18 @@ def test_one_relay_process_sends_every_shard_once_and_a_shard_down_waits_alone(
     assert total.stats.sent == 90
     # and only the shard that is down gave up
     assert [r.gave_up is not None for r in relays.results] == [False, False, False, True]
+
+
+def test_one_shard_named_twice_in_two_spellings_is_refused_before_any_row_moves(
+        shards: Shards) -> None:
+    # Given a shard with due rows, named a second time with its default port left out
+    shards.publish(0, range(10))
+    assert ":3306/" in shards.urls[0]
+    again = shards.urls[0].replace(":3306/", "/")
+    transport = RecordingTransport()
+    relays = MultiRelay([shards.urls[0], again], transport, table=shards.names.outbox)
+    # When the relays are run from Python (not through `ckit relay`)
+    with pytest.raises(ConfigError, match="holds the outbox of"):
+        relays.run(once=True)
+    # Then they were refused, and nothing was sent
+    assert transport.counts() == {}
