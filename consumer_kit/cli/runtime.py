@@ -178,6 +178,7 @@ def configure_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     handler = _StderrHandler()
     handler.setFormatter(_MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_pool_reset_in_one_line)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -189,6 +190,23 @@ def configure_logging(verbose: int) -> None:
 #: JVM at DEBUG, the JDBC connection properties (a password) among them, in its own wire
 #: format, which `mask_text` cannot know (a key on one line, its value on the next).
 NEVER_DEBUG = ("py4j",)
+
+
+def _pool_reset_in_one_line(record: logging.LogRecord) -> bool:
+    """SQLAlchemy's pool logs a full traceback at ERROR when a connection the database (or a
+    network fault) killed fails its rollback on the way back to the pool. The pool discards it
+    and the next checkout opens a new one; the work on it was rolled back, or is retried or
+    reported by whoever used it. One warning line says so, naming the error."""
+    if record.name.startswith("sqlalchemy.pool") and record.exc_info \
+            and record.msg == "Exception during reset or similar":
+        error = record.exc_info[1]
+        record.msg = ("a database connection failed its reset on return to the pool "
+                      "(%s): discarded, the next use opens a new one")
+        record.args = (f"{type(error).__name__}: {error}".splitlines()[0],)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 class _StderrHandler(logging.StreamHandler):
