@@ -15,10 +15,14 @@ CLAIMS_LOST = Counter("ckit_outbox_claims_lost",
                       "Relay claims rolled back because another relay's won")
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
 RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
-BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by state", ["state"])
+BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by database and state",
+                ["database", "state"])
 CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",
                      "The outbox database's clock minus this relay host's, as last measured",
                      ["database"])
+OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
+                       "Age of the oldest SENT row still waiting for its receipts, by database",
+                       ["database"])
 DISPATCHER_CLOCK_OFFSET = Gauge(
     "ckit_outbox_dispatcher_clock_offset_seconds",
     "The outbox database's clock minus this dispatcher's host's, as last measured", ["database"])
@@ -29,12 +33,17 @@ def database_label(engine: Engine) -> str:
     database of a relay that serves several."""
     url = engine.url
     return f"{url.host or ''}:{url.port or ''}/{url.database or ''}"
-OLDEST_UNACKED = Gauge("ckit_outbox_oldest_unacked_seconds",
-                       "Age of the oldest SENT row still waiting for its receipts")
 
 
-def refresh_backlog(engine: Engine, table: sa.Table) -> None:
-    """Set the backlog gauges from the outbox (two index-served queries).
+def refresh_backlog(engine: Engine, table: sa.Table, database: str) -> None:
+    """Set the backlog gauges of `database` (`database_label` of the outbox's primary) from
+    `engine` (the primary or its replica) with two index-served queries.
+
+    A relay serving several databases keeps one series per database: without the label each
+    refresh overwrote the last, and a scrape showed one database's backlog (its FAILED rows
+    hid another's). Labelled, the gauges also export nothing in a process that never
+    measures them (`ckit consume` and `ckit receipts` import these metrics too: an unlabelled
+    gauge read 0, "nothing unacked", there).
 
     Only the open states are counted: an index range on `state` that stays small, unlike
     CONSUMED, which holds the whole history.
@@ -47,5 +56,5 @@ def refresh_backlog(engine: Engine, table: sa.Table) -> None:
             sa.select(sa.func.min(table.c.sent_at)).where(table.c.state == int(OutboxState.SENT))
         ).scalar()
     for state in OPEN_STATES:
-        BACKLOG.labels(state.name).set(counts.get(int(state), 0))
-    OLDEST_UNACKED.set((utcnow() - oldest).total_seconds() if oldest else 0)
+        BACKLOG.labels(database, state.name).set(counts.get(int(state), 0))
+    OLDEST_UNACKED.labels(database).set((utcnow() - oldest).total_seconds() if oldest else 0)

@@ -380,7 +380,8 @@ class Relay:
 
     def _refresh_metrics(self) -> None:
         try:
-            metrics.refresh_backlog(self.read_engine or self.engine, self.table)
+            metrics.refresh_backlog(self.read_engine or self.engine, self.table,
+                                    metrics.database_label(self.engine))
         except sa.exc.DBAPIError as exc:  # a metric must never stop the relay
             log.debug("relay %s: backlog metrics skipped: %s", self.owner, exc)
 

@@ -306,9 +306,10 @@ def test_the_relay_publishes_the_backlog_and_the_oldest_unacked_age(db: Db) -> N
 
     publish_many(db, 3, max_retries=10)
     Relay(db.engine, RecordingTransport(), table=db.names.outbox, batch=2).run(max_batches=1)
-    assert metrics.BACKLOG.labels("SENT")._value.get() == 2
-    assert metrics.BACKLOG.labels("PENDING")._value.get() == 1
-    assert metrics.OLDEST_UNACKED._value.get() >= 0
+    database = metrics.database_label(db.engine)
+    assert metrics.BACKLOG.labels(database, "SENT")._value.get() == 2
+    assert metrics.BACKLOG.labels(database, "PENDING")._value.get() == 1
+    assert metrics.OLDEST_UNACKED.labels(database)._value.get() >= 0
 
 
 def test_the_backlog_gauges_are_refreshed_once_per_relay_not_per_worker(
@@ -318,7 +319,8 @@ def test_the_backlog_gauges_are_refreshed_once_per_relay_not_per_worker(
     from outbox_producer import metrics
 
     calls: list[str] = []
-    monkeypatch.setattr(metrics, "refresh_backlog", lambda engine, table: calls.append(table.name))
+    monkeypatch.setattr(metrics, "refresh_backlog",
+                        lambda engine, table, database: calls.append(table.name))
     publish_many(sqlite_db, 5)
     relay = Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox, batch=1,
                   workers=4)

@@ -143,7 +143,8 @@ def test_the_backlog_gauges_are_read_from_the_replica(
     # When the relay refreshes its gauges
     relay(sqlite_db, RecordingTransport(), replica, sweep_every=3600)._refresh_metrics()
     # Then they count what the replica shows
-    assert metrics.BACKLOG.labels(OutboxState.PENDING.name)._value.get() == 3
+    assert metrics.BACKLOG.labels(metrics.database_label(sqlite_db.engine),
+                                  OutboxState.PENDING.name)._value.get() == 3
 
 
 def test_a_primary_sweep_that_fails_is_made_again_so_once_still_sends_what_the_replica_hides(
