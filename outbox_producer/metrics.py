@@ -14,7 +14,9 @@ RETRIED = Counter("ckit_outbox_send_retries", "Failed sends scheduled for a retr
 CLAIMS_LOST = Counter("ckit_outbox_claims_lost",
                       "Relay claims rolled back because another relay's won")
 FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their send retries")
-RECEIPTS = Counter("ckit_outbox_receipts", "Receipts applied to the outbox", ["outcome"])
+RECEIPTS = Counter("ckit_outbox_receipts",
+                   "Outbox rows receipts made CONSUMED or REJECTED (one per row, however many "
+                   "groups' receipts it took)", ["outcome"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by database and state",
                 ["database", "state"])
 CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",
