@@ -9,9 +9,12 @@ DUPLICATES = Counter("ckit_duplicates", "Deliveries skipped as duplicates", ["gr
 BUSY = Counter("ckit_busy", "Deliveries deferred: another consumer holds the handler lease",
                ["group", "topic"])
 REJECTED = Counter("ckit_rejected", "Messages refused permanently", ["group", "topic"])
-RETRIED = Counter("ckit_retried", "Deliveries answered RECONSUME_LATER", ["group", "topic"])
+RETRIED = Counter("ckit_retried",
+                  "Deliveries answered RECONSUME_LATER after a transient failure (busy ones "
+                  "count in ckit_busy)", ["group", "topic"])
 DEAD_LETTERED = Counter("ckit_dead_lettered",
-                        "Messages whose retries are spent (recorded FAILED, to the DLQ)",
+                        "Messages whose retries are spent (recorded DEAD_LETTERED, to the "
+                        "DLQ)",
                         ["group", "topic"])
 HANDLER_SECONDS = Histogram("ckit_handler_seconds", "Handler time (incl. its transaction)",
                             ["group", "topic"])
