@@ -110,11 +110,17 @@ class RelayResult:
         (`core.progress`): "12 messages sent, 1 retried in 3 batches", or None for nothing."""
         outcomes = [counted(self.stats.sent, "message", "sent"),
                     self.stats.retried and f"{self.stats.retried:,} retried",
-                    self.stats.failed and f"{self.stats.failed:,} failed"]
+                    self.stats.failed and f"{self.stats.failed:,} failed",
+                    self.stats.unmarked and unmarked_text(self.stats.unmarked)]
         done = ", ".join(o for o in outcomes if o)
         if not done:
             return None
         return f"{done} in {self.batches:,} batch{'' if self.batches == 1 else 'es'}"
+
+
+def unmarked_text(count: int) -> str:
+    """What becomes of `count` messages sent whose SENT mark was lost (`SendStats.unmarked`)."""
+    return f"{count:,} sent but not marked SENT: sent again when their lease ends"
 
 
 class ClaimLost(Exception):
@@ -324,7 +330,7 @@ class Relay:
                 stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
             except Exception as exc:
                 partial = committed_part(exc)  # marks of the batch committed before it
-                if partial is not None and partial.committed():
+                if partial is not None and (partial.committed() or partial.unmarked):
                     result.batches += 1
                     result.stats.add(partial)
                 # a bug or a schema, permission or integrity problem: waiting cannot fix it
@@ -332,7 +338,9 @@ class Relay:
                         exc, self.engine.dialect.name):
                     raise
                 stats = None
-                what = "database error: " + describe(exc)
+                what = "database error: " + describe(exc) + (
+                    f" ({unmarked_text(partial.unmarked)})" if partial and partial.unmarked
+                    else "")
             if stats is not None and stats.outage:
                 result.batches += 1
                 result.stats.add(stats)

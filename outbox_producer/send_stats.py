@@ -18,6 +18,9 @@ class SendStats:
     failed: int = 0
     conflicts: int = 0
     released: int = 0
+    #: messages the broker accepted whose SENT mark failed with the database: they stay
+    #: SENDING until their lease ends and are sent again (consumers dedupe)
+    unmarked: int = 0
     outage: str | None = None
 
     def committed(self) -> bool:
@@ -31,6 +34,7 @@ class SendStats:
         self.failed += other.failed
         self.conflicts += other.conflicts
         self.released += other.released
+        self.unmarked += other.unmarked
         self.outage = other.outage or self.outage
 
 

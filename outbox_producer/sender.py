@@ -128,7 +128,9 @@ class Sender:
         """
         attempt = self.attempt(rows, pace=pace, deadline=deadline)
         stats = SendStats()
-        committed = SendStats()  # `stats` as of the last commit: what an error leaves done
+        # `stats` as of the last commit: what an error leaves done (the sends too, until
+        # their marks commit)
+        committed = SendStats(unmarked=len(attempt.sent))
         try:
             if attempt.sent:
                 with checkin.begin(self.engine) as conn:

@@ -175,6 +175,7 @@ def _checkers(relays: MultiRelay, transport: Transport, topic: str) -> list[Cons
 def _totals(result: RelayResult) -> dict[str, int]:
     return {"batches": result.batches, "sent": result.stats.sent,
             "retried": result.stats.retried, "failed": result.stats.failed,
+            "unmarked": result.stats.unmarked,
             "conflicts": result.stats.conflicts, "errors": result.errors}
 
 
