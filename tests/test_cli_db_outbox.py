@@ -340,3 +340,17 @@ def test_receipts_warns_when_no_recent_outbox_row_was_published_by_its_producer(
         assert "producers found: 'orders'" in lines[0]
     else:
         assert lines == []
+
+
+@pytest.mark.parametrize(("target", "said"), [
+    ("id:987654", "no outbox row with id 987654"),
+    ("msg:nothing-here", "no message with message_id 'nothing-here'"),
+    ("biz:order:nothing-here", "no message with biz key 'order:nothing-here'"),
+], ids=["id", "msg", "biz"])
+def test_show_of_a_missing_target_names_the_way_it_was_looked_up(
+        sqlite_db: Db, target: str, said: str) -> None:
+    # `show id:987654` said "no message with message_id or biz_key 'id:987654'": neither was
+    # looked up, the row id was
+    missing = ckit("outbox", "show", target, *opts(sqlite_db),
+                   "--receipt-table", sqlite_db.names.receipts)
+    assert_one_error_line(missing, 1, said)

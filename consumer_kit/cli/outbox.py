@@ -97,6 +97,18 @@ SHOW_FIELDS = ("id", "message_id", "biz_type", "biz_key", "topic", "tags", "keys
 BODY_PREVIEW = 200
 
 
+def _not_found(ident: str) -> str:
+    """The line for a `show` target no row matches, naming the way it was looked up."""
+    way, _, value = ident.partition(":")
+    if way == "id":
+        return f"no outbox row with id {value}"
+    if way == "msg":
+        return f"no message with message_id {value!r}"
+    if way == "biz":
+        return f"no message with biz key {value!r}"
+    return f"no message with message_id or biz_key {ident!r}"
+
+
 @outbox_app.command("show")
 @friendly_errors
 def show_cmd(
@@ -111,7 +123,7 @@ def show_cmd(
     only."""
     views = ops.show(_engine(url), _tables(outbox_table, receipt_table), ident)
     if not views:
-        fail(f"no message with message_id or biz_key {ident!r}", code=1)
+        fail(_not_found(ident), code=1)
     if as_json:
         print_json([v.to_dict() for v in views])
         return
