@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 import typer
 
 from consumer_kit.cli import options
@@ -53,10 +54,24 @@ def purge(
     check_tables(engine, store.table)
     deleted = store.purge(window, batch=batch, max_batches=max_batches,
                           pause=parse_duration(pause, option="--pause").total_seconds())
+    if not deleted:
+        _warn_if_unknown(store, group)
     if as_json:
         print_json({"deleted": deleted, "group": group})
     else:
         typer.echo(f"deleted {deleted} processed rows of group {group}")
+
+
+def _warn_if_unknown(store: ProcessedStore, group: str) -> None:
+    """Say so when the table holds no row of `group` at all (one primary-key seek): a
+    misspelt group in a cron line would purge nothing, run after run, and the table grow."""
+    t = store.table
+    with store.engine.connect() as conn:
+        found = conn.execute(sa.select(sa.literal(1)).where(t.c.consumer_group == group)
+                             .limit(1)).first()
+    if found is None:
+        typer.echo(f"warning: {t.name} holds no row of group {group!r}: check --group (a "
+                   "misspelt group purges nothing)", err=True)
 
 
 def register(app: typer.Typer) -> None:
