@@ -56,7 +56,7 @@ from consumer_kit.core.rows import OutboxRow
 from outbox_producer import metrics
 from outbox_producer.claim import Claimer, send_deadline
 from outbox_producer.send_stats import SendStats, carry_committed
-from outbox_producer.sender import Sender
+from outbox_producer.sender import Sender, count_failures
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ class LockedSender:
                                          moves=("retry_locked", "give_up_locked"),
                                          values=done)
         metrics.SENT.inc(stats.sent)
+        count_failures(stats, SendStats())
         if attempt.outage is not None and attempt.fatal is None:
             stats.released = len(attempt.unsent)
             stats.outage = attempt.outage_text(stats.released, "left as they were")

@@ -142,6 +142,7 @@ class Sender:
                 with checkin.begin(self.engine) as conn:
                     self.mark_failure(conn, row, reason, permanent, stats,
                                       moves=("retry_later", "give_up"))
+                count_failures(stats, committed)
                 committed = dataclasses.replace(stats)
             if attempt.fatal is not None:
                 self._release(attempt.unsent)
@@ -283,16 +284,21 @@ class Sender:
         if not changed:
             stats.conflicts += 1
             return
-        if exhausted:
+        if exhausted:  # (counted in the metrics by the caller, once committed)
             stats.failed += 1
-            metrics.FAILED.inc()
             log.warning("message %s FAILED after %d attempts: %s", row.message_id, retries,
                         reason)
         else:
             stats.retried += 1
-            metrics.RETRIED.inc()
             log.info("message %s send failed (attempt %d), retry at %s: %s",
                      row.message_id, retries, next_at.isoformat(), reason)
+
+
+def count_failures(stats: SendStats, before: SendStats) -> None:
+    """Count in the metrics the retries and failures `stats` holds beyond `before`, once
+    their marks committed (a rolled-back mark is charged nothing, and sent again)."""
+    metrics.FAILED.inc(stats.failed - before.failed)
+    metrics.RETRIED.inc(stats.retried - before.retried)
 
 
 @dataclasses.dataclass
