@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from typing import Any
 
 import sqlalchemy as sa
 import typer
@@ -109,7 +111,18 @@ def receipts(
     print_totals(totals, as_json)
 
 
+@functools.wraps(receipts)
+def acks(*args: Any, **kwargs: Any) -> None:
+    """`ckit acks`, 0.1.0's command: `receipts`, saying that the topic it reads changed (a
+    supervisor still running it after an upgrade would leave 0.1.0's topic unread silently)."""
+    producer = kwargs.get("producer", "")
+    log.warning("ckit acks is the old name of ckit receipts: it reads ckit-receipt-%s, not "
+                "0.1.0's ckit-ack-%s (acks left there are never applied: README, Upgrading)",
+                producer, producer)
+    receipts(*args, **kwargs)
+
+
 def register(app: typer.Typer) -> None:
     """Add `receipts` (and its old name `acks`, hidden) to the CLI."""
     app.command("receipts")(receipts)
-    app.command("acks", hidden=True, help="old name of `ckit receipts`")(receipts)
+    app.command("acks", hidden=True, help="old name of `ckit receipts`")(acks)
