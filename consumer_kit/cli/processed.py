@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import sqlalchemy as sa
 import typer
 
@@ -13,6 +15,8 @@ from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import GROUP_LEN
 from consumer_kit.processed import PURGE_FLOOR, ProcessedStore
+
+log = logging.getLogger(__name__)
 
 processed_app = typer.Typer(help="the consumer's processed-messages table", no_args_is_help=True)
 
@@ -70,8 +74,8 @@ def _warn_if_unknown(store: ProcessedStore, group: str) -> None:
         found = conn.execute(sa.select(sa.literal(1)).where(t.c.consumer_group == group)
                              .limit(1)).first()
     if found is None:
-        typer.echo(f"warning: {t.name} holds no row of group {group!r}: check --group (a "
-                   "misspelt group purges nothing)", err=True)
+        log.warning("%s holds no row of group %r: check --group (a misspelt group purges "
+                    "nothing)", t.name, group)
 
 
 def register(app: typer.Typer) -> None:
