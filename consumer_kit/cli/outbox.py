@@ -118,7 +118,7 @@ def show_cmd(
     receipt_table: str = options.receipt_table(),
     as_json: bool = options.json_output(),
 ) -> None:
-    """One message, or every message with a biz key, with its ack rows: id:N, msg:MESSAGE_ID,
+    """One message, or every message with a biz key, with its receipt rows: id:N, msg:MESSAGE_ID,
     biz:KEY (any biz type) or biz:TYPE:KEY; a bare value is taken when it matches one way
     only."""
     views = ops.show(_engine(url), _tables(outbox_table, receipt_table), ident)
@@ -180,8 +180,8 @@ def retry_cmd(
     """Re-queue FAILED/SUSPENDED/REJECTED rows as PENDING with retry_count 0, due now.
 
     Give ids, or --state (with --topic/--limit) for a bulk retry. SENT and CONSUMED rows need
-    --force. The rows' ack rows are deleted: the acks of the re-send decide. fail_reason is kept,
-    prefixed `operator retry (was STATE):`.
+    --force. The rows' receipt rows are deleted: the receipts of the re-send decide.
+    fail_reason is kept, prefixed `operator retry (was STATE):`.
     """
     if targets and state is not None:
         fail("give ids or --state, not both")

@@ -29,7 +29,9 @@ def purge(
     older_than: str = typer.Option("7d", "--older-than",
                                    help="delete rows processed before now minus this"),
     batch: int = typer.Option(1000, "--batch", min=1, help="rows per delete"),
-    max_batches: int | None = typer.Option(None, "--max-batches", min=1),
+    max_batches: int | None = typer.Option(
+        None, "--max-batches", min=1,
+        help="stop after this many deletes (a bounded run; the next run goes on)"),
     pause: str = typer.Option("0", "--pause", help="wait between batches (e.g. 50ms): lets "
                               "purge and replication keep up on a busy server"),
     processed_table: str = options.processed_table(),
