@@ -31,6 +31,15 @@ JAR_PATTERNS = {"mysql": "mariadb-java-client*.jar", "sqlite": "sqlite-jdbc*.jar
 JARS_ENV = "CKIT_JDBC_JARS"
 DEFAULT_FETCH_SIZE = 10_000
 
+#: URL query keys the JDBC reads honour as the Python driver does: libpq's name -> pgJDBC's
+#: property (`options` carries a `search_path`: without it the reads go to another schema)
+_PASSED_ON = {"postgresql": {"options": "options", "sslmode": "sslmode",
+                             "sslrootcert": "sslrootcert", "sslcert": "sslcert",
+                             "sslkey": "sslkey"}}
+#: query keys that change nothing a read returns (credentials are taken by `_credentials`)
+_HARMLESS = {"user", "username", "password", "passwd", "pwd", "charset", "binary_prefix",
+             "client_encoding", "application_name", "connect_timeout"}
+
 #: Text that may go into a quoted SQL literal as is: printable ASCII without quotes/backslashes.
 _SAFE_LITERAL = re.compile(r"^[\x20-\x26\x28-\x5b\x5d-\x7e]*$")
 
@@ -69,6 +78,28 @@ def _credentials(url: Any) -> dict[str, str]:
     return props
 
 
+def _passed_on(url: Any, dialect: str) -> dict[str, str]:
+    """The JDBC properties of the URL's query options (`_PASSED_ON`).
+
+    Raises:
+        ConfigError: an option the JDBC reads cannot honour (a socket or `host=` in the query,
+            a service file, MySQL TLS files, anything unknown): dropped, they would read
+            another schema or server than the checks and the SQL engine, or go without TLS.
+    """
+    passed = _PASSED_ON.get(dialect, {})
+    props: dict[str, str] = {}
+    for key, value in url.query.items():
+        if key.lower() in _HARMLESS:
+            continue
+        if key not in passed:
+            raise ConfigError(
+                f"the Spark engine cannot pass ?{key}= of {mask_url(url)} on to its JDBC "
+                f"reads (they would read another schema or server, or skip TLS); use "
+                f"--engine sql, or a URL without it")
+        props[passed[key]] = str(value if isinstance(value, str) else value[-1])
+    return props
+
+
 def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> JdbcSource:
     """Convert a SQLAlchemy URL to a JDBC URL and connection properties.
 
@@ -100,14 +131,16 @@ def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> Jdb
         host = url.host or "127.0.0.1"
         port = url.port or 3306
         jdbc_url = f"jdbc:mysql://{host}:{port}/{url.database or ''}?permitMysqlScheme"
-        props = {"driver": MARIADB_DRIVER, "fetchsize": str(fetch_size), **_credentials(url)}
+        props = {"driver": MARIADB_DRIVER, "fetchsize": str(fetch_size), **_credentials(url),
+                 **_passed_on(url, "mysql")}
         return JdbcSource(url=jdbc_url, properties=props, dialect="mysql",
                           display=f"{jdbc_url} user={props.get('user', '')}")
     if backend == "postgresql":
         host = url.host or "127.0.0.1"
         port = url.port or 5432
         jdbc_url = f"jdbc:postgresql://{host}:{port}/{url.database or ''}"
-        props = {"driver": POSTGRES_DRIVER, "fetchsize": str(fetch_size), **_credentials(url)}
+        props = {"driver": POSTGRES_DRIVER, "fetchsize": str(fetch_size), **_credentials(url),
+                 **_passed_on(url, "postgresql")}
         return JdbcSource(url=jdbc_url, properties=props, dialect="postgresql",
                           display=f"{jdbc_url} user={props.get('user', '')}")
     raise ConfigError(f"the Spark engine reads SQLite, MySQL/MariaDB and PostgreSQL only, not "
