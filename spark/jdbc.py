@@ -38,7 +38,9 @@ _PASSED_ON = {"postgresql": {"options": "options", "sslmode": "sslmode",
                              "sslkey": "sslkey"}}
 #: query keys that change nothing a read returns (credentials are taken by `_credentials`)
 _HARMLESS = {"user", "username", "password", "passwd", "pwd", "charset", "binary_prefix",
-             "client_encoding", "application_name", "connect_timeout"}
+             "client_encoding", "application_name", "connect_timeout", "read_timeout",
+             "write_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+             "keepalives_count"}
 
 #: Text that may go into a quoted SQL literal as is: printable ASCII without quotes/backslashes.
 _SAFE_LITERAL = re.compile(r"^[\x20-\x26\x28-\x5b\x5d-\x7e]*$")

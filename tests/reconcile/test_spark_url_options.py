@@ -27,6 +27,12 @@ def test_a_postgresql_search_path_in_the_url_reaches_the_jdbc_reads() -> None:
     assert "options" not in src.url and "pw" not in src.display
 
 
+def test_url_options_that_change_no_read_are_accepted_by_the_spark_engine() -> None:
+    src = to_jdbc("mysql+pymysql://app:pw@db/orders?charset=utf8mb4&read_timeout=30"
+                  "&connect_timeout=5")
+    assert src.url == "jdbc:mysql://db:3306/orders?permitMysqlScheme"
+
+
 @pytest.mark.parametrize("url", [
     "postgresql+psycopg://app:pw@/orders?host=/var/run/postgresql",
     "postgresql+psycopg://app:pw@db/orders?service=orders",
