@@ -17,6 +17,11 @@ FAILED = Counter("ckit_outbox_failed", "Outbox messages that exhausted their sen
 RECEIPTS = Counter("ckit_outbox_receipts",
                    "Outbox rows receipts made CONSUMED or REJECTED (one per row, however many "
                    "groups' receipts it took)", ["outcome"])
+RECEIPTS_DROPPED = Counter(
+    "ckit_outbox_receipts_dropped",
+    "Receipts that cannot be applied, by reason: malformed (a message or an entry of one that "
+    "cannot be read, logged and dropped) or unknown (a message id this outbox does not hold)",
+    ["reason"])
 BACKLOG = Gauge("ckit_outbox_backlog", "Outbox rows not yet terminal, by database and state",
                 ["database", "state"])
 CLOCK_OFFSET = Gauge("ckit_outbox_relay_clock_offset_seconds",

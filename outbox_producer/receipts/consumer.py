@@ -41,8 +41,10 @@ class ReceiptConsumer:
             receipts, errors = read_receipts(delivery.body)
         except ReceiptError as exc:
             self.malformed += 1
+            metrics.RECEIPTS_DROPPED.labels("malformed").inc()
             log.error("receipt message %s dropped: %s", delivery.broker_message_id, exc)
             return ConsumeStatus.CONSUME_SUCCESS
+        metrics.RECEIPTS_DROPPED.labels("malformed").inc(len(errors))
         for error in errors:
             self.malformed += 1
             log.error("receipt message %s: %s: dropped", delivery.broker_message_id, error)
@@ -55,6 +57,7 @@ class ReceiptConsumer:
         self.totals.add(result)
         metrics.RECEIPTS.labels("consumed").inc(result.consumed)
         metrics.RECEIPTS.labels("rejected").inc(result.rejected)
+        metrics.RECEIPTS_DROPPED.labels("unknown").inc(result.unknown)
         log.debug("receipt message %s applied: %s", delivery.broker_message_id, result)
         return ConsumeStatus.CONSUME_SUCCESS
 

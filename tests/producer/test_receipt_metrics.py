@@ -42,3 +42,28 @@ def test_the_receipts_counter_counts_outbox_rows_moved_and_its_help_says_so(
     # and its help says rows moved, not receipts applied (two were, for this one row)
     assert "rows" in metrics.RECEIPTS._documentation
     assert "Receipts applied" not in metrics.RECEIPTS._documentation
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("ckit_outbox_receipts_dropped_total",
+                                     {"reason": reason}) or 0
+
+
+def test_receipts_that_cannot_be_applied_are_counted_by_reason(sqlite_db: Db) -> None:
+    # Given a receipt consumer of an outbox holding one message
+    [mid] = publish(sqlite_db)
+    applier = ReceiptApplier(sqlite_db.engine, table=sqlite_db.names.outbox,
+                             receipt_table_name=sqlite_db.names.receipts)
+    transport = MemoryTransport()
+    worker = ReceiptConsumer(applier, transport, producer="orders")
+    malformed, unknown = dropped("malformed"), dropped("unknown")
+    # When an unreadable message, and a batch naming a message it does not hold, arrive
+    topic = receipt_topic("orders")
+    transport.send(OutgoingMessage(topic, b"not a receipt"))
+    transport.send(OutgoingMessage(topic, encode_receipts(
+        [Receipt(mid, "a"), Receipt("no-such-message", "a")])))
+    run_consumer(worker.consumer(), threading.Event(), burst=True, max_seconds=30)
+    # Then each is counted under its reason (they were logged and dropped before: no metric)
+    assert dropped("malformed") == malformed + 1
+    assert dropped("unknown") == unknown + 1
+    assert worker.totals.consumed == 1
