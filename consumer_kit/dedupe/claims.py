@@ -17,3 +17,11 @@ class Claim(enum.Enum):
 #: `Claim` by the script's integer answer (a dict read: `Claim(answer)` costs about ten times
 #: more, on every message)
 BY_ANSWER: dict[int, Claim] = {claim.value: claim for claim in Claim}
+
+
+def key_error(exc: Exception) -> bool:
+    """Whether a script's error is its key's own (WRONGTYPE: a key holding another type): that
+    claim alone fails. Any other error Redis answers is about Redis itself, for every key: out
+    of memory under `noeviction`, a read-only replica, an ACL refusing the script, a
+    persistence failure (MISCONF): Redis is away for our writes, and the store degrades."""
+    return str(exc).startswith("WRONGTYPE")

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import redis
 
-from consumer_kit.dedupe.claims import BY_ANSWER, Claim
+from consumer_kit.dedupe.claims import BY_ANSWER, Claim, key_error
 from consumer_kit.dedupe.scripts import Call, begin_call, pack_calls, thread_connection
 from consumer_kit.dedupe.writer import RedisWriter
 
@@ -120,10 +120,13 @@ class PendingClaim:
             self._riders = []
             self._answer = self.dedupe.claim(self.message_id, self.token)
             return self._answer
-        except redis.ResponseError as exc:  # this key alone (e.g. WRONGTYPE)
+        except redis.ResponseError as exc:
             clean = True
-            log.warning("message %s: redis claim failed (%s); the processed table decides",
-                        self.message_id, exc)
+            if key_error(exc):  # this key alone
+                log.warning("message %s: redis claim failed (%s); the processed table "
+                            "decides", self.message_id, exc)
+            else:  # Redis refuses every key's claim (OOM, READONLY, ...): degrade, once
+                self.dedupe.failed("claim", self.message_id, exc)
             self._answer = Claim.UNAVAILABLE
         except redis.RedisError as exc:  # Redis is away: degrade (the connection is dropped)
             self.dedupe.failed("claim", self.message_id, exc)

@@ -17,7 +17,7 @@ import redis
 
 from consumer_kit import metrics
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.dedupe.claims import BY_ANSWER, Claim
+from consumer_kit.dedupe.claims import BY_ANSWER, Claim, key_error
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
 from consumer_kit.dedupe.pending import PendingClaim
@@ -162,11 +162,12 @@ class RedisDedupe:
             answer = self._send_claims([(message_id, token)])[0]
         else:
             answer = self._claims.call((message_id, token))
-        if isinstance(answer, redis.ResponseError):  # this key alone (e.g. WRONGTYPE)
+        if isinstance(answer, redis.ResponseError) and key_error(answer):  # this key alone
             log.warning("message %s: redis claim failed (%s); the processed table decides",
                         message_id, answer)
             return Claim.UNAVAILABLE
-        if isinstance(answer, Exception):  # Redis is away (connection, timeout): degrade
+        if isinstance(answer, Exception):  # Redis is away (connection, timeout, OOM,
+            # READONLY: every key's claim would fail the same way): degrade
             self._failed("claim", message_id, answer)
             return Claim.UNAVAILABLE
         self._ok(since)

@@ -1,0 +1,98 @@
+"""Redis refusing every write (out of memory under `noeviction`, a read-only replica) is Redis
+away, not one key's error: the store degrades once (one warning, `ckit_redis_degraded`) instead of
+asking Redis and warning on every message. Runs on a private redis-server of its own (its
+settings are changed): skipped without the program, failed under CI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from consumer_kit import metrics
+from consumer_kit.dedupe import Claim, RedisDedupe
+from consumer_kit.dedupe.packer import client_options
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def private_redis() -> Iterator[redis.Redis]:
+    """A redis-server of this test's own (never the shared one: its settings change)."""
+    program = shutil.which("redis-server")
+    if program is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    port = _free_port()
+    server = subprocess.Popen([program, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=0.5,
+                                  socket_connect_timeout=0.5, **client_options())
+    try:
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield client
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
+
+
+def _out_of_memory(client: redis.Redis) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+
+
+def _read_only(client: redis.Redis) -> None:
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica of nobody: read only
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("refuse", [_out_of_memory, _read_only], ids=["oom", "readonly"])
+def test_redis_refusing_every_write_degrades_once_instead_of_warning_per_message(
+        private_redis: redis.Redis, refuse: object, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a store whose Redis then refuses every write
+    store = RedisDedupe(private_redis, "refusing")
+    assert store.claim("M0", "me") is Claim.CLAIMED
+    assert callable(refuse)
+    refuse(private_redis)
+    caplog.set_level(logging.WARNING, logger="consumer_kit")
+    answers: list[Claim] = []
+
+    def claims(n: int) -> None:
+        answers.extend(store.claim(f"M{threading.get_ident()}-{i}", "me") for i in range(n))
+
+    # When consume threads claim, and a pending claim goes out
+    threads = [threading.Thread(target=claims, args=(20,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    answers.append(store.claim_later("P1", "me").result())
+
+    # Then every answer is UNAVAILABLE (the processed table decides), the store is degraded
+    # with its gauge set, and it said so once
+    assert set(answers) == {Claim.UNAVAILABLE}
+    assert store.degraded
+    assert metrics.DEGRADED.labels("refusing")._value.get() == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "degraded" in warned[0]
