@@ -78,6 +78,8 @@ class PendingClaim:
         self._riders: list[Call] = dedupe.writer.take()
         try:
             self._conn = conn = thread_connection(dedupe.client.connection_pool, "claims")
+            #: its socket answered a claim before: Redis may have closed it since (`result`)
+            self._reused = _answered_before(conn)
             begin_call(conn)
             _on_wire[self._thread] = self
             call = dedupe.claim_call(message_id, token, self._riders)
@@ -97,6 +99,7 @@ class PendingClaim:
         pending = cls.__new__(cls)
         pending.dedupe, pending.message_id, pending.token = dedupe, message_id, token
         pending._answer, pending._conn, pending._riders = answer, None, []
+        pending._reused = False
         pending._thread = threading.get_ident()
         pending._since = dedupe.failures
         return pending
@@ -116,6 +119,20 @@ class PendingClaim:
             self._done(clean=True)
             # nothing of the script ran: the markers wait for the next claim, and this claim
             # goes alone, which loads the script again
+            self.dedupe.writer.resubmit(self._riders)
+            self._riders = []
+            self._answer = self.dedupe.claim(self.message_id, self.token)
+            return self._answer
+        except redis.ConnectionError as exc:
+            if not self._reused:  # a new connection failed: Redis is away
+                self.dedupe.failed("claim", self.message_id, exc)
+                self._answer = Claim.UNAVAILABLE
+                return self._answer
+            # The kept connection was closed under it (Redis restarted, CLIENT KILL, an idle
+            # timeout): that proves nothing of Redis now, and every thread keeps one, so each
+            # would degrade the store again after Redis is back. Once more on a new connection
+            # (the same token and markers: the scripts are idempotent); a failure then degrades.
+            self._done(clean=False)
             self.dedupe.writer.resubmit(self._riders)
             self._riders = []
             self._answer = self.dedupe.claim(self.message_id, self.token)
@@ -153,10 +170,17 @@ class PendingClaim:
         if conn is not None:
             if clean:
                 conn.ckit_unread = False  # every answer read (`scripts.begin_call`)
+                conn.ckit_answered_on = getattr(conn, "_sock", None)  # (`_answered_before`)
             else:
                 conn.disconnect()
         if _on_wire.get(self._thread) is self:
             del _on_wire[self._thread]
+
+
+def _answered_before(conn: Any) -> bool:
+    """Whether `conn`'s socket answered a claim before (`PendingClaim.result` notes it)."""
+    sock = getattr(conn, "_sock", None)
+    return sock is not None and getattr(conn, "ckit_answered_on", None) is sock
 
 
 class Predictor:

@@ -96,3 +96,25 @@ def test_redis_refusing_every_write_degrades_once_instead_of_warning_per_message
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1, warned
     assert "degraded" in warned[0]
+
+
+@pytest.mark.redis
+def test_a_pending_claim_on_a_connection_redis_closed_goes_again_instead_of_degrading(
+        private_redis: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a thread whose kept claim connection Redis then closed (a restart, CLIENT KILL):
+    # each consume thread keeps one, so every thread's first claim after it met a dead socket
+    # and degraded the store for 5 s again, long after Redis was back
+    store = RedisDedupe(private_redis, "closed")
+    assert store.claim_later("M1", "me").result() is Claim.CLAIMED
+    private_redis.client_kill_filter(_type="normal", skipme=True)
+    caplog.set_level(logging.WARNING, logger="consumer_kit")
+
+    # When the thread's next claim goes out
+    pend = store.claim_later("M2", "me")
+    answer = pend.result()
+
+    # Then it is answered on a new connection: Redis is up, nothing degrades or warns
+    assert answer is Claim.CLAIMED
+    assert not store.degraded
+    assert [r.getMessage() for r in caplog.records] == []
+    assert store.claim_later("M2", "other").result() is Claim.BUSY
