@@ -186,16 +186,23 @@ class RedisDedupe:
     def finish(self, message_id: str, token: str) -> None:
         """Mark done (TTL) and drop our lease, off the hot path: queued for the next claim to
         carry, or the writer thread to send (see `RedisWriter`). Lost, it only costs a
-        database lookup for the next duplicate."""
-        if not self.degraded:
-            self.writer.submit(self._finish, [done_key(self.group, message_id),
-                                              lease_key(self.group, message_id)],
-                               [token, self._done_text])
+        database lookup for the next duplicate. Queued while degraded too: a lease taken
+        before the failure would otherwise answer duplicates BUSY for the whole lease (a
+        failing batch holds up no consume thread; one Redis takes ends the degraded mode)."""
+        self.writer.submit(self._finish, [done_key(self.group, message_id),
+                                          lease_key(self.group, message_id)],
+                           [token, self._done_text])
 
     def release(self, message_id: str, token: str) -> None:
         """Drop our lease now, so a redelivery can be processed at once. Synchronous: it runs
-        only after a failure, and a redelivery must not find the lease still held."""
+        only after a failure, and a redelivery must not find the lease still held. While
+        degraded it goes to the writer thread instead (no consume thread waits on a Redis that
+        may be hung): a lease taken before another thread's failure (Redis up, the store
+        degraded for `retry_after`) would otherwise answer the redelivery BUSY for the whole
+        lease."""
         if self.degraded:
+            self.writer.submit(self._release, [lease_key(self.group, message_id)], [token],
+                               ride=False)
             return
         try:
             self._release([lease_key(self.group, message_id)], [token])

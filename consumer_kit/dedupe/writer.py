@@ -60,6 +60,8 @@ class RedisWriter:
         #: calls dropped because the queue was full
         self.dropped = 0
         self._calls: collections.deque[Call] = collections.deque()
+        #: calls no claim may carry (a claim carries done markers only): the thread sends them
+        self._unridden: collections.deque[Call] = collections.deque()
         self._queued = threading.Event()
         self._stop = threading.Event()
         # Held while the thread (or `flush`) takes a batch and sends it: `flush` acquiring it
@@ -68,17 +70,19 @@ class RedisWriter:
         self._thread = threading.Thread(target=self._run, name="ckit-redis-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[str]) -> None:
+    def submit(self, script: LuaScript, keys: Sequence[str], args: Sequence[str], *,
+               ride: bool = True) -> None:
         """Queue a script call; dropped (harmlessly, counted) when the queue is full or the
-        writer is closed."""
-        if len(self._calls) >= self.max_queued or self._stop.is_set():
+        writer is closed. `ride=False`: no claim carries it (not a done marker), the thread
+        sends it."""
+        if len(self._calls) + len(self._unridden) >= self.max_queued or self._stop.is_set():
             self.dropped += 1
             if self.dropped == 1:  # harmless (module docstring), but never unsaid
                 log.warning("redis writer: done marker dropped (%s); the processed table "
                             "catches its duplicates", "closed" if self._stop.is_set()
                             else f"{self.max_queued} queued")
             return
-        self._calls.append((script, keys, args))
+        (self._calls if ride else self._unridden).append((script, keys, args))
         if not self._queued.is_set():
             self._queued.set()
 
@@ -109,9 +113,9 @@ class RedisWriter:
             return False
         try:
             deadline = time.monotonic() + timeout
-            while self._calls and time.monotonic() < deadline:
-                self._send(self.take(self.max_batch))
-            return not self._calls
+            while (self._calls or self._unridden) and time.monotonic() < deadline:
+                self._send(self._batch())
+            return not (self._calls or self._unridden)
         finally:
             self._sending.release()
 
@@ -129,11 +133,21 @@ class RedisWriter:
             # Give the consume threads' next claims the chance to carry what is queued.
             self._stop.wait(self.linger)
             self._queued.clear()  # before taking: a call queued after this sets it again
-            while self._calls and not self._stop.is_set():  # `close` sends the rest itself
-                with self._sending:
-                    batch = self.take(self.max_batch)
+            while (self._calls or self._unridden) and not self._stop.is_set():
+                with self._sending:  # (`close` sends the rest itself)
+                    batch = self._batch()
                     if batch:
                         self._send(batch)
+
+    def _batch(self) -> list[Call]:
+        """Up to `max_batch` queued calls: done markers first, then the unridden."""
+        batch = self.take(self.max_batch)
+        while self._unridden and len(batch) < self.max_batch:
+            try:
+                batch.append(self._unridden.popleft())
+            except IndexError:  # another thread took the last one
+                break
+        return batch
 
     def _send(self, batch: list[Call]) -> None:
         since = self.generation()

@@ -118,3 +118,28 @@ def test_a_pending_claim_on_a_connection_redis_closed_goes_again_instead_of_degr
     assert not store.degraded
     assert [r.getMessage() for r in caplog.records] == []
     assert store.claim_later("M2", "other").result() is Claim.BUSY
+
+
+@pytest.mark.redis
+def test_a_lease_released_or_finished_while_degraded_is_still_dropped_once_redis_answers(
+        private_redis: redis.Redis) -> None:
+    from consumer_kit.dedupe.keys import done_key, lease_key
+
+    # Given leases taken before another thread's failure degraded the store (a blip: Redis is
+    # up): a handler then failed (release) and another succeeded (finish) meanwhile
+    store = RedisDedupe(private_redis, "blip")
+    assert store.claim("FAILED", "me") is Claim.CLAIMED
+    assert store.claim("DONE", "me") is Claim.CLAIMED
+    store.degrade("claim", redis.ConnectionError("Connection closed by server."))
+
+    # When they give up their leases
+    store.release("FAILED", "me")
+    store.finish("DONE", "me")
+    assert store.flush()
+
+    # Then neither lease is left to answer the redelivery BUSY for the whole lease (2 minutes),
+    # and the done marker is written
+    assert not private_redis.exists(lease_key("blip", "FAILED"))
+    assert not private_redis.exists(lease_key("blip", "DONE"))
+    assert private_redis.exists(done_key("blip", "DONE"))
+    assert not store.degraded  # the writer's batch proved Redis back
