@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DONE_TTL = dt.timedelta(days=7)
 DEFAULT_LEASE = dt.timedelta(minutes=2)
 DEFAULT_RETRY_AFTER = 5.0
+#: seconds between the warnings of one Redis outage that goes on
+REMIND_EVERY = 300.0
 #: The shortest handler lease and done-marker lifetime accepted (Redis refuses a PX of 0, and a
 #: lease renewed faster than a round trip is a busy loop).
 MIN_REDIS_TTL = dt.timedelta(seconds=1)
@@ -77,6 +79,10 @@ class RedisDedupe:
         self._release = LuaScript(client, "release.lua")
         self._renew = LuaScript(client, "renew.lua")
         self._down_until = 0.0
+        #: failed since the last answer (an outage outlasts many `retry_after` windows: it is
+        #: warned once, then every `REMIND_EVERY` seconds, not at each window's failed retry)
+        self._outage = False
+        self._warned_at = 0.0
         #: failures recorded so far: an answer to a request sent before the last failure does
         #: not prove Redis is back (it was read from the socket's buffer)
         self.failures = 0
@@ -124,13 +130,21 @@ class RedisDedupe:
 
     def _failed(self, what: str, message_id: str, exc: Exception) -> None:
         with self._lock:  # the gauge too: an `_ok` in between must not leave it at 1
-            first = not self.degraded
+            now = time.monotonic()
+            first = not self._outage
+            remind = not first and not self.degraded and now - self._warned_at >= REMIND_EVERY
+            if first or remind:
+                self._warned_at = now
+            self._outage = True
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_after
             metrics.DEGRADED.labels(self.group).set(1)
         if first:
             log.warning("message %s: redis %s failed (%s); degraded to the database path for "
                         "%.0fs", message_id, what, exc, self.retry_after)
+        elif remind:
+            log.warning("redis still unavailable for group %s (%d failures so far, the latest: "
+                        "%s); the database path decides", self.group, self.failures, exc)
 
     def degrade(self, what: str, exc: Exception) -> None:
         """Treat Redis as down now (e.g. it did not answer at start): the database path decides
@@ -143,6 +157,7 @@ class RedisDedupe:
                 if since != self.failures:  # sent before a failure: proves nothing
                     return
                 back, self._down_until = bool(self._down_until), 0.0
+                self._outage = False
                 if back:
                     metrics.DEGRADED.labels(self.group).set(0)
             if back:  # logged outside the lock: a logging handler's lock left held by an

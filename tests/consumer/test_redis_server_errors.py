@@ -143,3 +143,26 @@ def test_a_lease_released_or_finished_while_degraded_is_still_dropped_once_redis
     assert not private_redis.exists(lease_key("blip", "DONE"))
     assert private_redis.exists(done_key("blip", "DONE"))
     assert not store.degraded  # the writer's batch proved Redis back
+
+
+def test_a_long_redis_outage_is_warned_once_not_every_retry_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import fakeredis
+
+    # Given a store whose Redis stays down across several retry intervals
+    store = RedisDedupe(fakeredis.FakeRedis(), "long-outage", retry_after=0.05)
+    caplog.set_level(logging.WARNING, logger="consumer_kit")
+    down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    # When each retry after the interval fails again (every 5 s by default: 720 lines an hour)
+    for _ in range(4):
+        store.failed("claim", "M1", down)
+        time.sleep(0.06)
+    store.failed("claim", "M1", down)
+
+    # Then the outage is one warning, and its end one more
+    assert len([r for r in caplog.records if "degraded" in r.getMessage()]) == 1
+    store.ok(store.failures)
+    assert [r.getMessage() for r in caplog.records][-1].startswith("redis is back")
+    store.failed("claim", "M2", down)  # a new outage is warned again
+    assert len([r for r in caplog.records if "degraded" in r.getMessage()]) == 2
