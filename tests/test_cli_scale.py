@@ -156,3 +156,22 @@ def test_the_relay_refuses_a_producer_sqlite_file_that_is_not_there_without_maki
     assert result.exit_code == 2
     assert "typo.db does not exist" in error_line(result.output)
     assert not (tmp_path / "typo.db").exists()
+
+
+def test_a_read_url_with_an_empty_outbox_beside_a_primary_with_rows_is_warned_about(
+        tmp_path: Path) -> None:
+    # Given a producer database with due rows, and as its --read-url another database whose
+    # outbox is empty (not refused: a new replica starts empty)
+    first = producer_db(tmp_path / "a.db", 3)
+    other = producer_db(tmp_path / "other.db", 0)
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    # When the relay runs once
+    result = runner.invoke(app, ["relay", "--url", first, "--read-url", other, "--transport",
+                                 f"sql+{mq}", "--once"])
+    # Then it says the replica may be another database, and still sends through the primary
+    assert result.exit_code == 0, result.output
+    assert "--read-url number 1 has no outbox row while --url number 1 has some" in \
+        result.output
+    assert states(first) == {OutboxState.SENT}

@@ -4,11 +4,15 @@ read replica beside its primary (`--read-url`), and producer databases that are 
 
 from __future__ import annotations
 
+import logging
+
 import sqlalchemy as sa
 
 from consumer_kit.core.db import check_sqlite_path, check_tables
 from consumer_kit.core.errors import ConfigError
 from outbox_producer.distinct import check_distinct_outboxes
+
+log = logging.getLogger(__name__)
 
 __all__ = ["check_distinct_outboxes", "check_replica"]
 
@@ -37,6 +41,7 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
                    for order in (outbox.c.id.desc(), outbox.c.id.asc())]
     rows = {int(r.id): r.message_id for r in samples if r is not None}
     if not rows:
+        _warn_if_primary_has_rows(primary, outbox, index)
         return
     with primary.connect() as conn:
         there: dict[int, str] = {int(r.id): r.message_id for r in conn.execute(
@@ -48,3 +53,16 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
             f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
             f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
             "primary (the two lists pair by position: same order for both)")
+
+
+def _warn_if_primary_has_rows(primary: sa.engine.Engine, outbox: sa.Table, index: int) -> None:
+    """An empty replica of a primary holding rows: another database (its rows found only by
+    the primary sweep, up to `--sweep-every` late), or a replica still catching up from
+    nothing. Not refused (a new replica starts empty), said once."""
+    with primary.connect() as conn:
+        found = conn.execute(sa.select(outbox.c.id).limit(1)).first()
+    if found is not None:
+        log.warning("--read-url number %d has no outbox row while --url number %d has some: if "
+                    "it is not a replica still catching up, it is another database (due rows "
+                    "are then found only by the primary sweep, up to --sweep-every late)",
+                    index + 1, index + 1)
