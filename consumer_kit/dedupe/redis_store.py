@@ -88,7 +88,8 @@ class RedisDedupe:
         self.failures = 0
         self._lock = threading.Lock()
         self.writer = RedisWriter(client, on_error=lambda exc: self._failed("write", "-", exc),
-                                  on_ok=self._ok, generation=lambda: self.failures)
+                                  on_ok=self._ok, generation=lambda: self.failures,
+                                  hold=lambda: self._down_until - time.monotonic())
 
     @property
     def degraded(self) -> bool:

@@ -45,6 +45,7 @@ class RedisWriter:
     def __init__(self, client: redis.Redis, *, on_error: Callable[[Exception], None],
                  on_ok: Callable[[int], None] = lambda since: None,
                  generation: Callable[[], int] = lambda: 0,
+                 hold: Callable[[], float] = lambda: 0.0,
                  max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self.client = client
@@ -54,6 +55,9 @@ class RedisWriter:
         #: since: with `redis_claims="adaptive"` no claim may come to tell it Redis is back)
         self.on_ok = on_ok
         self.generation = generation
+        #: seconds the thread waits before sending (the store degraded: Redis is tried again
+        #: once its window ends, as the claims try it, not at every batch of a long outage)
+        self.hold = hold
         self.max_batch = max_batch
         self.linger = linger
         self.max_queued = max_queued
@@ -134,6 +138,10 @@ class RedisWriter:
             self._stop.wait(self.linger)
             self._queued.clear()  # before taking: a call queued after this sets it again
             while (self._calls or self._unridden) and not self._stop.is_set():
+                held = self.hold()
+                if held > 0:  # degraded: wait for the window to end (or `close`)
+                    self._stop.wait(held)
+                    continue
                 with self._sending:  # (`close` sends the rest itself)
                     batch = self._batch()
                     if batch:
@@ -156,6 +164,10 @@ class RedisWriter:
                       if isinstance(a, Exception)]
         except redis.RedisError as exc:
             errors = [exc]
+            # Redis is away: what is queued would fail the same way. Dropped (harmlessly, as
+            # this batch's calls are) rather than kept to pile up for the whole outage
+            self._calls.clear()
+            self._unridden.clear()
         except Exception as exc:  # the thread must survive anything
             errors = [exc]
         try:
