@@ -143,19 +143,22 @@ def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
     c = table.c
     if isinstance(guard, Versions):
         pairs = list(guard.pairs)
-        out = [_rows_in((c.id, c.lock_version), pairs[i:i + CHUNK])
-               for i in range(0, len(pairs), CHUNK)]
         if guard.message_ids is None:
-            return out
+            return [_rows_in((c.id, c.lock_version), pairs[i:i + CHUNK])
+                    for i in range(0, len(pairs), CHUNK)]
         # each row's message id through `CASE id WHEN ... END`, not a third column of the row
         # constructor: MariaDB plans `(id, lock_version, message_id) IN (...)` in time
         # quadratic in the rows (1.1 s for 1,000 spread ids; the unique message_id index is a
-        # candidate), the pairs and the CASE in milliseconds
-        by_id = dict(zip((i for i, _ in pairs), guard.message_ids, strict=True))
-        return [sa.and_(cond, c.message_id == (
-            by_id[pairs[i][0]] if len(pairs[i:i + CHUNK]) == 1
-            else sa.case({p[0]: by_id[p[0]] for p in pairs[i:i + CHUNK]}, value=c.id)))
-            for i, cond in zip(range(0, len(pairs), CHUNK), out, strict=True)]
+        # candidate), the pairs and the CASE in milliseconds. A CASE holds one message per id:
+        # an id given twice (with two messages) starts a statement of its own
+        out = []
+        for chunk in _unique_id_chunks(pairs, guard.message_ids):
+            by_id = {i: m for (i, _), m in chunk}
+            out.append(sa.and_(_rows_in((c.id, c.lock_version), [p for p, _ in chunk]),
+                               c.message_id == (
+                                   chunk[0][1] if len(chunk) == 1
+                                   else sa.case(by_id, value=c.id))))
+        return out
     if isinstance(guard, Ids):
         out = []
         for i in range(0, len(guard.ids), CHUNK):
@@ -169,6 +172,23 @@ def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
         return [c.message_id.in_(list(guard.message_ids[i:i + CHUNK]))
                 for i in range(0, len(guard.message_ids), CHUNK)]
     return [sa.and_(*guard.clauses)]
+
+
+def _unique_id_chunks(pairs: Sequence[tuple[int, int]], message_ids: Sequence[str]
+                      ) -> list[list[tuple[tuple[int, int], str]]]:
+    """`pairs` with their message ids in chunks of at most `CHUNK`, no id twice in one."""
+    chunks: list[list[tuple[tuple[int, int], str]]] = []
+    chunk: list[tuple[tuple[int, int], str]] = []
+    ids: set[int] = set()
+    for pair, message_id in zip(pairs, message_ids, strict=True):
+        if len(chunk) >= CHUNK or pair[0] in ids:
+            chunks.append(chunk)
+            chunk, ids = [], set()
+        chunk.append((pair, message_id))
+        ids.add(pair[0])
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def _rows_in(columns: tuple[sa.ColumnElement[Any], ...], rows: Sequence[tuple[Any, ...]]

@@ -53,3 +53,22 @@ def test_the_message_id_guard_of_a_large_batch_is_a_case_beside_the_version_pair
     assert "(ckit_outbox.id, ckit_outbox.lock_version) IN" in sql
     assert "ckit_outbox.message_id = CASE ckit_outbox.id" in sql
     assert "lock_version, ckit_outbox.message_id)" not in sql
+
+
+def test_an_id_given_twice_with_two_messages_moves_the_row_holding_either(db: Db) -> None:
+    # Given a SENT row holding m0, handed over twice under its id (the dispatcher's list: a
+    # rolled-back row's id given again to a row committed later), its own message first
+    t = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(t), [{
+            "message_id": "m0", "biz_type": "t", "biz_key": "0", "topic": "T", "body": b"{}",
+            "state": 2, "next_retry_at": NOW, "gmt_create": NOW, "gmt_modified": NOW}])
+        row = conn.execute(sa.select(t.c.id, t.c.lock_version)).one()
+
+    # When a batch guards both (a CASE on id holds one message per id: the last one won)
+    with db.engine.begin() as conn:
+        changed = cas(conn, t, "repair_exhausted",
+                      Versions([(row.id, row.lock_version)] * 2, ["m0", "gone"]), now=NOW)
+
+    # Then the row holding one of them moved, as the three-column row constructor moved it
+    assert changed == 1
