@@ -153,6 +153,16 @@ class LockedSender:
 
     def _step(self, conn: Connection, batch: int, pace: Callable[[], object] | None
               ) -> tuple[SendStats | None, CkitError | None]:
+        sent: list[int] = []  # sends the broker accepted, unmarked until the commit
+        try:
+            return self._step_in(conn, batch, pace, sent)
+        except Exception as exc:  # the marks rolled back: those rows go out again
+            if sent and sent[0]:
+                carry_committed(exc, SendStats(unmarked=sent[0]))
+            raise
+
+    def _step_in(self, conn: Connection, batch: int, pace: Callable[[], object] | None,
+                 sent: list[int]) -> tuple[SendStats | None, CkitError | None]:
         with conn.begin():
             rows = self._pick(conn, batch)
             if not rows:
@@ -165,6 +175,7 @@ class LockedSender:
                 conn.exec_driver_sql(_MARIADB_SET.format(seconds=self._timeout))
             deadline = send_deadline(time.monotonic(), self.lease)
             attempt = self.sender.attempt(rows, pace=pace, deadline=deadline)
+            sent.append(len(attempt.sent))
             stats = SendStats()
             done = {"last_attempt_at": picked_at}
             if attempt.sent:

@@ -56,3 +56,22 @@ def test_a_fatal_error_after_sends_whose_mark_was_lost_says_they_were_sent(
     # "nothing was done")
     done = committed_before(raised.value)
     assert done is not None and "2 sent but not marked SENT" in done
+
+
+
+def test_messages_sent_in_a_lock_batch_whose_transaction_was_lost_are_counted(
+        server_db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a --claim lock relay whose marks fail after its sends (they roll back with the
+    # transaction: the rows are due again, sent twice, consumers dedupe)
+    ids = publish_many(server_db, 2)
+    transport = RecordingTransport()
+    relay = Relay(server_db.engine, transport, table=server_db.names.outbox, claim="lock")
+    lose_the_mark(relay, monkeypatch, sa.exc.IntegrityError(
+        "UPDATE", {}, Exception("CHECK constraint failed")))
+    # When the relay stops on it
+    with pytest.raises(sa.exc.IntegrityError) as raised:
+        relay.run_once()
+    # Then the error says the messages went out, as the lease mode says it (exit 1, not 2)
+    assert transport.counts() == {mid: 1 for mid in ids}
+    done = committed_before(raised.value)
+    assert done is not None and "2 sent but not marked SENT" in done
