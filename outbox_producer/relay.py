@@ -120,7 +120,8 @@ class RelayResult:
 
 def unmarked_text(count: int) -> str:
     """What becomes of `count` messages sent whose SENT mark was lost (`SendStats.unmarked`)."""
-    return f"{count:,} sent but not marked SENT: sent again when their lease ends"
+    return (f"{count:,} sent but not marked SENT: sent again (when their lease ends; with "
+            "--claim lock at once), consumers dedupe")
 
 
 class ClaimLost(Exception):

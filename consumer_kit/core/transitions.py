@@ -162,8 +162,8 @@ def _row_guards(table: sa.Table, guard: Guard) -> list[sa.ColumnElement[bool]]:
     if isinstance(guard, Ids):
         out = []
         for i in range(0, len(guard.ids), CHUNK):
-            chunk = list(guard.ids[i:i + CHUNK])
-            cond = c.id == chunk[0] if len(chunk) == 1 else c.id.in_(chunk)
+            ids = list(guard.ids[i:i + CHUNK])
+            cond = c.id == ids[0] if len(ids) == 1 else c.id.in_(ids)
             if guard.lock_version is not None:
                 cond = sa.and_(cond, c.lock_version == guard.lock_version)
             out.append(cond)

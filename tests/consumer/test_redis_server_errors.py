@@ -166,3 +166,21 @@ def test_a_long_redis_outage_is_warned_once_not_every_retry_interval(
     assert [r.getMessage() for r in caplog.records][-1].startswith("redis is back")
     store.failed("claim", "M2", down)  # a new outage is warned again
     assert len([r for r in caplog.records if "degraded" in r.getMessage()]) == 2
+
+
+def test_a_wrongtype_error_is_the_keys_own_also_as_older_redis_wraps_it() -> None:
+    from consumer_kit.dedupe.claims import key_error
+
+    # Redis 7 answers a script's WRONGTYPE as is; Redis 6 wraps it in the script's error
+    assert key_error(redis.ResponseError("WRONGTYPE Operation against a key holding the wrong "
+                                         "kind of value"))
+    assert key_error(redis.ResponseError(
+        "ERR Error running script (call to f_0123): @user_script:24: WRONGTYPE Operation "
+        "against a key holding the wrong kind of value"))
+    # while out of memory, read-only or refused by an ACL is Redis away for every key
+    for text in ("OOM command not allowed when used memory > 'maxmemory'.",
+                 "ERR Error running script (call to f_0123): @user_script:24: "
+                 "@user_script: 24: -OOM command not allowed when used memory > 'maxmemory'.",
+                 "READONLY You can't write against a read only replica.",
+                 "NOPERM this user has no permissions to run the 'evalsha' command"):
+        assert not key_error(redis.ResponseError(text))
