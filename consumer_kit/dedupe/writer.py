@@ -82,9 +82,9 @@ class RedisWriter:
         if len(self._calls) + len(self._unridden) >= self.max_queued or self._stop.is_set():
             self.dropped += 1
             if self.dropped == 1:  # harmless (module docstring), but never unsaid
-                log.warning("redis writer: done marker dropped (%s); the processed table "
-                            "catches its duplicates", "closed" if self._stop.is_set()
-                            else f"{self.max_queued} queued")
+                log.warning("redis writer: done marker or lease release dropped (%s); the "
+                            "processed table catches its duplicates, a lease ends by itself",
+                            "closed" if self._stop.is_set() else f"{self.max_queued} queued")
             return
         (self._calls if ride else self._unridden).append((script, keys, args))
         if not self._queued.is_set():
