@@ -4,6 +4,7 @@
     python bench/faults.py --transport rocketmq --seed 7
     python bench/faults.py --transport rocketmq5 --seed 7   # RocketMQ 5.3.3 proxy over gRPC
     python bench/faults.py --transport rocketmq --long      # 50,000 orders, each kind 5 times
+    python bench/faults.py --transport sql --db postgresql  # on a PostgreSQL of its own
 
 Starts its own MariaDB, Redis (and RocketMQ name server + broker, or for rocketmq5 a 5.x name
 server + proxy with its broker inside) on loopback ports of their own (the shared services' ports
@@ -17,6 +18,8 @@ percent of the SENT and CONSUMED rows). Then it drains, runs `ckit reconcile --e
 is still stuck (reporting it by class first), checks that nothing was lost or doubled, prints the
 figures and one last line `ok: ...` or `FAIL: ...` (exit 1). The run folder keeps every process's
 log, the reconciler's output and report.json; --long (or --timeline) also draws a timeline PNG.
+With --db postgresql a PostgreSQL of its own (Debian's initdb + postgres, as the postgres user when
+run as root) takes MariaDB's place for every database, and postgres-kill mariadb-kill's.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def parse(argv: list[str]) -> Config:
                    help="sql: the SQL transport on the run's MariaDB; rocketmq: a 4.9.7 name "
                         "server + broker; rocketmq5: a 5.3.3 name server + proxy (local mode) "
                         "through rocketmq-python-client 5.x")
+    p.add_argument("--db", choices=("mariadb", "postgresql"), default="mariadb",
+                   help="the run's own database server for the outbox, the processed table and "
+                        "(sql) the transport's tables: mariadb (default) or postgresql (its "
+                        "kill -9 is the postgres-kill fault)")
     p.add_argument("--long", action="store_true",
                    help="the bench run: 50,000 orders, every kind 5 times, over 900 s, timeline")
     p.add_argument("--messages", type=int, help="orders to place (short 1000, long 50000)")
@@ -81,12 +88,14 @@ def parse(argv: list[str]) -> Config:
     base = LONG if a.long else SHORT
     messages = a.messages or base["messages"]
     window = a.window or WINDOW[(a.transport, a.long)]
+    db = "" if a.db == "mariadb" else f"-{a.db}"
     run_dir = a.dir or Path("/tmp/ckit-faults") / (
-        f"{a.transport}-{time.strftime('%Y%m%d-%H%M%S')}-seed{a.seed}")
+        f"{a.transport}{db}-{time.strftime('%Y%m%d-%H%M%S')}-seed{a.seed}")
     if messages < 1 or window <= 0:
         p.error("--messages and --window must be positive")
     return Config(
-        transport=a.transport, messages=messages, repeats=a.repeats or int(base["repeats"]),
+        transport=a.transport, db=a.db, messages=messages,
+        repeats=a.repeats or int(base["repeats"]),
         window=window, seed=a.seed, run_dir=run_dir, port_offset=a.port_offset,
         max_seconds=a.max_seconds or max(float(base["max_seconds"]), window + 240),
         quiet=a.quiet, stuck_after=a.stuck_after,

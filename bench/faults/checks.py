@@ -79,9 +79,10 @@ def snapshot(orders: Engine, inventory: Engine) -> Snapshot:
         n_effects, distinct = conn.execute(
             sa.select(sa.func.count(), sa.func.count(sa.distinct(e.c.order_id)))).one()
         applied = set(conn.execute(sa.select(sa.distinct(e.c.order_id))).scalars())
+        pids = (sa.func.string_agg(sa.cast(e.c.pid, sa.String), ",")
+                if inventory.dialect.name == "postgresql" else sa.func.group_concat(e.c.pid))
         doubled = conn.execute(
-            sa.select(e.c.order_id, sa.func.count().label("n"),
-                      sa.func.group_concat(e.c.pid).label("pids"))
+            sa.select(e.c.order_id, sa.func.count().label("n"), pids.label("pids"))
             .group_by(e.c.order_id).having(sa.func.count() > 1).limit(SAMPLE)).all()
         processed, processed_ok = conn.execute(
             sa.select(sa.func.count(),

@@ -1,8 +1,8 @@
 """Carrying out one planned fault, and the record of what happened.
 
 Process kills SIGKILL one role and start it again after the planned down time; service kills do
-the same to the run's own MariaDB, Redis, name server, broker or RocketMQ 5 proxy (never the
-shared ones; the proxy holds its broker); a Redis
+the same to the run's own MariaDB (or PostgreSQL), Redis, name server, broker or RocketMQ 5 proxy
+(never the shared ones; the proxy holds its broker); a Redis
 flush is FLUSHALL on the run's Redis; a duplicate storm puts a few percent of the SENT and
 CONSUMED outbox rows back to PENDING with the operator's command (`ckit outbox retry --force`), so
 the relays send the same message ids again.
@@ -21,8 +21,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.faults import kit, world
+from bench.faults.postgres import PostgreSQL
 from bench.faults.processes import Supervisor
-from bench.faults.schedule import Fault
+from bench.faults.schedule import DB_KILL, Fault
 from bench.faults.services import MariaDB, Redis, RocketMQ
 
 STORM_SHARE = 0.03
@@ -68,11 +69,12 @@ class FaultRecord:
 class Injector:
     """Applies faults to the run's processes and services."""
 
-    def __init__(self, *, supervisor: Supervisor, mariadb: MariaDB, redis: Redis,
+    def __init__(self, *, supervisor: Supervisor, database: MariaDB | PostgreSQL, redis: Redis,
                  rocketmq: RocketMQ | None, orders_url: str, clock: Callable[[], float],
                  seed: int, cli_env: dict[str, str]) -> None:
         self.supervisor = supervisor
-        self.mariadb = mariadb
+        #: the run's MariaDB (mariadb-kill) or PostgreSQL (postgres-kill)
+        self.database = database
         self.redis = redis
         self.rocketmq = rocketmq
         self.orders_url = orders_url
@@ -120,12 +122,14 @@ class Injector:
             time.sleep(fault.down)
             self.redis.start()
             rec.new_pid = self.redis.pid
-        elif fault.kind == "mariadb-kill":
-            rec.target = "mariadb"
-            rec.pid = self.mariadb.kill9()
+        elif fault.kind in ("mariadb-kill", "postgres-kill"):
+            if fault.kind != DB_KILL[self.database.name]:
+                raise InjectError(f"{fault.kind} does not apply to this run's database")
+            rec.target = self.database.name
+            rec.pid = self.database.kill9()
             time.sleep(fault.down)
-            self.mariadb.start()
-            rec.new_pid = self.mariadb.pid
+            self.database.start()
+            rec.new_pid = self.database.pid
         elif fault.kind in ("broker-kill", "namesrv-kill", "proxy-kill"):
             component = fault.kind.removesuffix("-kill")
             if self.rocketmq is None or component not in self.rocketmq.COMPONENTS:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 #: name -> pattern; a pattern with a group counts the group's number, else one per line
 PATTERNS = {
-    "deadlocks": re.compile(r"Deadlock found"),
+    "deadlocks": re.compile(r"Deadlock found|deadlock detected"),  # MariaDB | PostgreSQL
     "lock_wait_timeouts": re.compile(r"Lock wait timeout"),
     "receipts_given_up": re.compile(r"ack batch of (\d+) .* given up"),
     "dispatcher_batches_left": re.compile(

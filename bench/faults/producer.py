@@ -68,9 +68,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = sa.create_engine(os.environ["FAULTS_ORDERS_URL"], pool_pre_ping=True,
-                              connect_args={"connect_timeout": 3, "read_timeout": 30,
-                                            "write_timeout": 30})
+    url = os.environ["FAULTS_ORDERS_URL"]
+    engine = sa.create_engine(url, pool_pre_ping=True, connect_args=world.connect_args(url))
     transport = kit.open_transport(os.environ["FAULTS_TRANSPORT"])
     dispatcher = kit.Dispatcher(engine, transport).start()
     outbox = kit.Outbox(engine, producer=world.PRODUCER, dispatcher=dispatcher)

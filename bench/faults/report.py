@@ -46,7 +46,8 @@ def placed_times(orders: Engine) -> dict[int, float]:
 
 
 def title(cfg: Config) -> str:
-    return (f"consumer-kit fault run: transport {cfg.transport}, {cfg.messages:,} orders at "
+    on = "" if cfg.db == "mariadb" else f" on {cfg.db}"
+    return (f"consumer-kit fault run: transport {cfg.transport}{on}, {cfg.messages:,} orders at "
             f"{cfg.rate:.0f}/s, every fault kind x{cfg.repeats}, seed {cfg.seed}, relays "
             f"--claim {cfg.relay_claim}, consumers' redis_claims {cfg.redis_claims}")
 
@@ -187,7 +188,8 @@ def verdict(rep: dict[str, Any], cfg: Config) -> str:
     how = ("without the reconciler" if rep["without_reconciler"] else
            f"with {len(rep['reconcile_rounds'])} reconcile round(s): {rep['reconciled_rows']} "
            f"rows ({rep['reconciled_share_pct']}%) reached CONSUMED only through it")
-    return (f"ok: {cfg.transport}, {final['orders']:,} orders, {len(rep['faults'])} faults of "
+    on = "" if cfg.db == "mariadb" else f" on {cfg.db}"
+    return (f"ok: {cfg.transport}{on}, {final['orders']:,} orders, {len(rep['faults'])} faults of "
             f"{len(rep['faults_by_kind'])} kinds, {final['lost']} lost, {final['doubled']} "
             f"doubled, all CONSUMED {rep['converge_s']}s after the flow ended, {how}")
 

@@ -19,6 +19,8 @@ import sqlalchemy as sa
 
 from bench.faults import checks, kit, report, schedule, settle, timeline, world
 from bench.faults.inject import FaultRecord, InjectError, Injector
+from bench.faults.postgres import PostgreSQL
+from bench.faults.postgres import missing_programs as missing_postgres
 from bench.faults.processes import Proc, Supervisor
 from bench.faults.services import (
     MariaDB,
@@ -40,6 +42,8 @@ class Config:
     """What one run does (`bench/faults.py --help` documents each option)."""
 
     transport: str = "sql"
+    #: the run's database server: `mariadb` or `postgresql`
+    db: str = "mariadb"
     messages: int = 1000
     repeats: int = 1
     window: float = 90.0
@@ -72,7 +76,9 @@ class Run:
         self.flow0: float | None = None  # wall time the producer started
         self.ports = Ports(cfg.port_offset)
         d = cfg.run_dir
-        self.mariadb = MariaDB(d / "mariadb", self.ports.mariadb)
+        self.database: MariaDB | PostgreSQL = (
+            PostgreSQL(d / "postgresql", self.ports.postgresql) if cfg.db == "postgresql"
+            else MariaDB(d / "mariadb", self.ports.mariadb))
         self.redis = Redis(d / "redis", self.ports.redis)
         self.rocketmq: RocketMQ | None = None
         if cfg.transport == "rocketmq":
@@ -80,10 +86,10 @@ class Run:
         elif cfg.transport == "rocketmq5":
             self.rocketmq = RocketMQ5(d / "rocketmq5", self.ports.namesrv5, self.ports.broker5,
                                       self.ports.proxy)
-        self.urls = world.Urls(self.ports.mariadb, self.redis.url, world.transport_url(
-            cfg.transport, mariadb_port=self.ports.mariadb,
+        self.urls = world.Urls(self.database.port, self.redis.url, world.transport_url(
+            cfg.transport, db_port=self.database.port,
             namesrv_port=self.ports.namesrv5 if cfg.transport == "rocketmq5" else
-            self.ports.namesrv, proxy_port=self.ports.proxy))
+            self.ports.namesrv, proxy_port=self.ports.proxy, db_kind=cfg.db), cfg.db)
         self.supervisor = Supervisor(self.clock, self.say)
         self.records: list[FaultRecord] = []
         self.errors: list[str] = []
@@ -117,15 +123,19 @@ class Run:
     # -- phases ---------------------------------------------------------------------------
 
     def start_services(self) -> None:
-        missing = missing_programs(self.cfg.transport)
+        missing = missing_programs(self.cfg.transport, self.cfg.db)
+        if self.cfg.db == "postgresql":
+            missing += missing_postgres()
         if missing:
             raise ServiceError(f"missing {', '.join(missing)}: run scripts/setup.sh")
-        check_ports_free(self.ports.all(self.cfg.transport))
-        self.mariadb.install()
-        self.mariadb.start()
-        self.mariadb.provision(world.DATABASES, world.DB_USER, world.DB_PASSWORD)
+        check_ports_free(self.ports.all(self.cfg.transport, self.cfg.db))
+        db = self.database
+        db.install()
+        db.start()
+        db.provision(world.DATABASES, world.DB_USER, world.DB_PASSWORD)
         self.redis.start()
-        self.say(f"MariaDB {self.mariadb.version()} on 127.0.0.1:{self.ports.mariadb}, "
+        server = "PostgreSQL" if isinstance(db, PostgreSQL) else "MariaDB"
+        self.say(f"{server} {db.version()} on 127.0.0.1:{db.port}, "
                  f"Redis {self.redis.version()} on 127.0.0.1:{self.ports.redis}")
         if isinstance(self.rocketmq, RocketMQ5):
             began = time.monotonic()
@@ -255,10 +265,10 @@ def run(cfg: Config, out: Callable[[str], None] = print) -> dict[str, Any]:
         r.say(f"started {len(r.supervisor.procs)} processes; producer at {cfg.rate:.1f} orders/s")
         sampler = timeline.Sampler(r.urls.orders, r.clock)
         sampler.start()
-        kinds = schedule.kinds_for(cfg.transport)
+        kinds = schedule.kinds_for(cfg.transport, cfg.db)
         plan = schedule.plan(kinds, repeats=cfg.repeats, start=min(10.0, cfg.window * 0.1),
                              end=cfg.window * 0.92, seed=cfg.seed)
-        injector = Injector(supervisor=r.supervisor, mariadb=r.mariadb, redis=r.redis,
+        injector = Injector(supervisor=r.supervisor, database=r.database, redis=r.redis,
                             rocketmq=r.rocketmq, orders_url=r.urls.orders, clock=r.clock,
                             seed=cfg.seed, cli_env=r.env())
         r.inject_faults(injector, plan)
@@ -291,12 +301,13 @@ def run(cfg: Config, out: Callable[[str], None] = print) -> dict[str, Any]:
         if r.supervisor.procs:
             r.stopped_at = r.clock()
             shutdown = r.supervisor.stop_all()
-        try:  # the latest deadlock, for the report's reader
-            (cfg.run_dir / "innodb-status.txt").write_text(r.mariadb.innodb_status())
+        try:  # the latest deadlock, for the report's reader (PostgreSQL logs every one)
+            if isinstance(r.database, MariaDB):
+                (cfg.run_dir / "innodb-status.txt").write_text(r.database.innodb_status())
         except Exception as exc:  # a diagnostic must not fail the run
             r.say(f"could not read SHOW ENGINE INNODB STATUS: {exc}")
         if not cfg.keep_services:
-            for service in (r.rocketmq, r.redis, r.mariadb):
+            for service in (r.rocketmq, r.redis, r.database):
                 if service is not None:
                     try:
                         service.stop()

@@ -16,7 +16,9 @@ import random
 PROCESS_KINDS = ("kill-producer", "kill-relay", "kill-consume", "kill-receipts")
 #: faults of the services every transport uses
 SERVICE_KINDS = ("redis-flush", "redis-kill", "mariadb-kill", "dup-storm")
-#: faults of the RocketMQ broker's processes (on the SQL transport the broker is MariaDB)
+#: `--db postgresql`: the run's PostgreSQL is killed in the place of its MariaDB
+DB_KILL = {"mariadb": "mariadb-kill", "postgresql": "postgres-kill"}
+#: faults of the RocketMQ broker's processes (on the SQL transport the broker is the database)
 ROCKETMQ_KINDS = ("broker-kill", "namesrv-kill")
 #: RocketMQ 5: the proxy holds the broker (local mode), so killing it kills both
 ROCKETMQ5_KINDS = ("proxy-kill", "namesrv-kill")
@@ -27,9 +29,11 @@ TRANSPORT_KINDS = {"rocketmq": ROCKETMQ_KINDS, "rocketmq5": ROCKETMQ5_KINDS}
 INSTANCES = {"kill-producer": 1, "kill-relay": 2, "kill-consume": 2, "kill-receipts": 1}
 #: down time range in seconds (kill -9 -> restart)
 DOWN = {"kill": (0.5, 3.0), "redis-kill": (1.0, 4.0), "mariadb-kill": (1.0, 4.0),
-        "broker-kill": (1.0, 4.0), "namesrv-kill": (1.0, 4.0), "proxy-kill": (1.0, 4.0)}
+        "postgres-kill": (1.0, 4.0), "broker-kill": (1.0, 4.0), "namesrv-kill": (1.0, 4.0),
+        "proxy-kill": (1.0, 4.0)}
 #: relative slot sizes (default 1)
-WEIGHT = {"mariadb-kill": 1.5, "broker-kill": 3.0, "namesrv-kill": 3.0, "proxy-kill": 3.0}
+WEIGHT = {"mariadb-kill": 1.5, "postgres-kill": 1.5, "broker-kill": 3.0, "namesrv-kill": 3.0,
+          "proxy-kill": 3.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +46,18 @@ class Fault:
     down: float = 0.0
 
 
-def kinds_for(transport: str) -> tuple[str, ...]:
-    """Every fault kind that applies to `transport` (`sql`, `rocketmq` or `rocketmq5`).
+def kinds_for(transport: str, db: str = "mariadb") -> tuple[str, ...]:
+    """Every fault kind that applies to `transport` (`sql`, `rocketmq` or `rocketmq5`) on `db`
+    (`mariadb` or `postgresql`: its kill takes mariadb-kill's place, so a seed plans the same
+    times on both).
 
     >>> kinds_for("rocketmq5")[-2:]
     ('proxy-kill', 'namesrv-kill')
+    >>> kinds_for("sql", "postgresql")[4:]
+    ('redis-flush', 'redis-kill', 'postgres-kill', 'dup-storm')
     """
-    return PROCESS_KINDS + SERVICE_KINDS + TRANSPORT_KINDS.get(transport, ())
+    services = tuple(DB_KILL[db] if k == "mariadb-kill" else k for k in SERVICE_KINDS)
+    return PROCESS_KINDS + services + TRANSPORT_KINDS.get(transport, ())
 
 
 def plan(kinds: tuple[str, ...], *, repeats: int, start: float, end: float,

@@ -46,6 +46,11 @@ class Ports:
         return 3306 + self.offset
 
     @property
+    def postgresql(self) -> int:
+        """The run's PostgreSQL (`--db postgresql`; scripts/postgres.sh: 5432)."""
+        return 5432 + self.offset
+
+    @property
     def redis(self) -> int:
         return 6379 + self.offset
 
@@ -72,15 +77,16 @@ class Ports:
         """RocketMQ 5's proxy, gRPC (8081); its remoting port is the next one (8082)."""
         return 8081 + self.offset
 
-    def all(self, transport: str) -> list[int]:
-        """Every port the run listens on for `transport` (a broker also takes PORT-2 and
-        PORT+1)."""
+    def all(self, transport: str, db: str = "mariadb") -> list[int]:
+        """Every port the run listens on for `transport` and `db` (a broker also takes PORT-2
+        and PORT+1)."""
         extra = {
             "rocketmq": [self.namesrv, self.broker - 2, self.broker, self.broker + 1],
             "rocketmq5": [self.namesrv5, self.broker5 - 2, self.broker5, self.broker5 + 1,
                           self.proxy, self.proxy + 1],
         }.get(transport, [])
-        return [self.mariadb, self.redis, *extra]
+        database = self.postgresql if db == "postgresql" else self.mariadb
+        return [database, self.redis, *extra]
 
 
 def port_open(port: int) -> bool:
@@ -409,9 +415,11 @@ def program(name: str) -> str:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
 
 
-def missing_programs(transport: str) -> list[str]:
-    """The programs a run on `transport` needs that this machine lacks (scripts/setup.sh
-    installs them): both RocketMQ transports need java."""
+def missing_programs(transport: str, db: str = "mariadb") -> list[str]:
+    """The programs on PATH a run on `transport` and `db` needs that this machine lacks
+    (scripts/setup.sh installs them): both RocketMQ transports need java. PostgreSQL's are
+    not on PATH: `postgres.missing_programs` looks for them."""
     java = transport in ("rocketmq", "rocketmq5")
-    needed = ["mariadbd", "mariadb-install-db", "redis-server"] + (["java"] if java else [])
+    mariadb = ["mariadbd", "mariadb-install-db"] if db == "mariadb" else []
+    needed = [*mariadb, "redis-server"] + (["java"] if java else [])
     return [name for name in needed if program(name) == name]

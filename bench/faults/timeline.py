@@ -1,7 +1,7 @@
 """The run over time: outbox backlog by state sampled every second, effects per second from the
 effect rows' own timestamps, and the picture (PNG) with the faults as markers.
 
-The sampler reads the producer's database; while MariaDB is down a sample is missing (a gap in
+The sampler reads the producer's database; while the database is down a sample is missing (a gap in
 the backlog lines), never a wrong number. Effects per second come from the effect rows written
 by the handlers (`at`, the handler's clock), so they have no gap.
 """
@@ -23,7 +23,8 @@ MARKERS = {
     "kill-producer": ("v", "tab:blue"), "kill-relay": ("v", "tab:orange"),
     "kill-consume": ("v", "tab:green"), "kill-receipts": ("v", "tab:purple"),
     "redis-flush": ("x", "tab:red"), "redis-kill": ("X", "tab:red"),
-    "mariadb-kill": ("D", "black"), "broker-kill": ("s", "tab:brown"),
+    "mariadb-kill": ("D", "black"), "postgres-kill": ("D", "tab:cyan"),
+    "broker-kill": ("s", "tab:brown"),
     "namesrv-kill": ("P", "tab:brown"), "proxy-kill": ("s", "tab:olive"),
     "dup-storm": ("*", "tab:pink"),
 }
@@ -65,7 +66,7 @@ class Sampler:
                     rows = conn.execute(sa.select(self._outbox.c.state, sa.func.count())
                                         .group_by(self._outbox.c.state)).all()
             except sa.exc.DBAPIError:
-                continue  # MariaDB down: no sample
+                continue  # the database down: no sample
             self.samples.append(Sample(round(t, 2), {kit.STATE_NAMES.get(int(s), str(s)): int(n)
                                                      for s, n in rows}))
 

@@ -2,8 +2,8 @@
 
 The producer's database holds the orders and the outbox; the consumer's database holds the effect
 rows and the processed table; with `--transport sql` a third database on the same server is the
-broker. The effect table has no unique key on purpose: a message applied twice shows up as two
-rows for one order.
+broker. The server is the run's MariaDB, or with `--db postgresql` its PostgreSQL. The effect
+table has no unique key on purpose: a message applied twice shows up as two rows for one order.
 """
 
 from __future__ import annotations
@@ -53,17 +53,24 @@ effects = sa.Table(
 )
 
 
+#: the SQLAlchemy scheme of each `--db`
+SCHEMES = {"mariadb": "mysql+pymysql", "postgresql": "postgresql+psycopg"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Urls:
     """Where everything is (these URLs carry the test password: print them through kit.mask)."""
 
-    mariadb_port: int
+    db_port: int
     redis: str
     transport: str
+    #: `--db`: mariadb or postgresql
+    db_kind: str = "mariadb"
 
     def db(self, name: str) -> str:
-        """SQLAlchemy URL of database `name` on the run's MariaDB."""
-        return (f"mysql+pymysql://{DB_USER}:{DB_PASSWORD}@127.0.0.1:{self.mariadb_port}/{name}")
+        """SQLAlchemy URL of database `name` on the run's MariaDB (or PostgreSQL)."""
+        return (f"{SCHEMES[self.db_kind]}://{DB_USER}:{DB_PASSWORD}@127.0.0.1:{self.db_port}/"
+                f"{name}")
 
     @property
     def orders(self) -> str:
@@ -74,12 +81,13 @@ class Urls:
         return self.db(INVENTORY_DB)
 
 
-def transport_url(kind: str, *, mariadb_port: int, namesrv_port: int,
-                  proxy_port: int | None = None) -> str:
-    """The transport URL for `--transport sql|rocketmq|rocketmq5` (RocketMQ 5: the proxy's gRPC
-    port, with the name server for what the proxy cannot do: topics, groups, dead letters)."""
+def transport_url(kind: str, *, db_port: int, namesrv_port: int,
+                  proxy_port: int | None = None, db_kind: str = "mariadb") -> str:
+    """The transport URL for `--transport sql|rocketmq|rocketmq5` (sql: on the run's database;
+    RocketMQ 5: the proxy's gRPC port, with the name server for what the proxy cannot do:
+    topics, groups, dead letters)."""
     if kind == "sql":
-        return "sql+" + Urls(mariadb_port, "", "").db(MQ_DB)
+        return "sql+" + Urls(db_port, "", "", db_kind).db(MQ_DB)
     if kind == "rocketmq5":
         if proxy_port is None:
             raise ValueError("rocketmq5 needs the proxy's port")
@@ -87,11 +95,18 @@ def transport_url(kind: str, *, mariadb_port: int, namesrv_port: int,
     return f"rocketmq://127.0.0.1:{namesrv_port}"
 
 
+def connect_args(url: str) -> dict[str, int]:
+    """Short connect timeouts for the runner's and the producer's engines (psycopg has no
+    read/write timeout: a killed PostgreSQL resets its connections)."""
+    if url.startswith("postgresql"):
+        return {"connect_timeout": 3}
+    return {"connect_timeout": 3, "read_timeout": 30, "write_timeout": 30}
+
+
 def engine(url: str) -> Engine:
     """A small engine for the runner's own reads: short timeouts, no pooled dead connections."""
     return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2,
-                            connect_args={"connect_timeout": 3, "read_timeout": 30,
-                                          "write_timeout": 30})
+                            connect_args=connect_args(url))
 
 
 def create_tables(urls: Urls, *, sql_transport: bool, timeout: float = 120) -> None:
