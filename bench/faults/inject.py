@@ -21,10 +21,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.faults import kit, world
+from bench.faults.mariadb import MariaDB
 from bench.faults.postgres import PostgreSQL
 from bench.faults.processes import Supervisor
 from bench.faults.schedule import DB_KILL, Fault
-from bench.faults.services import MariaDB, Redis, RocketMQ
+from bench.faults.services import Redis, RocketMQ
 
 STORM_SHARE = 0.03
 STORM_MAX = 2_000

@@ -19,11 +19,11 @@ import sqlalchemy as sa
 
 from bench.faults import checks, kit, report, schedule, settle, timeline, world
 from bench.faults.inject import FaultRecord, InjectError, Injector
+from bench.faults.mariadb import MariaDB
 from bench.faults.postgres import PostgreSQL
 from bench.faults.postgres import missing_programs as missing_postgres
 from bench.faults.processes import Proc, Supervisor
 from bench.faults.services import (
-    MariaDB,
     Ports,
     Redis,
     RocketMQ,
