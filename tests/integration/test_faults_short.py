@@ -11,13 +11,16 @@ skipped locally without them, failed under CI.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from bench.faults import postgres
 from bench.faults.schedule import kinds_for
 from bench.faults.services import missing_programs
 from consumer_kit.transports.rocketmq5 import RocketMQ5Transport
@@ -46,8 +49,10 @@ def run_bounded(argv: list[str], timeout: float) -> tuple[str, str, int]:
     return stdout, stderr, proc.returncode
 
 
-def programs(transport: str) -> None:
-    missing = missing_programs(transport)
+def programs(transport: str, db: str = "mariadb") -> None:
+    missing = missing_programs(transport, db)
+    if db == "postgresql":
+        missing += postgres.missing_programs()
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}")
     if transport == "rocketmq5":  # the 5.x client (ConfigError with the pip command)
@@ -56,34 +61,48 @@ def programs(transport: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(max(RUN_TIMEOUT.values()) + 90)
-@pytest.mark.parametrize(("transport", "claim", "redis_claims"), [
-    pytest.param("sql", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("sql", "lock", "every", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("sql", "lease", "adaptive", marks=[pytest.mark.mariadb, pytest.mark.redis]),
-    pytest.param("rocketmq", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                                      pytest.mark.rocketmq]),
-    pytest.param("rocketmq5", "lease", "every", marks=[pytest.mark.mariadb, pytest.mark.redis,
-                                                       pytest.mark.rocketmq5]),
+@pytest.mark.parametrize(("transport", "claim", "redis_claims", "db"), [
+    pytest.param("sql", "lease", "every", "mariadb",
+                 marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lock", "every", "mariadb",
+                 marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lease", "adaptive", "mariadb",
+                 marks=[pytest.mark.mariadb, pytest.mark.redis]),
+    pytest.param("sql", "lease", "every", "postgresql",
+                 marks=[pytest.mark.postgresql, pytest.mark.redis]),
+    pytest.param("rocketmq", "lease", "every", "mariadb",
+                 marks=[pytest.mark.mariadb, pytest.mark.redis, pytest.mark.rocketmq]),
+    pytest.param("rocketmq5", "lease", "every", "mariadb",
+                 marks=[pytest.mark.mariadb, pytest.mark.redis, pytest.mark.rocketmq5]),
 ])
 def test_a_short_fault_run_loses_no_order_and_applies_none_twice(
-    transport: str, claim: str, redis_claims: str, tmp_path: Path
+    transport: str, claim: str, redis_claims: str, db: str, tmp_path: Path
 ) -> None:
     # Given: the server programs (the run starts its own servers with them)
-    services.require(f"the programs for a {transport} fault run", lambda: programs(transport))
+    services.require(f"the programs for a {transport} fault run on {db}",
+                     lambda: programs(transport, db))
     report_path = tmp_path / "report.json"
+    run_dir = tmp_path / "run"
+    if db == "postgresql":  # its server runs as the postgres user: pytest's tmp is root's only
+        run_dir = Path(tempfile.mkdtemp(prefix="ckit-faults-pg-"))
+        run_dir.chmod(0o755)
 
     # When: the short scenario runs with every fault kind of this transport
     stdout, stderr, code = run_bounded(
         [sys.executable, "bench/faults.py", "--transport", transport, "--seed", "12",
-         "--relay-claim", claim, "--redis-claims", redis_claims, "--dir", str(tmp_path / "run"),
+         "--relay-claim", claim, "--redis-claims", redis_claims, "--db", db,
+         "--dir", str(run_dir),
          "--json", str(report_path)],
         RUN_TIMEOUT[transport])
+
+    if db == "postgresql":
+        shutil.rmtree(run_dir, ignore_errors=True)
 
     # Then: every invariant held, after every kind of fault
     output = stdout[-6000:] + stderr[-3000:]
     assert report_path.exists(), output
     report = json.loads(report_path.read_text())
-    assert set(report["faults_by_kind"]) == set(kinds_for(transport)), output
+    assert set(report["faults_by_kind"]) == set(kinds_for(transport, db)), output
     assert report["title"].endswith(f"redis_claims {redis_claims}"), report["title"]
     final = report["final"]
     assert final is not None, output
