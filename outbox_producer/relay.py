@@ -107,21 +107,24 @@ class RelayResult:
 
     def committed(self) -> str | None:
         """What the batches so far committed, for an error that stops the run part way
-        (`core.progress`): "12 messages sent, 1 retried in 3 batches", or None for nothing."""
+        (`core.progress`): "12 messages sent, 1 retried in 3 batches", then the sends whose
+        marks were lost ("..., and 2 sent but not marked SENT (...)"), or None for nothing."""
         outcomes = [counted(self.stats.sent, "message", "sent"),
                     self.stats.retried and f"{self.stats.retried:,} retried",
-                    self.stats.failed and f"{self.stats.failed:,} failed",
-                    self.stats.unmarked and unmarked_text(self.stats.unmarked)]
+                    self.stats.failed and f"{self.stats.failed:,} failed"]
         done = ", ".join(o for o in outcomes if o)
-        if not done:
-            return None
-        return f"{done} in {self.batches:,} batch{'' if self.batches == 1 else 'es'}"
+        if done:
+            done = f"{done} in {self.batches:,} batch{'' if self.batches == 1 else 'es'}"
+        if self.stats.unmarked:
+            lost = unmarked_text(self.stats.unmarked)
+            done = f"{done}, and {lost}" if done else lost
+        return done or None
 
 
 def unmarked_text(count: int) -> str:
     """What becomes of `count` messages sent whose SENT mark was lost (`SendStats.unmarked`)."""
-    return (f"{count:,} sent but not marked SENT: sent again (when their lease ends; with "
-            "--claim lock at once), consumers dedupe")
+    return (f"{count:,} sent but not marked SENT (sent again when their lease ends, with "
+            "--claim lock at once; consumers dedupe)")
 
 
 class ClaimLost(Exception):
@@ -331,8 +334,9 @@ class Relay:
                 stats, what = None, f"{lost} ({lost_in_a_row} in a row)"
             except Exception as exc:
                 partial = committed_part(exc)  # marks of the batch committed before it
-                if partial is not None and (partial.committed() or partial.unmarked):
-                    result.batches += 1
+                if partial is not None:
+                    if partial.committed():  # (sends whose marks were lost commit nothing)
+                        result.batches += 1
                     result.stats.add(partial)
                 # a bug or a schema, permission or integrity problem: waiting cannot fix it
                 if not isinstance(exc, sa.exc.DBAPIError) or not is_transient(
@@ -340,7 +344,7 @@ class Relay:
                     raise
                 stats = None
                 what = "database error: " + describe(exc) + (
-                    f" ({unmarked_text(partial.unmarked)})" if partial and partial.unmarked
+                    f"; {unmarked_text(partial.unmarked)}" if partial and partial.unmarked
                     else "")
             if stats is not None and stats.outage:
                 result.batches += 1
