@@ -116,13 +116,9 @@ class PendingClaim:
             raw = self._conn.read_response()
             clean = True
         except redis.exceptions.NoScriptError:  # Redis lost the script (a restart, a flush)
-            self._done(clean=True)
             # nothing of the script ran: the markers wait for the next claim, and this claim
             # goes alone, which loads the script again
-            self.dedupe.writer.resubmit(self._riders)
-            self._riders = []
-            self._answer = self.dedupe.claim(self.message_id, self.token)
-            return self._answer
+            return self._again(clean=True)
         except redis.ConnectionError as exc:
             if not self._reused:  # a new connection failed: Redis is away
                 self.dedupe.failed("claim", self.message_id, exc)
@@ -132,11 +128,7 @@ class PendingClaim:
             # timeout): that proves nothing of Redis now, and every thread keeps one, so each
             # would degrade the store again after Redis is back. Once more on a new connection
             # (the same token and markers: the scripts are idempotent); a failure then degrades.
-            self._done(clean=False)
-            self.dedupe.writer.resubmit(self._riders)
-            self._riders = []
-            self._answer = self.dedupe.claim(self.message_id, self.token)
-            return self._answer
+            return self._again(clean=False)
         except redis.ResponseError as exc:
             clean = True
             if key_error(exc):  # this key alone
@@ -161,6 +153,15 @@ class PendingClaim:
         finally:
             self._riders = []
             self._done(clean)
+        return self._answer
+
+    def _again(self, *, clean: bool) -> Claim:
+        """Give up the kept connection (`clean`: every answer on it was read) and claim once
+        more, alone; the markers this claim carried wait for the next one."""
+        self._done(clean=clean)
+        self.dedupe.writer.resubmit(self._riders)
+        self._riders = []
+        self._answer = self.dedupe.claim(self.message_id, self.token)
         return self._answer
 
     def _done(self, clean: bool) -> None:

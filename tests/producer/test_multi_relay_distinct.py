@@ -13,23 +13,11 @@ import sqlalchemy as sa
 
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
-from outbox_producer import Outbox
+from consumer_kit.core.schema import outbox_table
 from outbox_producer.distinct import check_distinct_outboxes
 from outbox_producer.shards import MultiRelay
 from tests.recording import RecordingTransport
-
-
-def producer_db(path: Path, rows: int) -> str:
-    url = f"sqlite:///{path}"
-    engine = make_engine(url)
-    build_metadata(TableNames(), include_transport=False).create_all(engine)
-    outbox = Outbox(engine, producer="orders")
-    with engine.begin() as conn:
-        for k in range(rows):
-            outbox.publish(conn, "T", {"k": k}, biz_type="t", biz_key=f"{path.stem}-{k}")
-    engine.dispose()
-    return url
+from tests.test_cli_scale import producer_db
 
 
 def test_a_copy_of_a_shard_given_to_a_multi_relay_is_refused_before_any_row_moves(
