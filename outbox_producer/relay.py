@@ -33,7 +33,7 @@ from outbox_producer.claim import (
 )
 from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
-from outbox_producer.send_stats import SendStats, committed_part
+from outbox_producer.send_stats import SendStats, committed_part, unmarked_text
 from outbox_producer.sender import Sender
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,6 @@ class RelayResult:
             done = f"{done}, and {lost}" if done else lost
         return done or None
 
-
-def unmarked_text(count: int) -> str:
-    """What becomes of `count` messages sent whose SENT mark was lost (`SendStats.unmarked`)."""
-    return (f"{count:,} sent but not marked SENT (sent again when their lease ends, with "
-            "--claim lock at once; consumers dedupe)")
 
 
 class ClaimLost(Exception):

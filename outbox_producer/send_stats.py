@@ -52,3 +52,9 @@ def committed_part(exc: BaseException) -> SendStats | None:
     """What the batch that raised `exc` had committed before it (`carry_committed`)."""
     stats = getattr(exc, _PARTIAL, None)
     return stats if isinstance(stats, SendStats) else None
+
+
+def unmarked_text(count: int) -> str:
+    """What becomes of `count` messages sent whose SENT mark was lost (`SendStats.unmarked`)."""
+    return (f"{count:,} sent but not marked SENT (sent again when their lease ends, with "
+            "--claim lock at once; consumers dedupe)")
