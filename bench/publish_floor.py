@@ -20,13 +20,13 @@ Variants, interleaved transaction by transaction in rotating order (`bench.peers
                 bare and floor with no SQLAlchemy at all: the same two INSERTs on one DBAPI
                 connection held from the pool (PyMySQL, psycopg), committed by the driver;
 - libpq floor   (psycopg only) the floor with its INSERT sent as a prepared statement through
-                psycopg's `pgconn`, below psycopg's cursor, in the same SQLAlchemy transaction:
-                what a path under the cursor would buy publish. Not one consumer-kit takes
-                inside a begun transaction: a statement the server dropped (psycopg's
-                `rollback()` sends DEALLOCATE ALL once it has prepared statements of its own)
-                would abort the caller's transaction; only a statement that opens its
-                transaction goes below the cursor (`consumer_kit/core/pg_libpq.py`,
-                `bench/peers/README.md`). The bench only commits, so its statement stays.
+                psycopg's `pgconn`, below psycopg's cursor, in the same SQLAlchemy transaction
+                (a statement of the bench's own, prepared once per connection);
+- publish, cursor
+                (psycopg only) publish with its INSERT on psycopg's cursor, as before
+                `consumer_kit/core/pg_prepared.py`: `publish` runs it below the cursor under
+                the statement psycopg's cursor prepared for it (never one of its own), so
+                this line is what that path saves.
 
 `floor-ulid - floor+ulid()` is what the id's form costs the database, `floor+ulid() - floor` what
 making it costs; `publish - floor-ulid` what publish's own work adds (checks, JSON, the row; on
@@ -62,7 +62,9 @@ from bench.peers.runners.ckit import (
     floor_row,
     floor_sql,
     orders_table,
+    payload,
 )
+from consumer_kit.core import driver_sql, pg_prepared
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import outbox_table
 from consumer_kit.core.schema.types import MESSAGE_ID_LEN
@@ -151,6 +153,38 @@ def libpq_floor(engine: sa.engine.Engine, orders: sa.Table, sql: str, columns: S
     return [("libpq floor", floor)]
 
 
+class _CursorOnly:
+    """`consumer_kit.core.pg_prepared` as `driver_sql` sees it, answering "use the cursor"."""
+
+    NOT_RUN = pg_prepared.NOT_RUN
+
+    @staticmethod
+    def run(*args: Any) -> Any:
+        return pg_prepared.NOT_RUN
+
+
+def publish_on_the_cursor(engine: sa.engine.Engine, orders: sa.Table, outbox: Outbox
+                          ) -> list[tuple[str, harness.Variant]]:
+    """publish with its INSERT on psycopg's cursor (`pg_prepared` switched off for the call:
+    two attribute stores), or nothing when the driver is not psycopg."""
+    if engine.dialect.driver != "psycopg":
+        return []
+    insert_order = orders.insert()
+    off = _CursorOnly()
+
+    def publish(key: str) -> None:
+        driver_sql.pg_prepared = off  # type: ignore[assignment]
+        try:
+            with engine.begin() as conn:
+                conn.execute(insert_order, {"sku": key, "qty": 1})
+                outbox.publish(conn, "ORDER_CREATED", payload(key), biz_type="order",
+                               biz_key="q" + key)
+        finally:
+            driver_sql.pg_prepared = pg_prepared
+
+    return [("publish, cursor", publish)]
+
+
 def binary_ids(engine: sa.engine.Engine, table_name: str) -> None:
     """Give the outbox's `message_id` a binary collation (comparisons become byte compares)."""
     with engine.begin() as conn:
@@ -197,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
             runs = harness.publish_runs(
                 variants(engine, orders, outbox, outbox_t, sql)
                 + libpq_floor(engine, orders, sql, FLOOR_COLUMNS)
+                + publish_on_the_cursor(engine, orders, outbox)
                 + driver_variants(held.dbapi_connection, orders_sql, sql), args.tx, args.runs)
         finally:
             held.close()
@@ -228,6 +263,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{libpq_added:+.3f} ms, {libpq_added / floor_added:.2f}x the floor's; publish "
               f"adds {(median['publish'] - median['bare']) / libpq_added:.2f}x that"
               if libpq_added > 0 else "the libpq floor added nothing measurable")
+    if "publish, cursor" in median:
+        on_cursor = median["publish, cursor"] - median["bare"]
+        print(f"publish below psycopg's cursor (under psycopg's own prepared statement) adds "
+              f"{median['publish'] - median['bare']:+.3f} ms; on the cursor {on_cursor:+.3f} "
+              f"ms: it saves {on_cursor - (median['publish'] - median['bare']):.3f} ms")
     print(f"load average at the end: {load_average()}")
 
 

@@ -19,8 +19,10 @@ observe the difference:
 - the engine does not echo statements.
 
 On psycopg, a statement that opens its transaction (the processed row) is sent with psycopg's
-BEGIN in one round trip, as a prepared statement, when it can be (`consumer_kit.core.pg_libpq`).
-Otherwise on the cursor; and through `exec_driver_sql` when the conditions above do not hold.
+BEGIN in one round trip, as a prepared statement, when it can be (`consumer_kit.core.pg_libpq`);
+one inside a begun transaction (publish's row) runs under the statement psycopg's cursor
+prepared for it, once psycopg holds one (`consumer_kit.core.pg_prepared`). Otherwise on the
+cursor; and through `exec_driver_sql` when the conditions above do not hold.
 A connection with a
 `schema_translate_map` needs the Core statement (`translates_schema`): driver SQL names its
 table as compiled. Errors are the same either way: a
@@ -38,7 +40,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
-from consumer_kit.core import pg_libpq
+from consumer_kit.core import pg_libpq, pg_prepared
 
 #: What `execute` answers: the row count, the driver's last row id, or the first column of
 #: the first row returned (None when no row came back).
@@ -107,8 +109,10 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any],
     raw = conn.connection.dbapi_connection
     cursor = None
     try:
-        if conn.dialect.driver == "psycopg":  # with its BEGIN when it can (`pg_libpq`)
-            value = pg_libpq.run(raw, sql, params, answer)
+        if conn.dialect.driver == "psycopg":  # below the cursor when it can
+            value = pg_libpq.run(raw, sql, params, answer)  # with its BEGIN
+            if value is pg_libpq.NOT_RUN:  # inside a transaction: psycopg's prepared one
+                value = pg_prepared.run(raw, sql, params, answer)
             if value is not pg_libpq.NOT_RUN:
                 return value
         cursor = raw.cursor()  # type: ignore[union-attr]

@@ -26,7 +26,8 @@ autocommit or psycopg's pipeline mode; its cursors are psycopg's default `Cursor
 `ClientCursor` factory asks for client-side binding: no prepared statements) and its
 `prepare_threshold` is not None (the switch psycopg users turn prepared statements off with, for
 a pooler that cannot keep them). A statement inside a transaction already begun has nothing to
-share a round trip with: it stays on the cursor. Errors are psycopg's own
+share a round trip with: `consumer_kit.core.pg_prepared` runs it under psycopg's own prepared
+statement, or the cursor does. Errors are psycopg's own
 (`errors.error_from_result`), so SQLAlchemy wraps them as it wraps the cursor's
 (`IntegrityError` for a duplicate key); a failure half-way through an exchange ends the
 connection (SQLAlchemy then invalidates it) rather than leave it in a state psycopg does not
