@@ -220,3 +220,29 @@ def test_a_duplicate_key_below_the_cursor_is_an_integrity_error_and_the_statemen
             conn.exec_driver_sql("SELECT 1")
             assert execute(conn, sql, {"a": "new"}) == 1
     assert pg.count(scratch) == warm + 1
+
+
+@pytest.mark.parametrize("statement", ["returning", "select", "call"])
+def test_the_row_count_below_the_cursor_is_the_cursors_whatever_the_statement_answers(
+        pg: Db, scratch: str, statement: str) -> None:
+    # rows back (RETURNING, a SELECT) are counted; a command without a count (CALL) is -1
+    sql = {"returning": f"INSERT INTO {scratch} (a) VALUES (%(a)s) RETURNING id",
+           "select": f"SELECT a FROM {scratch} WHERE a <> %(a)s",
+           "call": f"CALL {scratch}_p(%(a)s)"}[statement]
+    with pg.engine.begin() as conn:
+        conn.exec_driver_sql(f"INSERT INTO {scratch} (a) VALUES ('x'), ('y')")
+        conn.exec_driver_sql(f"CREATE PROCEDURE {scratch}_p(a text) LANGUAGE sql AS 'SELECT 1'")
+    try:
+        with pg.engine.connect() as conn:
+            warm = _threshold(conn)
+            answers = []
+            for n in range(warm + 2):  # the last ones below the cursor, under its statement
+                with conn.begin():
+                    conn.exec_driver_sql("SELECT 1")
+                    answers.append(execute(conn, sql, {"a": f"v{n}"}))
+            names = conn.connection.dbapi_connection._prepared._names  # type: ignore[union-attr]
+            assert any(query.startswith(sql.split()[0].encode()) for query, _ in names)
+    finally:
+        with pg.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP PROCEDURE {scratch}_p(text)")
+    assert answers == [{"returning": 1, "select": 2, "call": -1}[statement]] * (warm + 2)

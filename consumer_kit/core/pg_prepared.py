@@ -12,7 +12,8 @@ of what the INSERT adds to the caller's transaction (`bench/publish_floor.py`).
 `run` sends the EXECUTE of the statement psycopg prepared, under psycopg's name for it, with
 the parameters adapted by psycopg's own `Transformer` and query conversion (the same text,
 types and formats as the cursor's; psycopg names a statement per text and types), and reads the
-row count. It never prepares a statement of its own: psycopg's bookkeeping decides which
+row count as the cursor's `rowcount` reads it (the rows returned, when any; -1 for a command
+without a count). It never prepares a statement of its own: psycopg's bookkeeping decides which
 statements the server holds (it forgets them all when a rollback, a `DISCARD ALL`, a
 `DEALLOCATE ALL`, a `DROP` or an `ALTER` goes through it, and evicts the least used past
 `prepared_max`), so a statement runs here only under a name psycopg's cursor would run it under
@@ -76,10 +77,13 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
             if result.error_field(api.pq.DiagnosticField.SQLSTATE) == _GONE:
                 names.pop(key, None)  # dropped behind psycopg's back: its cursor prepares anew
             raise api.errors.error_from_result(result, encoding=raw.info.encoding)
+        if result.status == status.TUPLES_OK:  # rows back (RETURNING, a SELECT): counted
+            return result.ntuples
         if result.status != status.COMMAND_OK:
             raise api.errors.InternalError(
                 f"unexpected result from PostgreSQL: {status(result.status).name}")
-        return result.command_tuples
+        count = result.command_tuples
+        return -1 if count is None else count  # a command without a count (CALL): -1
 
 
 def _names(raw: Any) -> OrderedDict[tuple[bytes, tuple[int, ...]], bytes] | None:
