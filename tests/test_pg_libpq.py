@@ -289,3 +289,20 @@ def test_an_interrupt_half_way_through_ends_the_connection_and_sqlalchemy_drops_
     with pg.engine.connect() as conn:  # the pool hands out a working one
         _insert_first(conn, scratch, a="next")
     assert pg.count(scratch) == 1
+
+
+def test_a_command_without_a_count_opening_the_transaction_answers_the_cursors_minus_one(
+        pg: Db, scratch: str) -> None:
+    with pg.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE PROCEDURE {scratch}_p(a text) LANGUAGE sql AS 'SELECT 1'")
+    try:
+        with pg.engine.connect() as conn:
+            answers = []
+            for _ in range(3):  # prepared by this path on the first, used as it is after
+                with conn.begin():
+                    answers.append(execute(conn, f"CALL {scratch}_p(%(a)s)", {"a": "v"}))
+            assert _ours(conn)
+    finally:
+        with pg.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP PROCEDURE {scratch}_p(text)")
+    assert answers == [-1, -1, -1]  # the cursor's rowcount when the command has no count

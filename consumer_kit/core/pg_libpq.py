@@ -81,7 +81,11 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
             known.discard(name)
         elif not prepare or results[-2].status == api.pq.ExecStatus.COMMAND_OK:
             known.add(name)  # there: it answered, or the PREPARE went in
-    return _checked(api, results, raw.info.encoding).command_tuples
+    result = _checked(api, results, raw.info.encoding)
+    if result.status == api.pq.ExecStatus.TUPLES_OK:  # as the cursor's rowcount: rows back
+        return result.ntuples
+    count = result.command_tuples
+    return -1 if count is None else count  # a command without a count (CALL): -1
 
 
 _names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
