@@ -176,7 +176,7 @@ _api: list[_API | None] = []
 def _psycopg() -> _API | None:
     """psycopg's modules, once per process, or None when this psycopg is not one `run` was
     written for (3.1 to 3.3: the transaction start command, the query conversion, pipeline
-    mode)."""
+    mode; `generators.execute` for `consumer_kit.core.pg_prepared`)."""
     if _api:
         return _api[0]
     found: _API | None = None
@@ -193,7 +193,8 @@ def _psycopg() -> _API | None:
                 and hasattr(psycopg.Connection, "wait") \
                 and hasattr(psycopg.errors, "error_from_result") \
                 and hasattr(_queries, "PostgresQuery") \
-                and all(hasattr(psycopg.generators, f) for f in ("send", "fetch_many")):
+                and all(hasattr(psycopg.generators, f)
+                        for f in ("send", "fetch_many", "execute")):
             found = _API(psycopg, _queries)
     except (ImportError, ValueError):
         found = None
