@@ -22,6 +22,7 @@ from consumer_kit.message import Message
 from consumer_kit.processed import ProcessedStore, RowClaim
 from outbox_producer import Outbox
 from tests.conftest import Db, database_url, unique_names
+from tests.psycopg_cursors import CursorInserts
 
 pytestmark = pytest.mark.postgresql
 
@@ -64,26 +65,6 @@ def _publish(outbox: Outbox, conn: Connection, key: str) -> str:
     return outbox.publish(conn, "ORDER_CREATED", {"n": key}, biz_type="order", biz_key=key)
 
 
-def _refuse_cursor_inserts(monkeypatch: pytest.MonkeyPatch, conn: Connection) -> None:
-    """psycopg's cursors of `conn` refuse INSERTs: only the path below them can write."""
-    raw: Any = conn.connection.dbapi_connection
-    made = raw.cursor
-
-    class Refusing:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.inner = made(*args, **kwargs)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-            if str(query).lstrip().upper().startswith("INSERT"):
-                raise AssertionError("an INSERT went through psycopg's cursor")
-            return self.inner.execute(query, *args, **kwargs)
-
-    monkeypatch.setattr(raw, "cursor", Refusing)
-
-
 def _claim(store: ProcessedStore, conn: Connection, message_id: str) -> RowClaim:
     with conn.begin():
         return store.claim(conn, _message(message_id), ProcessedStatus.SUCCEEDED, receipt=True)
@@ -94,7 +75,7 @@ def test_the_processed_row_opening_the_transaction_goes_below_the_cursor_prepare
     # Given: a connection whose psycopg cursors refuse INSERTs
     store = ProcessedStore(pg.engine, "billing", table=pg.names.processed)
     with pg.engine.connect() as conn:
-        _refuse_cursor_inserts(monkeypatch, conn)
+        CursorInserts(monkeypatch, conn).refuse = True
         # When: three handler transactions claim a message first
         for n in (1, 2, 3):
             assert _claim(store, conn, f"m{n}") is RowClaim.NEW

@@ -55,17 +55,14 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
     """Run `sql` (named `pyformat` parameters) with `params` on the psycopg connection `raw` as
     its transaction's first statement, with its BEGIN (the module docstring); return its row
     count, or `NOT_RUN` when this path cannot take it."""
-    api = _psycopg()
-    if api is None or answer != "rowcount" or raw.prepare_threshold is None \
-            or raw.cursor_factory is not api.Cursor:
+    api = usable_api(raw, answer)
+    if api is None:
         return NOT_RUN
     with raw.lock:
         pg = raw.pgconn
-        if raw._pipeline is not None or raw.autocommit or pg.status != api.pq.ConnStatus.OK \
-                or pg.transaction_status != api.pq.TransactionStatus.IDLE:
+        if not in_state(api, raw, api.pq.TransactionStatus.IDLE):
             return NOT_RUN
-        query = api.PostgresQuery(api.Transformer.from_context(raw))
-        query.convert(sql, params)
+        query = converted(api, raw, sql, params)
         name = _name(query.query, query.types)
         known = _prepared.setdefault(raw, set())
         begin = raw._get_tx_start_command()
@@ -77,15 +74,47 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
             results = _exchange(api, raw, pg, [b"ROLLBACK", begin], query, name,
                                 prepare=prepare)
         # the PREPARE's result, when one was sent, is the one before the EXECUTE's
-        if _failed(api, results[-1], _GONE):
+        if failed(api, results[-1], _GONE):
             known.discard(name)
         elif not prepare or results[-2].status == api.pq.ExecStatus.COMMAND_OK:
             known.add(name)  # there: it answered, or the PREPARE went in
-    result = _checked(api, results, raw.info.encoding)
-    if result.status == api.pq.ExecStatus.TUPLES_OK:  # as the cursor's rowcount: rows back
-        return result.ntuples
+    return rowcount(api, checked(api, results, raw.info.encoding))
+
+
+def usable_api(raw: Any, answer: str) -> _API | None:
+    """psycopg's names when a statement on the psycopg connection `raw`, answering `answer`,
+    may go below its cursor (the module docstring's conditions that do not change under a
+    transaction), else None."""
+    api = _psycopg()
+    if api is None or answer != "rowcount" or raw.prepare_threshold is None \
+            or raw.cursor_factory is not api.Cursor:
+        return None
+    return api
+
+
+def in_state(api: _API, raw: Any, transaction_status: Any) -> bool:
+    """True when `raw` (its lock held) is a healthy connection in `transaction_status`, not in
+    autocommit or psycopg's pipeline mode."""
+    pg = raw.pgconn
+    return bool(raw._pipeline is None and not raw.autocommit
+                and pg.status == api.pq.ConnStatus.OK
+                and pg.transaction_status == transaction_status)
+
+
+def converted(api: _API, raw: Any, sql: str, params: Mapping[str, Any]) -> Any:
+    """`sql` and `params` as psycopg's cursor would send them on `raw` (its `PostgresQuery`)."""
+    query = api.PostgresQuery(api.Transformer.from_context(raw))
+    query.convert(sql, params)
+    return query
+
+
+def rowcount(api: _API, result: Any) -> int:
+    """What psycopg's cursor's `rowcount` reads from `result`: the rows returned, when any
+    (RETURNING, a SELECT); else the command's count, -1 for a command without one (CALL)."""
+    if result.status == api.pq.ExecStatus.TUPLES_OK:
+        return int(result.ntuples)
     count = result.command_tuples
-    return -1 if count is None else count  # a command without a count (CALL): -1
+    return -1 if count is None else int(count)
 
 
 _names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
@@ -106,14 +135,15 @@ def _name(query: bytes, types: tuple[int, ...]) -> bytes:
 def _mend(api: Any, results: list[Any], *, prepare: bool) -> bool | None:
     """None when `results` need no second try; else whether the second must prepare (the
     statement was gone) or not (it was there already)."""
-    if prepare and _failed(api, results[1], _THERE):
+    if prepare and failed(api, results[1], _THERE):
         return False
-    if not prepare and _failed(api, results[-1], _GONE):
+    if not prepare and failed(api, results[-1], _GONE):
         return True
     return None
 
 
-def _failed(api: Any, result: Any, sqlstate: str) -> bool:
+def failed(api: Any, result: Any, sqlstate: str) -> bool:
+    """True when `result` is an error of SQLSTATE `sqlstate`."""
     return bool(result.status == api.pq.ExecStatus.FATAL_ERROR
                 and result.error_field(api.pq.DiagnosticField.SQLSTATE) == sqlstate.encode())
 
@@ -145,7 +175,7 @@ def _exchange(api: Any, raw: Any, pg: Any, leading: list[bytes], query: Any, nam
     return results
 
 
-def _checked(api: Any, results: list[Any], encoding: str) -> Any:
+def checked(api: Any, results: list[Any], encoding: str) -> Any:
     """The last result (the statement's), or the first error among `results` raised (its text
     decoded as the connection's)."""
     ok = api.pq.ExecStatus

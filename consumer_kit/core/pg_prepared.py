@@ -44,7 +44,7 @@ from consumer_kit.core import pg_libpq
 #: `run`'s answer when it sent nothing: run the statement on the cursor.
 NOT_RUN = pg_libpq.NOT_RUN
 
-_GONE = b"26000"      # invalid_sql_statement_name: no prepared statement of that name
+_GONE = "26000"      # invalid_sql_statement_name: no prepared statement of that name
 
 
 def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
@@ -54,37 +54,24 @@ def run(raw: Any, sql: str, params: Mapping[str, Any], answer: str) -> Any:
     names = _names(raw)
     if not names:  # psycopg prepared nothing on this connection (yet)
         return NOT_RUN
-    api = pg_libpq._psycopg()
-    if api is None or answer != "rowcount" or raw.prepare_threshold is None \
-            or raw.cursor_factory is not api.Cursor:
+    api = pg_libpq.usable_api(raw, answer)
+    if api is None:
         return NOT_RUN
     with raw.lock:
-        pg = raw.pgconn
-        if raw._pipeline is not None or raw.autocommit or pg.status != api.pq.ConnStatus.OK \
-                or pg.transaction_status != api.pq.TransactionStatus.INTRANS:
+        if not pg_libpq.in_state(api, raw, api.pq.TransactionStatus.INTRANS):
             return NOT_RUN
-        query = api.PostgresQuery(api.Transformer.from_context(raw))
-        query.convert(sql, params)
+        query = pg_libpq.converted(api, raw, sql, params)
         key = (query.query, query.types)
         name = names.get(key)
         if not isinstance(name, bytes):  # not prepared (yet), or a psycopg keeping other things
             return NOT_RUN
         names.move_to_end(key)  # used: the last psycopg evicts, as its cursor keeps it
+        pg = raw.pgconn
         pg.send_query_prepared(name, query.params, param_formats=query.formats)
         result = raw.wait(api.generators.execute(pg))[-1]
-        status = api.pq.ExecStatus
-        if result.status == status.FATAL_ERROR:
-            if result.error_field(api.pq.DiagnosticField.SQLSTATE) == _GONE:
-                names.pop(key, None)  # dropped behind psycopg's back: its cursor prepares anew
-            raise api.errors.error_from_result(result, encoding=raw.info.encoding)
-        if result.status == status.TUPLES_OK:  # rows back (RETURNING, a SELECT): counted
-            return result.ntuples
-        if result.status != status.COMMAND_OK:
-            raise api.errors.InternalError(
-                f"unexpected result from PostgreSQL: {status(result.status).name}")
-        count = result.command_tuples
-        return -1 if count is None else count  # a command without a count (CALL): -1
-
+        if pg_libpq.failed(api, result, _GONE):
+            names.pop(key, None)  # dropped behind psycopg's back: its cursor prepares anew
+        return pg_libpq.rowcount(api, pg_libpq.checked(api, [result], raw.info.encoding))
 
 def _names(raw: Any) -> OrderedDict[tuple[bytes, tuple[int, ...]], bytes] | None:
     """psycopg's statement names by (query, types) on `raw`, or None when its prepare manager
