@@ -45,8 +45,11 @@ CKIT = Peer(
         "ULID and is idempotent on (biz_type, biz_key) (on PostgreSQL by ON CONFLICT DO "
         "NOTHING, so a duplicate key leaves the caller's transaction usable); its INSERT is "
         "compiled once and run on the driver's cursor (SQLAlchemy's execution context skipped, "
-        "as no event listener or echo is set here); the floor's goes through exec_driver_sql: "
-        "bench/publish_floor.py also prints the driver alone, without SQLAlchemy.",
+        "as no event listener or echo is set here; on PostgreSQL, once psycopg's cursor has "
+        "prepared it, its EXECUTE goes below the cursor under psycopg's own statement: "
+        "consumer_kit/core/pg_prepared.py); the floor's goes through exec_driver_sql: "
+        "bench/publish_floor.py also prints the driver alone, without SQLAlchemy, and what the "
+        "path below the cursor saves.",
         "the Session row pays the after-commit hook and a dispatcher thread that claims, sends "
         "and marks the row SENT while the next transactions run (same process, same GIL); the "
         "figure is the commit latency the caller sees, not the send. That thread also slows the "
