@@ -121,7 +121,6 @@ class RelayResult:
         return done or None
 
 
-
 class ClaimLost(Exception):
     """A claim rolled back because a concurrent one won (`db_errors.is_conflict`): nothing was
     claimed or sent."""

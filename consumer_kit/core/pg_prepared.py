@@ -7,9 +7,8 @@ is the statement's own, and what is left to save is the Python around it. psycop
 prepares a statement once it has run it `prepare_threshold` times on a connection (5 by
 default) and then sends only its EXECUTE; around that EXECUTE it still makes a cursor, asks its
 prepare manager, reads the results into the cursor and runs the manager's upkeep. Skipping
-that saved 0.03-0.06 ms per publish in a loop, but only 0.005-0.011 ms (5-10% of what the
-INSERT adds) interleaved with other transactions, as a service runs it (the last line of
-`bench/publish_floor.py` on PostgreSQL).
+that saves 0.005-0.011 ms per publish (5-10% of what the INSERT adds), interleaved with other
+transactions as a service runs it (the last line of `bench/publish_floor.py` on PostgreSQL).
 
 `run` sends the EXECUTE of the statement psycopg prepared, under psycopg's name for it, with
 the parameters adapted by psycopg's own `Transformer` and query conversion (the same text,
