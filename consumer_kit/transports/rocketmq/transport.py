@@ -249,6 +249,7 @@ class RocketMQTransport(Transport):
         except TransportError:
             raise
         except Exception as exc:
+            self._known_topics.discard(message.topic)  # gone? the next send asks again
             log.warning("message %s: send to %s failed: %s", msg_id, message.topic, exc)
             raise translate(exc, f"sending message {msg_id} to {message.topic}") from exc
         finally:
@@ -291,8 +292,8 @@ class RocketMQTransport(Transport):
         resolve (`resolve`: one that does not would abort the process from a native thread).
 
         Raises:
-            ConfigError: the client or its native library is missing (says what to run), or
-                a name-server host name does not exist.
+            ConfigError: the client or its native library is missing, or a name server's
+                host name does not exist.
         """
         native.client()
         try:
@@ -301,7 +302,7 @@ class RocketMQTransport(Transport):
             log.warning("%s", exc)
 
     def ensure_topic(self, topic: str) -> None:
-        """Create `topic` on the brokers when the name server has no route for it.
+        """Create `topic` if the name server has no route for it (asked again after a failed send).
 
         Raises:
             TransportUnavailable: the name server or a broker cannot be reached.

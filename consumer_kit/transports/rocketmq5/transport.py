@@ -284,6 +284,7 @@ class RocketMQ5Transport(Transport):
         except TransportError:
             raise
         except Exception as exc:
+            self._known_topics.discard(topic)  # gone? the next send asks the name server again
             error = self.failure(exc, what, topic=topic)
             log.warning("%s", error)
             raise error from exc
@@ -301,7 +302,8 @@ class RocketMQ5Transport(Transport):
 
     def ensure_topic(self, topic: str) -> None:
         """Create `topic` (FIFO when it is in `ordered_topics`, else NORMAL) when the name
-        server has no route for it. A no-op without the name server.
+        server has no route for it (asked once per topic, and again after a send to it failed:
+        an operator may have deleted it). A no-op without the name server.
 
         Raises:
             TransportUnavailable: the name server or a broker cannot be reached.
