@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
+import sqlalchemy as sa
 
 from consumer_kit.cli.runtime import configure_logging
 from consumer_kit.core.urls import mask_text, mask_url, remember_secrets
 from tests.cli import ckit as run_ckit
+from tests.cli import error_line
 
 #: Fragments that must never be printed (each is part of a password below).
 SECRETS = ("p%40ss", "p@ss", "w:rd", "S3cr3t", "Qx2sEcret", "Pw2d", "Pw3d", "sp ace")
@@ -32,6 +35,7 @@ def assert_no_secret(text: str) -> None:
 @pytest.mark.parametrize("url", [
     NASTY, NASTY_REDIS,
     "mysql+pymysql://u:p@ss w:rd@127.0.0.1/x",  # a raw @ in the password
+    "mysql+pymysql://u:p@ss:S3cr3t@127.0.0.1:3306/x@y",  # a raw @ and :, and a stray @ after
     "mysql://u:p?ss S3cr3t@h/db?x=a@b",  # a ? in the password
     "sql+mysql+pymysql://u:S3cr3t@h/x",
     "postgresql://u@h/db?PASSWORD=Qx2sEcret",
@@ -48,6 +52,29 @@ def test_mask_url_keeps_what_is_not_secret() -> None:
                                "&passwd=***;pwd=***")
     assert mask_url("rocketmq://127.0.0.1:9876") == "rocketmq://127.0.0.1:9876"
     assert mask_url("sqlite:///a@b:c.db") == "sqlite:///a@b:c.db"
+
+
+@pytest.mark.parametrize(("url", "password"), [
+    ("mysql+pymysql://ckit:S3cr3t@127.0.0.1:3306/orders@x", "S3cr3t"),  # @ after the database
+    ("mysql+pymysql://ckit:S3cr3t@127.0.0.1:3306/orders?charset=utf8&init=a@b", "S3cr3t"),
+    ("mysql+pymysql://ckit@srv:S3cr3t@srv.example.com/orders", "S3cr3t"),  # Azure's user@srv
+    ("mysql+pymysql://ckit:p%40ss:w/rd?S3cr3t@127.0.0.1/orders@x", "p%40ss:w/rd?S3cr3t"),
+    ("postgresql+psycopg://ckit:S3cr3t@[::1]:5432/orders@x", "S3cr3t"),
+])
+def test_mask_url_and_mask_text_hide_exactly_the_password_sqlalchemy_reads(
+        url: str, password: str) -> None:
+    # Given a URL SQLAlchemy reads, with an @ or : beside its password
+    read = sa.engine.make_url(url)
+    assert read.password == unquote(password)
+    # When it is masked alone and inside a driver's message
+    masked = mask_url(url)
+    line = f"error: failed on {url}: (1049, \"Unknown database 'orders@x'\")"
+    # Then only that password is gone: the user, host, port, database, query and the driver's
+    # words after the URL are all still there
+    assert masked == url.replace(f":{password}@", ":***@", 1)
+    assert sa.engine.make_url(masked).set(password=read.password) == read
+    assert mask_text(line) == line.replace(url, masked)
+    assert_no_secret(masked + mask_text(line))
 
 
 @pytest.mark.parametrize("template", [
@@ -73,8 +100,10 @@ def test_mask_text_keeps_the_driver_s_words_after_a_url_with_a_password() -> Non
 def test_a_password_with_spaces_seen_once_is_masked_wherever_it_shows_up_again() -> None:
     remember_secrets(["sqlite:////tmp/x.db?password=sp ace Qx2sEcret"])
     assert_no_secret(mask_text("driver said: password 'sp ace Qx2sEcret' refused"))
-    assert mask_text("rocketmq://127.0.0.1:9876 down; relay relay@vm:1") == \
-        "rocketmq://127.0.0.1:9876 down; relay relay@vm:1"  # a host:port is not a password
+    for line in ("rocketmq://127.0.0.1:9876 down; relay relay@vm:1",
+                 "cannot reach rocketmq://127.0.0.1:9876: timeout; ask ops@vm",
+                 "('rocketmq://127.0.0.1:9876') down, ask ops@vm"):
+        assert mask_text(line) == line  # a host:port is not a password
 
 
 def test_the_cli_log_formatter_masks_messages_arguments_and_exceptions(
@@ -196,6 +225,38 @@ def test_a_url_that_cannot_be_parsed_is_refused_without_any_piece_of_its_passwor
         make_engine(url)
     assert_no_secret(str(refused.value))
     assert "invalid database URL" in str(refused.value)
+
+
+def test_a_url_refused_for_a_raw_at_sign_in_its_password_still_names_its_host() -> None:
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.errors import ConfigError
+
+    # Given a password with a raw @ and a colon (SQLAlchemy reads a port "w:rd@127.0.0.1")
+    with pytest.raises(ConfigError) as refused:
+        make_engine("mysql+pymysql://u:p@ss w:rd@127.0.0.1:3306/x")
+    # Then the error shows all of the URL but the password
+    assert_no_secret(str(refused.value))
+    assert "mysql+pymysql://u:***@127.0.0.1:3306/x" in str(refused.value)
+
+
+def test_a_refused_login_on_a_database_name_with_an_at_sign_keeps_host_database_and_reason(
+        tmp_path: Path) -> None:
+    from tests.services import mysql_url, ping_mysql, require
+
+    require("MariaDB", ping_mysql)
+    # Given the SQL transport on MariaDB with a wrong password and an @ after the database
+    real = sa.engine.make_url(mysql_url())
+    mq = (f"sql+{real.drivername}://{real.username}:S3cr3t@{real.host}:{real.port}/"
+          f"{real.database}@x")
+    ok = f"sqlite:///{tmp_path / 'ok.db'}"
+    assert run_ckit("db", "init", "--url", ok).returncode == 0
+    # When the relay starts
+    result = run_ckit("relay", "--once", "--url", ok, "--transport", mq)
+    # Then its one line names the host, port and database, and has the server's reason
+    line = error_line(result.stderr)
+    assert f"@{real.host}:{real.port}/{real.database}@x: " in line, line
+    assert "Access denied" in line
+    assert_no_secret(line)
 
 
 def test_several_urls_in_one_variable_split_inside_a_password_show_no_piece_of_it(

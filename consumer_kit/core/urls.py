@@ -5,6 +5,14 @@ A password is masked wherever it sits and whatever it contains (spaces, `@`, `:`
 (`?password=`, `&passwd=`, `pwd=`). `mask_url` takes a string known to be one URL; `mask_text`
 takes free text (error messages, driver output, log lines) with URLs anywhere in it.
 
+The password is the one SQLAlchemy (and so the driver) reads: after the user's first `:`, up to
+the first `@` after which a host and a port can be read (`host`, `host:3306` or `[::1]`, then
+`/`, `?` or the end). An `@` after it (in the database name, the query string or the words
+after a URL) is left alone: `mysql://app:***@db:3306/orders@x` keeps its host and database.
+A password holding a raw `@` makes SQLAlchemy read a host holding `@` or a port that is not a
+number; the `@` that ends it is then the first one after which a host can be read, or else the
+last one (masking too much is safe, too little is not).
+
 Free text has no reliable end for a password that contains whitespace, so every password with
 whitespace seen by `mask_url` or `remember_secrets` (the CLI feeds it its arguments and `CKIT_*`
 variables) is also masked wherever it appears later. Only those: masking every short password
@@ -29,16 +37,23 @@ _PARAM = "|".join(SECRET_PARAMS)
 _QUERY_IN_URL = re.compile(rf"(?i)((?:{_PARAM})=)([^&;#]*)")
 #: In free text: the value runs to whitespace, a quote or a separator.
 _QUERY_IN_TEXT = re.compile(rf"(?i)((?:{_PARAM})=)([^&;#\s'\"]*)")
-#: In free text: `scheme://user:` then the password up to the last `@` of the line that is not
-#: past another URL's scheme (a password may hold spaces, `@`, `:` and `/`; masking too much
-#: of a line is safe, too little is not), and is not followed by a quote: a URL's host never
-#: starts with one, MySQL's "user 'ckit'@'127.0.0.1'" after the URL always does (masked, it
-#: took the host, the database and the driver's own words with it). `host:port` followed by
-#: the end of the URL is not a user and a password.
-_USERINFO_IN_TEXT = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?!\d+(?:[/?#\s]|$))"
-    r"(?P<pw>(?:(?![A-Za-z][A-Za-z0-9+.\-]*://)[^\n])*)@(?![\'\"`])"
-)
+#: The user of a URL as SQLAlchemy reads it (it may hold `@`: Azure's `app@server`); in free
+#: text it holds no whitespace either.
+_USER_IN_URL = re.compile(r"[^:/]*")
+_USER_IN_TEXT = re.compile(r"[^:/\s]*")
+#: In free text, `scheme://host:port` then the end of the URL (a path, whitespace, or a
+#: colon, comma, bracket or quote then whitespace): a port, not a password.
+_PORT_IN_TEXT = re.compile(r"\d+(?:[/?#]|[:,;.)\]'\"`]*(?:\s|$))")
+#: What SQLAlchemy reads after the `@` that ends a password: a host (or `[ipv6]`), maybe a
+#: port of digits, then the path, the query or the end of the URL.
+_HOST = r"(?:\[[^/?@\]\n]*\]|[^/:?@\n]*)"
+_AFTER_AT_IN_URL = re.compile(rf"{_HOST}(?::\d*)?(?:[/?]|$)")
+#: In free text the URL may also end after its port (or a bare colon) at a space, a quote or
+#: punctuation: "...@db:3306: refused", "...@db: (1045, ...)".
+_AFTER_AT_IN_TEXT = re.compile(rf"{_HOST}(?:[/?\n]|$|:\d*(?=[/?\s'\"`),;:.\]]|$))")
+#: In free text an `@` followed by a quote never ends a password: a URL's host never starts
+#: with one, MySQL's "user 'ckit'@'127.0.0.1'" after the URL always does.
+_QUOTES = "'\"`"
 
 _lock = threading.Lock()
 _spaced_secrets: set[str] = set()
@@ -51,30 +66,37 @@ def mask_url(url: object) -> str:
     'mysql+pymysql://app:***@db:3306/orders'
     >>> mask_url("mysql+pymysql://u:p%40ss w:rd@db/x?charset=utf8&password=x2")
     'mysql+pymysql://u:***@db/x?charset=utf8&password=***'
+    >>> mask_url("mysql+pymysql://app:s3cret@db:3306/orders@x")  # a stray @ stays visible
+    'mysql+pymysql://app:***@db:3306/orders@x'
     """
     text = str(url)
     remember_secrets([text])
-    start, at = _userinfo_span(text)
-    if at >= 0:
-        user, sep, _ = text[start:at].partition(":")
-        if sep:
-            text = f"{text[:start]}{user}:{MASK}{text[at:]}"
+    span = _password_in_url(text)
+    if span is not None:
+        text = f"{text[:span[0]]}{MASK}{text[span[1]:]}"
     return _QUERY_IN_URL.sub(_masked_value, text)
 
 
 def mask_unparsable(url: object) -> str:
-    """What may be shown of a URL that could not be parsed: its scheme and user only (without
-    its `@host` no one can tell where a password ends), or its length when it is not a URL (a
+    """What may be shown of a URL that could not be parsed: all of it but its password when an
+    `@` followed by a host and port that can be read ends it (a raw `@` in the password made
+    SQLAlchemy read a port that is not a number), else its scheme and user only (without its
+    `@host` no one can tell where a password ends), or its length when it is not a URL (a
     piece of one split at a space).
 
     >>> mask_unparsable("mysql+pymysql://app:s3cret/orders"), mask_unparsable("cret@db/x")
     ('mysql+pymysql://app:***', '<9 characters, not a URL>')
+    >>> mask_unparsable("mysql+pymysql://app:p@ss w:rd@db/orders")
+    'mysql+pymysql://app:***@db/orders'
     """
     text = str(url)
     remember_secrets([text])
     match = _SCHEME.match(text.strip())
     if not match:
         return f"<{len(text)} characters, not a URL>"
+    span = _password_span(text.strip(), match.end(), in_text=False)
+    if span is not None and span[2]:
+        return mask_url(text.strip())
     rest = text.strip()[match.end():]
     user = re.split(r"[:@/?#]", rest, maxsplit=1)[0]
     return f"{match.group(0)}{user}:{MASK}" if ":" in rest or "@" in rest else match.group(0) + user
@@ -88,7 +110,15 @@ def mask_text(text: object) -> str:
     for secret in secrets:
         if secret in masked:
             masked = masked.replace(secret, MASK)
-    masked = _USERINFO_IN_TEXT.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", masked)
+    pieces: list[str] = []
+    done = 0
+    for scheme in _SCHEME.finditer(masked):
+        span = None if scheme.start() < done else _password_span(masked, scheme.end(),
+                                                                 in_text=True)
+        if span is not None:
+            pieces += [masked[done:span[0]], MASK]
+            done = span[1]
+    masked = "".join(pieces) + masked[done:]
     return _QUERY_IN_TEXT.sub(_masked_value, masked)
 
 
@@ -111,13 +141,9 @@ def remember_secrets(values: Iterable[object]) -> None:
 def _secrets_of(text: str) -> set[str]:
     """Every form (raw, %-decoded, +-decoded) of every password in one URL-like string."""
     raw: list[str] = []
-    match = _SCHEME.search(text)
-    if match:
-        start, at = _userinfo_span(text, match)
-        if at >= 0:
-            _, sep, password = text[start:at].partition(":")
-            if sep and password:
-                raw.append(password)
+    span = _password_in_url(text)
+    if span is not None and span[1] > span[0]:
+        raw.append(text[span[0]:span[1]])
     raw += [m.group(2) for m in _QUERY_IN_URL.finditer(text) if m.group(2)]
     forms: set[str] = set()
     for secret in raw:
@@ -125,23 +151,45 @@ def _secrets_of(text: str) -> set[str]:
     return forms
 
 
-def _userinfo_span(text: str, match: re.Match[str] | None = None) -> tuple[int, int]:
-    """(start, at) of the userinfo of the URL in `text`: `text[start:at]` is `user:password`
-    and `text[at]` the `@` that ends it; at = -1 when there is none.
+def _password_in_url(text: str) -> tuple[int, int] | None:
+    """(begin, end) of the password of the URL in `text` (`text[begin:end]`), or None."""
+    match = _SCHEME.search(text)
+    span = None if match is None else _password_span(text, match.end(), in_text=False)
+    return None if span is None else span[:2]
 
-    The `@` is the last one before the query string, or the last one at all when the password
-    itself holds a `?` (never fewer characters than the password)."""
-    match = match or _SCHEME.search(text)
-    if match is None:
-        return 0, -1
-    start = match.end()
-    if text.startswith("/", start):  # sqlite:///path: no authority at all
-        return start, -1
-    query = text.find("?", start)
-    at = text.rfind("@", start, query) if query >= 0 else -1
-    if at < 0:
-        at = text.rfind("@", start)
-    return start, at
+
+def _password_span(text: str, start: int, *, in_text: bool) -> tuple[int, int, bool] | None:
+    """(begin, end, read) of the password of the URL whose scheme ends at `start`:
+    `text[begin:end]` is the password and `text[end]` the `@` that ends it; `read` is false
+    when no `@` is followed by a host and port that can be read (`end` is then the last `@`).
+    None: no password (no `user:`, no `@` after it, or in free text `host:port`).
+
+    In free text the password ends on its line, before the next URL's scheme, and never at an
+    `@` followed by a quote."""
+    user = (_USER_IN_TEXT if in_text else _USER_IN_URL).match(text, start)
+    colon = start if user is None else user.end()
+    if not text.startswith(":", colon) or (in_text and _PORT_IN_TEXT.match(text, colon + 1)):
+        return None
+    limit = len(text)
+    if in_text:
+        next_url = _SCHEME.search(text, colon + 1)
+        limit = min(next_url.start() if next_url else limit, _find(text, "\n", colon, limit))
+    after = _AFTER_AT_IN_TEXT if in_text else _AFTER_AT_IN_URL
+    last = -1
+    at = text.find("@", colon + 1, limit)
+    while at >= 0:
+        if not (in_text and text[at + 1:at + 2] and text[at + 1] in _QUOTES):
+            if after.match(text, at + 1):
+                return colon + 1, at, True
+            last = at
+        at = text.find("@", at + 1, limit)
+    return None if last < 0 else (colon + 1, last, False)
+
+
+def _find(text: str, sub: str, start: int, default: int) -> int:
+    """`text.find(sub, start)`, or `default` when it is not there."""
+    at = text.find(sub, start)
+    return default if at < 0 else at
 
 
 def _masked_value(match: re.Match[str]) -> str:
