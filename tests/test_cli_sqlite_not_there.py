@@ -1,0 +1,63 @@
+"""A command given a SQLite file that is not there refuses with one line and makes none.
+
+Connecting to SQLite makes the file: a typo in a path used to be left behind as an empty
+database before the "tables are missing" error. `--transport sql+...` is checked before
+connecting, as `--url` is (tests/test_cli_db_outbox.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from consumer_kit.cli.main import app
+from tests.cli import error_line
+
+#: SQLite URLs of a file that is not there: `{path}`, or `{name}` in the working folder.
+FORMS = {
+    "path": "sqlite:///{path}",
+    "relative path": "sqlite:///{name}",
+}
+
+#: Commands taking the SQL transport: `{mq}` is the transport URL, `{ok}` a producer database.
+TRANSPORT_COMMANDS = {
+    "relay": ["relay", "--url", "{ok}", "--transport", "sql+{mq}", "--once"],
+    "receipts": ["receipts", "--url", "{ok}", "--transport", "sql+{mq}", "--producer", "orders",
+                 "--burst"],
+    "mq purge": ["mq", "purge", "--transport", "sql+{mq}"],
+    "consume": ["consume", "examples.inventory:app", "--transport", "sql+{mq}", "--burst"],
+}
+
+
+def ckit(args: list[str], **values: str) -> Result:
+    return CliRunner().invoke(app, [a.format(**values) for a in args])
+
+
+def assert_refused_with_one_line(result: Result, missing: Path) -> None:
+    assert result.exit_code == 2, result.output
+    line = error_line(result.output)
+    assert str(missing.name) in line and "does not exist" in line, line
+    assert "folder" not in line, line  # (its folder is there)
+    assert not missing.exists(), f"{missing} was made: {line}"
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("command", TRANSPORT_COMMANDS)
+def test_a_transport_on_a_sqlite_file_that_is_not_there_refuses_and_makes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, form: str) -> None:
+    # Given a producer (and an app) database that works, and a mistyped transport file
+    ok, inventory = (f"sqlite:///{tmp_path / name}" for name in ("orders.db", "inventory.db"))
+    for url in (ok, inventory):
+        assert CliRunner().invoke(app, ["db", "init", "--url", url]).exit_code == 0
+    monkeypatch.setenv("INVENTORY_DB_URL", inventory)
+    monkeypatch.delitem(sys.modules, "examples.inventory", raising=False)  # (reads it once)
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "ckit-mq-typo.db"
+    mq = FORMS[form].format(path=missing, name=missing.name)
+    # When the command is given it as its --transport
+    result = ckit(TRANSPORT_COMMANDS[command], ok=ok, mq=mq)
+    # Then one line naming the file, the exit code of a configuration error, and no file
+    assert_refused_with_one_line(result, missing)
