@@ -1,8 +1,8 @@
 """A command given a SQLite file that is not there refuses with one line and makes none.
 
 Connecting to SQLite makes the file: a typo in a path used to be left behind as an empty
-database before the "tables are missing" error. `--transport sql+...` is checked before
-connecting, as `--url` is (tests/test_cli_db_outbox.py).
+database before the "tables are missing" error. `--url` and `--transport sql+...` are checked
+before connecting, in each way a URL can name a file: a path, and a `file:` URI (`uri=true`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ from typer.testing import CliRunner, Result
 from consumer_kit.cli.main import app
 from tests.cli import error_line
 
-#: SQLite URLs of a file that is not there: `{path}`, or `{name}` in the working folder.
+#: SQLite URLs of a file that is not there (`{path}`, or `{name}` in the working folder) in
+#: each form the driver opens a file by.
 FORMS = {
     "path": "sqlite:///{path}",
     "relative path": "sqlite:///{name}",
+    "file: URI": "sqlite:///file:{path}?uri=true",
+    "relative file: URI": "sqlite:///file:{name}?uri=true",
+    "file:/// URI": "sqlite:///file://{path}?uri=true&mode=rwc",
 }
 
 #: Commands taking the SQL transport: `{mq}` is the transport URL, `{ok}` a producer database.
@@ -61,3 +65,37 @@ def test_a_transport_on_a_sqlite_file_that_is_not_there_refuses_and_makes_none(
     result = ckit(TRANSPORT_COMMANDS[command], ok=ok, mq=mq)
     # Then one line naming the file, the exit code of a configuration error, and no file
     assert_refused_with_one_line(result, missing)
+
+
+@pytest.mark.parametrize("form", [f for f in FORMS if "URI" in f])  # (paths: test_cli_db_outbox)
+def test_a_url_naming_a_sqlite_file_by_uri_that_is_not_there_refuses_and_makes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    # Given a file: URI of a SQLite file that is not there
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "ordres.db"
+    # When a command that works on existing tables is given it as its --url
+    result = ckit(["outbox", "stats", "--url", FORMS[form]], path=str(missing),
+                  name=missing.name)
+    # Then it is refused as a path is, and no file is made
+    assert_refused_with_one_line(result, missing)
+
+
+def test_a_transport_on_a_sqlite_file_uri_that_is_there_works(tmp_path: Path) -> None:
+    # Given the SQL transport's tables made in a file named by an absolute file: URI
+    mq = f"sqlite:///file:{tmp_path / 'mq.db'}?uri=true"
+    assert ckit(["db", "init", "--url", mq]).exit_code == 0
+    # When a command uses it as its transport (it was refused: "the folder ... does not exist")
+    result = ckit(["mq", "purge", "--transport", f"sql+{mq}"])
+    # Then it runs
+    assert result.exit_code == 0, result.output
+    assert "deleted 0 messages" in result.output
+
+
+def test_a_file_name_without_uri_true_is_refused_with_what_it_needs(tmp_path: Path) -> None:
+    # Given a file: URI without ?uri=true (the driver opens a file named "file:/...")
+    url = f"sqlite:///file:{tmp_path / 'mq.db'}"
+    # When / Then one line says what is missing
+    for args in (["db", "init", "--url", url], ["mq", "purge", "--transport", f"sql+{url}"]):
+        result = ckit(args)
+        assert result.exit_code == 2, result.output
+        assert "needs ?uri=true" in error_line(result.output)

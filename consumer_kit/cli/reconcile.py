@@ -19,10 +19,11 @@ from consumer_kit.cli.reconcile_checks import check_groups, check_lag
 from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration, utcnow
-from consumer_kit.core.db import check_sqlite_path, check_tables, make_engine
+from consumer_kit.core.db import check_tables, make_engine
 from consumer_kit.core.db_errors import describe
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
+from consumer_kit.core.sqlite_files import check_sqlite_path
 from consumer_kit.core.urls import mask_url
 from consumer_kit.reconcile import (
     GroupSource,

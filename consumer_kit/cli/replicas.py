@@ -8,8 +8,9 @@ import logging
 
 import sqlalchemy as sa
 
-from consumer_kit.core.db import check_sqlite_path, check_tables
+from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.sqlite_files import check_sqlite_path
 from outbox_producer.distinct import check_distinct_outboxes
 
 log = logging.getLogger(__name__)

@@ -55,7 +55,8 @@ def existing_database(url: str | None) -> Engine:
     """The engine of `--url` (or `CKIT_DB_URL`) for a command that works on tables already
     made: a SQLite file that is not there is refused (connecting would make an empty one, a
     typo in its path left behind as a file)."""
-    from consumer_kit.core.db import check_sqlite_path, make_engine
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.sqlite_files import check_sqlite_path
 
     engine = make_engine(require(url, "--url", "CKIT_DB_URL"))
     if engine.dialect.name == "sqlite":

@@ -6,7 +6,6 @@ import contextlib
 import importlib.util
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,6 +19,7 @@ from consumer_kit.core.schema.check import (
     missing_columns,
     padding_tables,
 )
+from consumer_kit.core.sqlite_files import check_sqlite_path
 from consumer_kit.core.urls import mask_unparsable, mask_url, remember_secrets
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -89,38 +89,6 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     elif parsed.get_driver_name() == "pg8000":  # lets a dropped connection's socket error out
         treat_socket_errors_as_disconnects(engine)
     return engine
-
-
-def check_sqlite_path(database: str | None, query: Any = None, *, must_exist: bool = False
-                      ) -> None:
-    """Refuse a SQLite file whose folder does not exist (or that is a folder) before the driver
-    answers "unable to open database file"; with `must_exist`, a file that is not there yet
-    (connecting would make an empty one: a typo in a path read as a database with no tables).
-    In-memory databases and `file:` URIs pass.
-
-    Raises:
-        ConfigError: naming the path and what is wrong with it.
-    """
-    path = sqlite_file(database, query)
-    if path is None:
-        return
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise ConfigError(f"SQLite database {database!r}: folder {str(folder)!r} does not exist "
-                          "(create it first)")
-    if path.is_dir():
-        raise ConfigError(f"SQLite database {database!r} is a folder, not a file")
-    if must_exist and not path.exists():
-        raise ConfigError(f"SQLite database {database} does not exist")
-
-
-def sqlite_file(database: str | None, query: Any = None) -> Path | None:
-    """The file a SQLite URL's database names, or None when it names none: in memory, a
-    `file:` URI, or a URL with `uri=true` (the driver reads the name as a URI)."""
-    if not database or database == ":memory:" or database.startswith("file:") \
-            or (query and str(query.get("uri", "")).lower() in ("true", "1")):
-        return None
-    return Path(database).expanduser()
 
 
 def driver_hint(drivername: str, missing: str) -> str:

@@ -14,7 +14,7 @@ import os
 
 from sqlalchemy.engine import URL, Engine
 
-from consumer_kit.core.db import sqlite_file
+from consumer_kit.core.sqlite_files import sqlite_file
 from consumer_kit.core.urls import mask_url
 
 #: the port a URL without one reaches, per backend

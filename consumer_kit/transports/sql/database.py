@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event, exc
 
-from consumer_kit.core.db import driver_hint, sqlite_file
+from consumer_kit.core.db import driver_hint
 from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_transient
 from consumer_kit.core.errors import (
     ConfigError,
@@ -31,6 +31,7 @@ from consumer_kit.core.errors import (
 )
 from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema import DEFAULT_MQ_PREFIX, MqTables
+from consumer_kit.core.sqlite_files import check_sqlite_path, sqlite_file
 from consumer_kit.core.urls import mask_text, mask_url
 
 log = logging.getLogger(__name__)
@@ -65,13 +66,10 @@ class Database:
         self.dialect = parsed.get_backend_name()
         options: dict[str, Any] = {}
         if self.dialect == "sqlite":
-            if parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed):
+            if sqlite_file(parsed.database, parsed.query) is None or "mode=memory" in str(parsed):
                 raise ConfigError("the SQL transport needs a SQLite file shared by its threads "
                                   "and processes: use sql+sqlite:///path/to/ckit-mq.db")
-            folder = Path(parsed.database).expanduser().resolve().parent
-            if not folder.is_dir():
-                raise ConfigError(f"the folder of the SQLite file {parsed.database!r} does not "
-                                  "exist; create it first")
+            check_sqlite_path(parsed.database, parsed.query)  # its folder is there
             sync = sqlite_synchronous.upper()
             if sync not in SQLITE_SYNCHRONOUS:
                 raise ConfigError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
