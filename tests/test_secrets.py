@@ -37,6 +37,9 @@ def assert_no_secret(text: str) -> None:
     "mysql+pymysql://u:p@ss w:rd@127.0.0.1/x",  # a raw @ in the password
     "mysql+pymysql://u:p@ss:S3cr3t@127.0.0.1:3306/x@y",  # a raw @ and :, and a stray @ after
     "mysql://u:p?ss S3cr3t@h/db?x=a@b",  # a ? in the password
+    # a raw @ and / (SQLAlchemy reads host "ss" and database "S3cr3t@127.0.0.1/x")
+    "mysql+pymysql://u:p@ss/S3cr3t@127.0.0.1/x",
+    "redis://:p@ss/S3cr3t@127.0.0.1:6379/0",
     "sql+mysql+pymysql://u:S3cr3t@h/x",
     "postgresql://u@h/db?PASSWORD=Qx2sEcret",
     "sqlite:////tmp/x.db?password=sp ace Qx2sEcret",
@@ -45,6 +48,7 @@ def test_mask_url_hides_every_password_form(url: str) -> None:
     masked = mask_url(url)
     assert_no_secret(masked)
     assert "***" in masked
+    assert_no_secret(mask_text(f"error: cannot reach {url}: refused"))
 
 
 def test_mask_url_keeps_what_is_not_secret() -> None:

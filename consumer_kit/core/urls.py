@@ -11,7 +11,9 @@ the first `@` after which a host and a port can be read (`host`, `host:3306` or 
 after a URL) is left alone: `mysql://app:***@db:3306/orders@x` keeps its host and database.
 A password holding a raw `@` makes SQLAlchemy read a host holding `@` or a port that is not a
 number; the `@` that ends it is then the first one after which a host can be read, or else the
-last one (masking too much is safe, too little is not).
+last one (masking too much is safe, too little is not). Unless a later `@` is followed by a
+host and a path (`p@ss/word@db/orders`: SQLAlchemy reads host `ss`, but the password meant
+was `p@ss/word`): the password then runs to the last such `@`.
 
 Free text has no reliable end for a password that contains whitespace, so every password with
 whitespace seen by `mask_url` or `remember_secrets` (the CLI feeds it its arguments and `CKIT_*`
@@ -51,6 +53,9 @@ _AFTER_AT_IN_URL = re.compile(rf"{_HOST}(?::\d*)?(?:[/?]|$)")
 #: In free text the URL may also end after its port (or a bare colon) at a space, a quote or
 #: punctuation: "...@db:3306: refused", "...@db: (1045, ...)".
 _AFTER_AT_IN_TEXT = re.compile(rf"{_HOST}(?:[/?\n]|$|:\d*(?=[/?\s'\"`),;:.\]]|$))")
+#: After an `@`, a host (maybe with a port) and a path: where a password with a raw `@` and `/`
+#: may end, whatever SQLAlchemy reads.
+_HOST_AND_PATH = re.compile(rf"{_HOST}(?::\d*)?/")
 #: In free text an `@` followed by a quote never ends a password: a URL's host never starts
 #: with one, MySQL's "user 'ckit'@'127.0.0.1'" after the URL always does.
 _QUOTES = "'\"`"
@@ -160,8 +165,9 @@ def _password_in_url(text: str) -> tuple[int, int] | None:
 
 def _password_span(text: str, start: int, *, in_text: bool) -> tuple[int, int, bool] | None:
     """(begin, end, read) of the password of the URL whose scheme ends at `start`:
-    `text[begin:end]` is the password and `text[end]` the `@` that ends it; `read` is false
-    when no `@` is followed by a host and port that can be read (`end` is then the last `@`).
+    `text[begin:end]` is the password and `text[end]` the `@` that ends it: the first `@`
+    followed by a host and port that can be read, or a later one followed by a host and a
+    path; `read` is false when there is none (`end` is then the last `@`).
     None: no password (no `user:`, no `@` after it, or in free text `host:port`).
 
     In free text the password ends on its line, before the next URL's scheme, and never at an
@@ -175,14 +181,18 @@ def _password_span(text: str, start: int, *, in_text: bool) -> tuple[int, int, b
         next_url = _SCHEME.search(text, colon + 1)
         limit = min(next_url.start() if next_url else limit, _find(text, "\n", colon, limit))
     after = _AFTER_AT_IN_TEXT if in_text else _AFTER_AT_IN_URL
-    last = -1
+    last = read = pathed = -1
     at = text.find("@", colon + 1, limit)
     while at >= 0:
         if not (in_text and text[at + 1:at + 2] and text[at + 1] in _QUOTES):
-            if after.match(text, at + 1):
-                return colon + 1, at, True
+            if read < 0 and after.match(text, at + 1):
+                read = at
+            if _HOST_AND_PATH.match(text, at + 1):
+                pathed = at
             last = at
         at = text.find("@", at + 1, limit)
+    if read >= 0:
+        return colon + 1, max(read, pathed), True
     return None if last < 0 else (colon + 1, last, False)
 
 
