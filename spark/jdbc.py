@@ -20,6 +20,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import make_url
 
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.sqlite_files import sqlite_file
 from consumer_kit.core.urls import mask_url
 
 SQLITE_DRIVER = "org.sqlite.JDBC"
@@ -123,10 +124,11 @@ def to_jdbc(sqlalchemy_url: str, *, fetch_size: int = DEFAULT_FETCH_SIZE) -> Jdb
         raise ConfigError(f"invalid database URL {mask_url(sqlalchemy_url)!r}: {exc}") from None
     backend = url.get_backend_name()
     if backend == "sqlite":
-        if not url.database or url.database == ":memory:":
+        file = sqlite_file(url.database, url.query)  # the file the producer's driver opens
+        if file is None:
             raise ConfigError("the Spark engine cannot read an in-memory SQLite database; "
                               "use a file (sqlite:///path) or --engine sql")
-        path = Path(url.database).expanduser().resolve()
+        path = file.resolve()
         return JdbcSource(url=f"jdbc:sqlite:{path}", properties={"driver": SQLITE_DRIVER},
                           dialect="sqlite", display=f"jdbc:sqlite:{path}")
     if backend in ("mysql", "mariadb"):

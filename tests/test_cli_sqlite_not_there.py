@@ -99,3 +99,21 @@ def test_a_file_name_without_uri_true_is_refused_with_what_it_needs(tmp_path: Pa
         result = ckit(args)
         assert result.exit_code == 2, result.output
         assert "needs ?uri=true" in error_line(result.output)
+
+
+def test_a_tilde_in_a_sqlite_url_is_a_folder_name_as_the_driver_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given tables made in ~/orders.db, and a working folder without a folder named "~"
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert ckit(["db", "init", "--url", f"sqlite:///{home / 'orders.db'}"]).exit_code == 0
+    monkeypatch.chdir(work)
+    # When a command is given sqlite:///~/orders.db (the driver opens ./~/orders.db)
+    result = ckit(["outbox", "stats", "--url", "sqlite:///~/orders.db"])
+    # Then one line says that ~ is not expanded (it passed the check on ~/orders.db, then the
+    # driver answered "unable to open database file"), and nothing is made
+    assert result.exit_code == 2, result.output
+    assert "does not expand ~" in error_line(result.output)
+    assert list(work.iterdir()) == []

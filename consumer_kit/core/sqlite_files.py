@@ -27,11 +27,13 @@ def sqlite_file(database: str | None, query: Mapping[str, Any] | None = None) ->
     (PosixPath('/srv/mq a.db'), PosixPath('file:x.db'))
     >>> sqlite_file("file:///srv/mq.db", {"uri": "1"}), sqlite_file("file::memory:", {"uri": "1"})
     (PosixPath('/srv/mq.db'), None)
+    >>> sqlite_file("~/mq.db")  # as the driver opens it: a folder named ~
+    PosixPath('~/mq.db')
     """
     if not database or database == ":memory:":
         return None
     if not is_uri(query):
-        return Path(database).expanduser()
+        return Path(database)  # `~` too is a name: the driver expands nothing
     name, _, params = database.partition("?")  # (SQLAlchemy's URL keeps them in `query`)
     options = {**dict(parse_qsl(params)), **{str(k): str(v) for k, v in (query or {}).items()}}
     if options.get("mode") == "memory" or options.get("vfs") == "memdb":
@@ -65,8 +67,11 @@ def check_sqlite_path(database: str | None, query: Mapping[str, Any] | None = No
         return
     folder = path.resolve().parent
     if not folder.is_dir():
-        hint = " (a file: URI needs ?uri=true)" if str(database).startswith("file:") \
-            and not is_uri(query) else " (create it first)"
+        hint = " (create it first)"
+        if str(database).startswith("file:") and not is_uri(query):
+            hint = " (a file: URI needs ?uri=true)"
+        elif str(database).startswith("~"):
+            hint = " (a URL does not expand ~: write the home folder's path)"
         raise ConfigError(f"SQLite database {database!r}: folder {str(folder)!r} does not exist"
                           + hint)
     if path.is_dir():

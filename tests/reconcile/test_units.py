@@ -114,6 +114,11 @@ def test_jdbc_conversion_of_sqlite_paths_and_unsupported_urls(tmp_path: Path) ->
     assert to_jdbc(f"sqlite:///{tmp_path}/x.db").url == f"jdbc:sqlite:{tmp_path}/x.db"
     with pytest.raises(ConfigError, match="in-memory"):
         to_jdbc("sqlite://")
+    # the file the producer's driver opens: a file: URI read as one, a ~ not expanded
+    assert to_jdbc(f"sqlite:///file:{tmp_path}/y.db?uri=true").url == f"jdbc:sqlite:{tmp_path}/y.db"
+    with pytest.raises(ConfigError, match="in-memory"):
+        to_jdbc("sqlite:///file:mq?mode=memory&uri=true")
+    assert to_jdbc("sqlite:///~/z.db").url == f"jdbc:sqlite:{Path('~/z.db').resolve()}"
     with pytest.raises(ConfigError, match="--engine sql"):
         to_jdbc("mssql+pyodbc://u:pw@h/db")
 
