@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from consumer_kit.core.connect_args import check_connect_args
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema.check import (
@@ -49,7 +50,8 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     engine passed in).
 
     Raises:
-        ConfigError: the URL cannot be parsed or its driver is not installed.
+        ConfigError: the URL cannot be parsed, its driver is not installed or does not take
+            one of its options.
     """
     if isinstance(url, Engine):
         if url.dialect.driver == "pg8000":  # a caller's engine: the same guard
@@ -84,6 +86,7 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     except sa.exc.NoSuchModuleError:
         raise ConfigError(f"unknown database in URL {mask_url(str(url))!r}: use mysql+pymysql://, "
                           "postgresql+psycopg:// or sqlite:///path") from None
+    check_connect_args(engine)  # an option the driver does not take: refused before connecting
     if backend == "sqlite":
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     elif parsed.get_driver_name() == "pg8000":  # lets a dropped connection's socket error out
@@ -284,7 +287,8 @@ class Engines:
         """The engine for `url` (`make_engine`), created once.
 
         Raises:
-            ConfigError: the URL cannot be parsed or its driver is not installed.
+            ConfigError: the URL cannot be parsed, its driver is not installed or does not take
+            one of its options.
         """
         if url not in self._engines:
             self._engines[url] = make_engine(url)

@@ -1,0 +1,59 @@
+"""Refusing a database URL option its driver does not take, before the first connection.
+
+SQLAlchemy hands the options of a URL's query string it does not read itself to the driver's
+`connect()`. PyMySQL's takes named arguments only: `?chraset=utf8` failed at the first
+connection as `TypeError: Connection.__init__() got an unexpected keyword argument`, reported as
+a crash rather than as a configuration error. A driver whose `connect()` takes any keyword
+(psycopg and the libpq options, SQLite) is left to say itself what it refuses.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
+
+
+def unknown_options(connect: Callable[..., Any], names: Iterable[str]) -> list[str]:
+    """Those of `names` that `connect` takes no keyword for (none when it takes any keyword
+    or its signature cannot be read).
+
+    >>> def connect(host=None, port=0): ...
+    >>> unknown_options(connect, ["port", "chraset"]), unknown_options(lambda **kw: 0, ["x"])
+    (['chraset'], [])
+    """
+    try:
+        parameters = inspect.signature(connect).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the driver will say
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return []
+    taken = {p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return sorted(name for name in names if name not in taken)
+
+
+def check_connect_args(engine: Engine) -> None:
+    """Refuse `engine` when its URL gives its driver's `connect()` an option it does not take.
+
+    Raises:
+        ConfigError: naming the options, the driver and the URL (its password masked).
+    """
+    dialect = engine.dialect
+    _, params = dialect.create_connect_args(engine.url)
+    dbapi = dialect.dbapi if dialect.dbapi is not None else dialect.import_dbapi()
+    connect = getattr(dbapi, "connect", None)
+    if connect is None:
+        return
+    target = getattr(connect, "__init__", None) if inspect.isclass(connect) else connect
+    unknown = unknown_options(target or connect, params)
+    if unknown:
+        listed = ", ".join(repr(name) for name in unknown)
+        raise ConfigError(f"database URL {mask_url(engine.url.render_as_string())!r}: "
+                          f"{dialect.driver} takes no option {listed} (check the query string's "
+                          "spelling)")

@@ -1,0 +1,39 @@
+"""A database URL option its driver does not take is refused when the engine is made, with one
+line, before any connection (PyMySQL raised it at the first connection as a TypeError)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from consumer_kit.core.db import make_engine
+from consumer_kit.core.errors import ConfigError
+
+#: each driver with an option it takes
+DRIVERS = {"mysql+pymysql": "program_name=x",
+           **({"postgresql+pg8000": "application_name=x"} if importlib.util.find_spec("pg8000")
+              else {})}
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_misspelt_url_option_is_refused_naming_it_before_connecting(driver: str) -> None:
+    # Given a URL whose query string misspells an option (nothing listens on port 1)
+    url = f"{driver}://app:S3cr3t@127.0.0.1:1/orders?chraset=utf8&{DRIVERS[driver]}"
+    # When an engine is made / Then one line names the option and the driver, not the password
+    with pytest.raises(ConfigError) as refused:
+        make_engine(url)
+    line = str(refused.value)
+    assert "takes no option 'chraset'" in line and driver.split("+")[1] in line, line
+    assert DRIVERS[driver].split("=")[0] not in line.split("takes no option")[1]
+    assert "S3cr3t" not in line and "\n" not in line
+
+
+@pytest.mark.parametrize("url", [
+    "mysql+pymysql://app:pw@127.0.0.1:1/orders?charset=utf8mb4&connect_timeout=3&ssl_ca=/x.pem",
+    "postgresql+psycopg://app:pw@127.0.0.1:1/orders?application_name=x&sslmode=disable",
+    *(["postgresql+pg8000://app:pw@127.0.0.1:1/orders?timeout=3"] if len(DRIVERS) > 1 else []),
+    "sqlite:///:memory:",
+])
+def test_options_the_driver_takes_are_accepted(url: str) -> None:
+    make_engine(url).dispose()
