@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from consumer_kit.calling import call, unwrapped
 from consumer_kit.control import InvalidBody, Reject, Retry
-from consumer_kit.core import checkin
+from consumer_kit.core import checkin, tracked
 from consumer_kit.core.db import causal_reads, is_galera_node
 from consumer_kit.core.db_errors import describe, is_conflict
 from consumer_kit.core.raised import describe_exception
@@ -43,16 +43,23 @@ class PastDeadline(Exception):
 
 class _Ended(Exception):
     """The handler's transaction ended under it: it rolled back its session, or committed the
-    session's connection itself. Which one, the processed row says (`committed`, read on the
-    same connection once the transaction block is left)."""
+    session's connection itself (`tx` says which, and whether that commit failed). After a
+    rollback, what the processed row reads (`found`, read on the same connection once the
+    transaction block is left) says whether a concurrent delivery processed the message."""
 
-    def __init__(self, error: Exception | None, unflushed: bool) -> None:
+    def __init__(self, error: Exception | None, unflushed: bool,
+                 tx: tracked.TrackedTransaction) -> None:
         super().__init__("the handler's transaction ended under it")
         #: what the handler raised after that, if anything
         self.error = error
         #: whether its session held changes that were never written
         self.unflushed = unflushed
-        self.committed = False
+        #: whether the handler's commit of the session's connection ran
+        self.committed = tx.committed
+        #: what that commit raised, if it did
+        self.commit_error = tx.commit_error
+        #: the processed row's status, read after a rollback or a failed commit
+        self.found: ProcessedStatus | None = None
 
 
 class Handling:
@@ -110,7 +117,8 @@ class Handling:
                     return self._claim_and_run(listener, msg, conn, receipt, past_deadline,
                                                pending)
                 except _Ended as ended:  # read on this connection: never a second one
-                    ended.committed = self._committed(conn, msg)
+                    if not ended.committed:
+                        ended.found = self._recorded(conn, msg)
                     raise
         except _Ended as ended:
             return self._after_ended(listener, msg, ended, receipt)
@@ -148,7 +156,7 @@ class Handling:
                        receipt: bool, past_deadline: object,
                        pending: PendingClaim | None) -> Result:
         """The processed row, then the handler, in one transaction on `conn`."""
-        with conn.begin() as tx:
+        with tracked.begin(conn) as tx:
             claim = self.store.claim(conn, msg, ProcessedStatus.SUCCEEDED,
                                      receipt=receipt)
             answer = pending.result() if pending is not None else None
@@ -160,7 +168,7 @@ class Handling:
                     return Result(Outcome.BUSY, "another consumer holds the lease")
                 return Result(Outcome.DUPLICATE, "done in redis")
             if claim is RowClaim.NEW:
-                self._handle(listener, msg, conn, past_deadline)
+                self._handle(listener, msg, conn, tx, past_deadline)
                 return Result(Outcome.SUCCEEDED)
             tx.rollback()
         claim = self.store.decide(conn, msg)  # the row that clashed, same connection
@@ -170,51 +178,85 @@ class Handling:
             return Result(Outcome.DUPLICATE, "rejected before", may_run_again=True)
         # A row without effect that may run again (a dead letter, a re-sent rejection):
         # take it over first, so that a concurrent run waits on its lock.
-        with conn.begin():
+        with tracked.begin(conn) as tx:
             if not self.store.rerun(conn, msg, ProcessedStatus.SUCCEEDED,
                                     receipt=receipt):
                 return Result(Outcome.DUPLICATE, "another run took the failed row")
-            self._handle(listener, msg, conn, past_deadline)
+            self._handle(listener, msg, conn, tx, past_deadline)
             return Result(Outcome.SUCCEEDED, "ran again after a rejection or dead letter")
 
     def _handle(self, listener: Listener, msg: Message, conn: Connection,
-                past_deadline: object) -> None:
+                tx: tracked.TrackedTransaction, past_deadline: object) -> None:
         with Session(bind=conn) as session:
             try:
                 self._returned(listener, call(listener.fn, msg, session))
             except Exception as exc:  # (a handler's other BaseException too: `calling.Raised`)
                 if not conn.in_transaction():
-                    raise _Ended(exc, _unflushed(session)) from exc
+                    raise _Ended(exc, _unflushed(session), tx) from exc
                 raise
             if not conn.in_transaction():
-                raise _Ended(None, _unflushed(session))
+                raise _Ended(None, _unflushed(session), tx)
             session.flush()
         if callable(past_deadline) and past_deadline():
             raise PastDeadline  # the transaction (still open) is rolled back by the caller
 
-    def _committed(self, conn: Connection, msg: Message) -> bool:
-        """After the handler's transaction ended under it: whether it was committed (the
-        processed row reads SUCCEEDED), not rolled back (no row, or the FAILED one it re-ran).
-        Read on `conn`, idle again. (A concurrent delivery that recorded SUCCEEDED after a
-        rollback reads the same: its success is the message's.)"""
+    def _recorded(self, conn: Connection, msg: Message) -> ProcessedStatus | None:
+        """After the handler's transaction ended under it without a commit of its own: the
+        processed row's status, read on `conn`. SUCCEEDED is a concurrent delivery's, which
+        inserted the row once this transaction's rollback let go of it. None when not known
+        (the rollback's path, a reconsume, loses nothing)."""
         try:
-            return self.store.status(msg.id, conn) is ProcessedStatus.SUCCEEDED
+            if conn.get_transaction() is not None:  # a failed commit leaves it to roll back
+                conn.rollback()
+            return self.store.status(msg.id, conn)
         except SQLAlchemyError:
-            return False  # not known: the rollback's path (reconsume) loses nothing
+            return None
 
     def _after_ended(self, listener: Listener, msg: Message, ended: _Ended,
                      receipt: bool) -> Result:
         """What a transaction that ended under the handler means (`_Ended`)."""
-        if not ended.committed:
-            if ended.error is not None:
-                return self.failure(listener, msg, ended.error, receipt=receipt)
-            # session.rollback() rolled back the processed row with the handler's writes:
-            # a success now would ack the broker with nothing recorded
-            log.warning("message %s: handler %s rolled back its session; nothing was "
-                        "recorded, reconsume later", msg.id, listener.name)
-            return self.failure(listener, msg, Retry(
-                f"handler {listener.name} rolled back its session: nothing was recorded (raise "
-                "Reject to refuse a message, Retry to try later)"), receipt=receipt)
+        if ended.committed:
+            return self._committed_itself(listener, msg, ended, receipt)
+        how = "rolled back its session"
+        if ended.commit_error is not None:
+            how = (f"committed the session's connection, and the commit failed "
+                   f"({describe(ended.commit_error)})")
+        if ended.found is ProcessedStatus.SUCCEEDED:
+            return self._processed_meanwhile(listener, msg, ended, how)
+        if ended.error is not None:
+            return self.failure(listener, msg, ended.error, receipt=receipt)
+        # the rollback took the processed row with the handler's writes: a success now would
+        # ack the broker with nothing recorded
+        log.warning("message %s: handler %s %s; nothing was recorded, reconsume later", msg.id,
+                    listener.name, how)
+        return self.failure(listener, msg, Retry(
+            f"handler {listener.name} {how}: nothing was recorded (raise Reject to refuse a "
+            "message, Retry to try later)"), receipt=receipt)
+
+    def _processed_meanwhile(self, listener: Listener, msg: Message, ended: _Ended,
+                             how: str) -> Result:
+        """The handler's transaction ended without its commit, and the processed row reads
+        SUCCEEDED: a concurrent delivery of the message, waiting on the row's lock, inserted
+        and committed it once this transaction let go of it. A duplicate: acked, with no
+        receipt or success of its own, whatever the handler raised after (a retry would only
+        find the row). A commit that lost its connection may have taken effect (its answer
+        lost): a duplicate all the same, said so."""
+        raised = unwrapped(ended.error) if ended.error is not None else None
+        then = (f", then raised ({describe(raised)})"
+                if raised is not None and raised is not ended.commit_error else "")
+        what = ("the message was processed by a concurrent delivery meanwhile (its processed row "
+                "committed once this transaction let go of it): a duplicate")
+        if isinstance(ended.commit_error, DBAPIError) and ended.commit_error.connection_invalidated:
+            what = ("the processed row reads SUCCEEDED: that commit took effect before the "
+                    "connection was lost, or the message was processed by a concurrent delivery: "
+                    "a duplicate either way")
+        log.warning("message %s: handler %s %s%s; %s, nothing to retry", msg.id, listener.name,
+                    how, then, what)
+        return Result(Outcome.DUPLICATE, "processed by a concurrent delivery")
+
+    def _committed_itself(self, listener: Listener, msg: Message, ended: _Ended,
+                          receipt: bool) -> Result:
+        """The handler committed the session's connection: the processed row with it."""
         if ended.error is None and not ended.unflushed:
             log.warning("message %s: handler %s committed the session's connection itself: its "
                         "writes and the processed row were committed then; leave the commit to "
