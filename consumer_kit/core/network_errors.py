@@ -16,9 +16,14 @@ raises a refused connection, which SQLAlchemy wraps. Not a `do_connect` hook: th
 hook that returns a connection ends the chain, so a caller's own hook added later (a fresh
 password or token in `cparams`, as SQLAlchemy's documentation shows) would never run.
 
+The pool's pre-ping (an engine made with `pool_pre_ping=True`: `make_engine` sets none on
+PostgreSQL, a caller's engine may) met the same bare error when the server had reset the pooled
+connection, and let it out of `engine.connect()`: SQLAlchemy's pre-ping takes only DB-API errors
+for a disconnect, so a reset that psycopg's pre-ping turns into a new connection, unseen, reached
+a consumer as its handler's failure. The dialect's `do_ping` is wrapped as its `connect` is.
+
 Only an error raised inside the driver's own code counts: a tracing or logging listener's
-`ConnectionRefusedError` or time-out stays its own error. Not covered: a pre-ping
-(`make_engine` sets none on PostgreSQL).
+`ConnectionRefusedError` or time-out stays its own error.
 """
 
 from __future__ import annotations
@@ -33,35 +38,50 @@ from sqlalchemy.engine import Dialect, Engine, ExceptionContext
 
 def treat_socket_errors_as_disconnects(engine: Engine) -> None:
     """Have `engine` raise a socket error from its driver as SQLAlchemy's `OperationalError`,
-    invalidating the connection (and the pool's others, as for any disconnect). Repeating it
-    on one engine is harmless."""
+    invalidating the connection (and the pool's others, as for any disconnect), and its pool's
+    pre-ping take one for a disconnect (a new connection, unseen). Repeating it on one engine
+    is harmless."""
     if not event.contains(engine, "handle_error", _socket_error_as_disconnect):
         event.listen(engine, "handle_error", _socket_error_as_disconnect)
-    dialect = engine.dialect
-    if not getattr(dialect.connect, _WRAPPED, False):  # (engines share a dialect)
-        dialect.connect = _connect_wrapping_socket_errors(dialect)  # type: ignore[method-assign]
+    dialect = engine.dialect  # (engines share a dialect: each method is wrapped once)
+    _wrap(dialect, "connect", lambda connect: _socket_errors_as_interface_errors(
+        dialect, connect, "connect"))
+    _wrap(dialect, "do_ping", lambda ping: _socket_errors_as_interface_errors(
+        dialect, ping, "pre-ping"))
 
 
-#: the mark of a dialect's `connect` this module wrapped
+#: the mark of a dialect method this module wrapped
 _WRAPPED = "_ckit_socket_errors_wrapped"
 
 
-def _connect_wrapping_socket_errors(dialect: Dialect) -> Callable[..., Any]:
-    """`dialect.connect`, a connection error or time-out raised in the driver's code becoming
-    the driver's `InterfaceError`."""
-    connect = dialect.connect
+def _wrap(dialect: Dialect, name: str,
+          wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace `dialect.<name>` by `wrapper(dialect.<name>)`, unless this module did already."""
+    method = getattr(dialect, name)
+    if getattr(method, _WRAPPED, False):
+        return
+    wrapped = wrapper(method)
+    setattr(wrapped, _WRAPPED, True)
+    wrapped.__wrapped__ = method  # type: ignore[attr-defined]
+    setattr(dialect, name, wrapped)
 
-    def wrapped(*cargs: Any, **cparams: Any) -> Any:
+
+def _socket_errors_as_interface_errors(dialect: Dialect, method: Callable[..., Any],
+                                       on: str) -> Callable[..., Any]:
+    """`method` of `dialect` (`connect`, `do_ping`), a connection error or time-out raised in
+    the driver's code becoming the driver's `InterfaceError("network error on <on>: ...")`,
+    which SQLAlchemy wraps and pg8000's dialect takes for a disconnect (a pre-ping then
+    replaces the connection)."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
-            return connect(*cargs, **cparams)
+            return method(*args, **kwargs)
         except (ConnectionError, TimeoutError) as error:
             if not _raised_in(error.__traceback__, dialect.driver):
                 raise
             raise dialect.loaded_dbapi.InterfaceError(
-                f"network error on connect: {type(error).__name__}: {error}") from error
+                f"network error on {on}: {type(error).__name__}: {error}") from error
 
-    setattr(wrapped, _WRAPPED, True)
-    wrapped.__wrapped__ = connect  # type: ignore[attr-defined]
     return wrapped
 
 
