@@ -3,7 +3,8 @@ when the server has dropped the pooled connection. psycopg's pre-ping turns that
 connection, unseen. pg8000's did not: a reset met on the pre-ping's first read came out of
 `engine.connect()` as the socket's bare `ConnectionResetError` (SQLAlchemy's pre-ping takes only
 DB-API errors for a disconnect), which a consumer reported as its handler's failure and
-retried."""
+retried; and a drop pg8000 did report ("network error") was replaced unseen, but pg8000's
+`close()` of the dead connection raised, which the pool logged at ERROR with a traceback."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message, Outcome
+from consumer_kit.core import network_errors
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.transports import Delivery
@@ -134,6 +136,17 @@ def end_pooled_backend(engine: sa.Engine, killer: sa.Engine) -> int:
     return pid
 
 
+def delivery(ckit_id: str) -> Delivery:
+    return Delivery(topic="ORDER_CREATED", body=b"{}", broker_message_id=f"B-{ckit_id}",
+                    tags="created", keys="", properties={"ckit_id": ckit_id},
+                    reconsume_times=0)
+
+
+def pool_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("sqlalchemy") and r.levelno >= logging.WARNING]
+
+
 def test_a_reset_met_by_the_pre_ping_is_a_new_connection_not_a_bare_socket_error(
         proxy: ResettingProxy, killer: sa.Engine, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -151,7 +164,26 @@ def test_a_reset_met_by_the_pre_ping_is_a_new_connection_not_a_bare_socket_error
     finally:
         engine.dispose()
     assert proxy.resets == 1 and new_pid != pid
+    # and the pool says it at INFO, as for psycopg, with no error and no traceback
     assert any("Disconnection detected on checkout" in r.getMessage() for r in caplog.records)
+    assert pool_errors(caplog) == []
+
+
+def test_a_terminated_connection_the_pre_ping_replaces_is_no_error_in_the_log(
+        killer: sa.Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a pg8000 engine with the pool's pre-ping, straight to the server, whose pooled
+    # connection's backend was terminated (pg8000 sees it as its "network error")
+    engine = make_engine(database_url("pg8000", tmp_path), pool_size=1, max_overflow=0,
+                         pool_pre_ping=True)
+    try:
+        pid = end_pooled_backend(engine, killer)
+        # When it is checked out again, then a new one is made, and the pool logs no ERROR
+        # with a traceback for closing the dead one (pg8000's close() raised on its socket)
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.pool"), engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != pid
+    finally:
+        engine.dispose()
+    assert pool_errors(caplog) == []
 
 
 def test_a_consumer_with_the_pre_ping_goes_on_after_its_connection_is_reset(
@@ -189,11 +221,20 @@ def test_a_consumer_with_the_pre_ping_goes_on_after_its_connection_is_reset(
     # "handler ... raised, reconsume later: ConnectionResetError")
     assert proxy.resets == 1
     assert result.outcome is Outcome.SUCCEEDED, result
-    assert [r.getMessage() for r in caplog.records
-            if r.name.startswith("consumer_kit") and r.levelno >= logging.WARNING] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
-def delivery(ckit_id: str) -> Delivery:
-    return Delivery(topic="ORDER_CREATED", body=b"{}", broker_message_id=f"B-{ckit_id}",
-                    tags="created", keys="", properties={"ckit_id": ckit_id},
-                    reconsume_times=0)
+def test_a_close_that_fails_on_a_live_connection_still_raises(tmp_path: Path) -> None:
+    # Given a pg8000 engine, whose driver's close fails with an error that is no disconnect
+    engine = make_engine(database_url("pg8000", tmp_path))
+    dialect = engine.dialect
+    refused = dialect.loaded_dbapi.InterfaceError("close refused")
+
+    def failing_close(_dbapi_connection: Any) -> None:
+        raise refused
+
+    close = network_errors._dead_connection_closed_quietly(dialect, failing_close)
+    engine.dispose()
+    # When it closes, then that error comes out: only a dead connection's close passes quietly
+    with pytest.raises(type(refused), match="close refused"):
+        close(object())

@@ -21,6 +21,11 @@ PostgreSQL, a caller's engine may) met the same bare error when the server had r
 connection, and let it out of `engine.connect()`: SQLAlchemy's pre-ping takes only DB-API errors
 for a disconnect, so a reset that psycopg's pre-ping turns into a new connection, unseen, reached
 a consumer as its handler's failure. The dialect's `do_ping` is wrapped as its `connect` is.
+And pg8000's `close()` of a dead connection raises (it sends its Terminate message on the dead
+socket, then closes the socket all the same), which the pool logged at ERROR with a traceback
+for every dropped connection it replaced, even on a pre-ping that replaced it unseen: the
+dialect's `do_close` lets a disconnect on closing pass (at DEBUG), as psycopg's and PyMySQL's
+close of a dead connection raise nothing.
 
 Only an error raised inside the driver's own code counts: a tracing or logging listener's
 `ConnectionRefusedError` or time-out stays its own error.
@@ -28,6 +33,7 @@ Only an error raised inside the driver's own code counts: a tracing or logging l
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -35,12 +41,14 @@ from typing import Any
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Dialect, Engine, ExceptionContext
 
+log = logging.getLogger(__name__)
+
 
 def treat_socket_errors_as_disconnects(engine: Engine) -> None:
     """Have `engine` raise a socket error from its driver as SQLAlchemy's `OperationalError`,
-    invalidating the connection (and the pool's others, as for any disconnect), and its pool's
-    pre-ping take one for a disconnect (a new connection, unseen). Repeating it on one engine
-    is harmless."""
+    invalidating the connection (and the pool's others, as for any disconnect); its pool's
+    pre-ping take one for a disconnect (a new connection, unseen), and its pool close a dead
+    connection without an error logged. Repeating it on one engine is harmless."""
     if not event.contains(engine, "handle_error", _socket_error_as_disconnect):
         event.listen(engine, "handle_error", _socket_error_as_disconnect)
     dialect = engine.dialect  # (engines share a dialect: each method is wrapped once)
@@ -48,6 +56,7 @@ def treat_socket_errors_as_disconnects(engine: Engine) -> None:
         dialect, connect, "connect"))
     _wrap(dialect, "do_ping", lambda ping: _socket_errors_as_interface_errors(
         dialect, ping, "pre-ping"))
+    _wrap(dialect, "do_close", lambda close: _dead_connection_closed_quietly(dialect, close))
 
 
 #: the mark of a dialect method this module wrapped
@@ -81,6 +90,22 @@ def _socket_errors_as_interface_errors(dialect: Dialect, method: Callable[..., A
                 raise
             raise dialect.loaded_dbapi.InterfaceError(
                 f"network error on {on}: {type(error).__name__}: {error}") from error
+
+    return wrapped
+
+
+def _dead_connection_closed_quietly(dialect: Dialect, close: Callable[..., Any]
+                                    ) -> Callable[..., Any]:
+    """`dialect.do_close`, an error the dialect takes for a disconnect passing as a close done
+    (logged at DEBUG): the connection was dead already, and its socket is closed."""
+
+    def wrapped(dbapi_connection: Any) -> None:
+        try:
+            close(dbapi_connection)
+        except dialect.loaded_dbapi.Error as error:
+            if not dialect.is_disconnect(error, dbapi_connection, None):
+                raise
+            log.debug("closed a dead %s connection (%s)", dialect.driver, error)
 
     return wrapped
 
