@@ -5,15 +5,13 @@ A password is masked wherever it sits and whatever it contains (spaces, `@`, `:`
 (`?password=`, `&passwd=`, `pwd=`). `mask_url` takes a string known to be one URL; `mask_text`
 takes free text (error messages, driver output, log lines) with URLs anywhere in it.
 
-The password is the one SQLAlchemy (and so the driver) reads: after the user's first `:`, up to
-the first `@` after which a host and a port can be read (`host`, `host:3306` or `[::1]`, then
-`/`, `?` or the end). An `@` after it (in the database name, the query string or the words
-after a URL) is left alone: `mysql://app:***@db:3306/orders@x` keeps its host and database.
-A password holding a raw `@` makes SQLAlchemy read a host holding `@` or a port that is not a
-number; the `@` that ends it is then the first one after which a host can be read, or else the
-last one (masking too much is safe, too little is not). Unless a later `@` is followed by a
-host and a path (`p@ss/word@db/orders`: SQLAlchemy reads host `ss`, but the password meant
-was `p@ss/word`): the password then runs to the last such `@`.
+The password runs from the user's first `:` (a user may hold `@`: Azure's `app@server`) to the
+last `@` after which a host and a port can be read (`host`, `host:3306` or `[::1]`, then `/`,
+`?` or the end), else to the last `@`. SQLAlchemy ends it at the first `@`, but a password
+meant with a raw `@` (`p@ss/word@db:3306`: SQLAlchemy reads host `ss`) would leave its tail
+in clear, and no rule tells that `@` from one after the database name: an `@` there
+(`mysql://app:***@x`, for `app:pw@db:3306/orders@x`) is masked with the password. Masking too
+much is safe, too little is not.
 
 Free text has no reliable end for a password that contains whitespace, so every password with
 whitespace seen by `mask_url` or `remember_secrets` (the CLI feeds it its arguments and `CKIT_*`
@@ -43,9 +41,9 @@ _QUERY_IN_TEXT = re.compile(rf"(?i)((?:{_PARAM})=)([^&;#\s'\"]*)")
 #: text it holds no whitespace either.
 _USER_IN_URL = re.compile(r"[^:/]*")
 _USER_IN_TEXT = re.compile(r"[^:/\s]*")
-#: In free text, `scheme://host:port` then the end of the URL (a path, whitespace, or a
-#: colon, comma, bracket or quote then whitespace): a port, not a password.
-_PORT_IN_TEXT = re.compile(r"\d+(?:[/?#]|[:,;.)\]'\"`]*(?:\s|$))")
+#: In free text, `scheme://host:port` then a path, whitespace or the end: a port, not a
+#: password (a port followed by punctuation is read as a password: masking too much is safe).
+_PORT_IN_TEXT = re.compile(r"\d+(?:[/?#\s]|$)")
 #: What SQLAlchemy reads after the `@` that ends a password: a host (or `[ipv6]`), maybe a
 #: port of digits, then the path, the query or the end of the URL.
 _HOST = r"(?:\[[^/?@\]\n]*\]|[^/:?@\n]*)"
@@ -53,9 +51,6 @@ _AFTER_AT_IN_URL = re.compile(rf"{_HOST}(?::\d*)?(?:[/?]|$)")
 #: In free text the URL may also end after its port (or a bare colon) at a space, a quote or
 #: punctuation: "...@db:3306: refused", "...@db: (1045, ...)".
 _AFTER_AT_IN_TEXT = re.compile(rf"{_HOST}(?:[/?\n]|$|:\d*(?=[/?\s'\"`),;:.\]]|$))")
-#: After an `@`, a host (maybe with a port) and a path: where a password with a raw `@` and `/`
-#: may end, whatever SQLAlchemy reads.
-_HOST_AND_PATH = re.compile(rf"{_HOST}(?::\d*)?/")
 #: In free text an `@` followed by a quote never ends a password: a URL's host never starts
 #: with one, MySQL's "user 'ckit'@'127.0.0.1'" after the URL always does.
 _QUOTES = "'\"`"
@@ -71,8 +66,8 @@ def mask_url(url: object) -> str:
     'mysql+pymysql://app:***@db:3306/orders'
     >>> mask_url("mysql+pymysql://u:p%40ss w:rd@db/x?charset=utf8&password=x2")
     'mysql+pymysql://u:***@db/x?charset=utf8&password=***'
-    >>> mask_url("mysql+pymysql://app:s3cret@db:3306/orders@x")  # a stray @ stays visible
-    'mysql+pymysql://app:***@db:3306/orders@x'
+    >>> mask_url("redis://:p@ss/w@redis:6379")  # a raw @ in a password: masked whole
+    'redis://:***@redis:6379'
     """
     text = str(url)
     remember_secrets([text])
@@ -165,9 +160,9 @@ def _password_in_url(text: str) -> tuple[int, int] | None:
 
 def _password_span(text: str, start: int, *, in_text: bool) -> tuple[int, int, bool] | None:
     """(begin, end, read) of the password of the URL whose scheme ends at `start`:
-    `text[begin:end]` is the password and `text[end]` the `@` that ends it: the first `@`
-    followed by a host and port that can be read, or a later one followed by a host and a
-    path; `read` is false when there is none (`end` is then the last `@`).
+    `text[begin:end]` is the password and `text[end]` the `@` that ends it: the last `@`
+    followed by a host and port that can be read; `read` is false when there is none (`end`
+    is then the last `@`).
     None: no password (no `user:`, no `@` after it, or in free text `host:port`).
 
     In free text the password ends on its line, before the next URL's scheme, and never at an
@@ -181,18 +176,16 @@ def _password_span(text: str, start: int, *, in_text: bool) -> tuple[int, int, b
         next_url = _SCHEME.search(text, colon + 1)
         limit = min(next_url.start() if next_url else limit, _find(text, "\n", colon, limit))
     after = _AFTER_AT_IN_TEXT if in_text else _AFTER_AT_IN_URL
-    last = read = pathed = -1
+    last = read = -1
     at = text.find("@", colon + 1, limit)
     while at >= 0:
         if not (in_text and text[at + 1:at + 2] and text[at + 1] in _QUOTES):
-            if read < 0 and after.match(text, at + 1):
+            if after.match(text, at + 1):
                 read = at
-            if _HOST_AND_PATH.match(text, at + 1):
-                pathed = at
             last = at
         at = text.find("@", at + 1, limit)
     if read >= 0:
-        return colon + 1, max(read, pathed), True
+        return colon + 1, read, True
     return None if last < 0 else (colon + 1, last, False)
 
 
