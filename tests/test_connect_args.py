@@ -37,3 +37,12 @@ def test_a_misspelt_url_option_is_refused_naming_it_before_connecting(driver: st
 ])
 def test_options_the_driver_takes_are_accepted(url: str) -> None:
     make_engine(url).dispose()
+
+
+def test_an_option_value_the_dialect_cannot_read_is_a_configuration_error() -> None:
+    # Given a number option that is not a number (PyMySQL's dialect reads it with int())
+    url = "mysql+pymysql://app:S3cr3t@127.0.0.1:1/orders?connect_timeout=abc"
+    # When an engine is made / Then one line, a configuration error, not a bare ValueError
+    with pytest.raises(ConfigError, match="an option's value is not one pymysql takes") as bad:
+        make_engine(url)
+    assert "abc" in str(bad.value) and "S3cr3t" not in str(bad.value)

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.urls import mask_url
@@ -38,14 +38,26 @@ def unknown_options(connect: Callable[..., Any], names: Iterable[str]) -> list[s
     return sorted(name for name in names if name not in taken)
 
 
+def bad_value(url: URL, exc: Exception) -> ConfigError:
+    """The error for a URL option whose value the dialect could not read (`?connect_timeout=abc`:
+    its `int()`), raised by `create_engine` or `create_connect_args`."""
+    return ConfigError(f"database URL {mask_url(url.render_as_string())!r}: an option's value "
+                       f"is not one {url.get_driver_name()} takes ({type(exc).__name__}: {exc})")
+
+
 def check_connect_args(engine: Engine) -> None:
     """Refuse `engine` when its URL gives its driver's `connect()` an option it does not take.
 
     Raises:
-        ConfigError: naming the options, the driver and the URL (its password masked).
+        ConfigError: naming the options (or the value the dialect could not read), the driver
+            and the URL (its password masked).
     """
     dialect = engine.dialect
-    _, params = dialect.create_connect_args(engine.url)
+    shown = mask_url(engine.url.render_as_string())
+    try:
+        _, params = dialect.create_connect_args(engine.url)
+    except (TypeError, ValueError) as exc:
+        raise bad_value(engine.url, exc) from None
     dbapi = dialect.dbapi if dialect.dbapi is not None else dialect.import_dbapi()
     connect = getattr(dbapi, "connect", None)
     if connect is None:
@@ -54,6 +66,5 @@ def check_connect_args(engine: Engine) -> None:
     unknown = unknown_options(target or connect, params)
     if unknown:
         listed = ", ".join(repr(name) for name in unknown)
-        raise ConfigError(f"database URL {mask_url(engine.url.render_as_string())!r}: "
-                          f"{dialect.driver} takes no option {listed} (check the query string's "
-                          "spelling)")
+        raise ConfigError(f"database URL {shown!r}: {dialect.driver} takes no option "
+                          f"{listed} (misspelt, or an option of another driver)")

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.core.connect_args import check_connect_args
+from consumer_kit.core.connect_args import bad_value, check_connect_args
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema.check import (
@@ -86,6 +86,8 @@ def make_engine(url: str | Engine, **kwargs: Any) -> Engine:
     except sa.exc.NoSuchModuleError:
         raise ConfigError(f"unknown database in URL {mask_url(str(url))!r}: use mysql+pymysql://, "
                           "postgresql+psycopg:// or sqlite:///path") from None
+    except ValueError as exc:  # an option's value the dialect reads with int() or bool()
+        raise bad_value(parsed, exc) from None
     check_connect_args(engine)  # an option the driver does not take: refused before connecting
     if backend == "sqlite":
         sa.event.listen(engine, "connect", _sqlite_pragmas)
