@@ -249,7 +249,8 @@ class RocketMQTransport(Transport):
         except TransportError:
             raise
         except Exception as exc:
-            self._known_topics.discard(message.topic)  # gone? the next send asks again
+            if "no route info" in str(exc).lower():  # deleted? the next send asks again
+                self._known_topics.discard(message.topic)
             log.warning("message %s: send to %s failed: %s", msg_id, message.topic, exc)
             raise translate(exc, f"sending message {msg_id} to {message.topic}") from exc
         finally:
@@ -302,7 +303,7 @@ class RocketMQTransport(Transport):
             log.warning("%s", exc)
 
     def ensure_topic(self, topic: str) -> None:
-        """Create `topic` if the name server has no route for it (asked again after a failed send).
+        """Create `topic` if the name server has no route (asked again after a send found none).
 
         Raises:
             TransportUnavailable: the name server or a broker cannot be reached.
@@ -396,5 +397,4 @@ class RocketMQTransport(Transport):
                 producer.shutdown()
             except Exception:
                 log.exception("producer %s: shutdown failed", self.producer_group)
-            # Not DestroyProducer: with this librocketmq build it crashes the process later
-            # (seen in the test suite); one producer object per transport is left to the OS.
+            # not DestroyProducer: it crashes this librocketmq build later (one leak per transport)

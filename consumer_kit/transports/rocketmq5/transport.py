@@ -284,7 +284,8 @@ class RocketMQ5Transport(Transport):
         except TransportError:
             raise
         except Exception as exc:
-            self._known_topics.discard(topic)  # gone? the next send asks the name server again
+            if _ROUTE_FAILURE in str(exc):  # deleted? the next send asks the name server again
+                self._known_topics.discard(topic)
             error = self.failure(exc, what, topic=topic)
             log.warning("%s", error)
             raise error from exc
@@ -302,8 +303,8 @@ class RocketMQ5Transport(Transport):
 
     def ensure_topic(self, topic: str) -> None:
         """Create `topic` (FIFO when it is in `ordered_topics`, else NORMAL) when the name
-        server has no route for it (asked once per topic, and again after a send to it failed:
-        an operator may have deleted it). A no-op without the name server.
+        server has no route for it (asked once per topic, and again after a send to it failed
+        for want of a route: an operator may have deleted it). A no-op without the name server.
 
         Raises:
             TransportUnavailable: the name server or a broker cannot be reached.
