@@ -36,7 +36,8 @@ class TrackedTransaction(RootTransaction):
         try:
             super().commit()
         except BaseException as exc:
-            self.commit_error = exc
+            if self.commit_error is None:  # (a second try only says the first one failed)
+                self.commit_error = exc
             raise
         self.committed = True
 
