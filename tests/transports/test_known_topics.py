@@ -56,7 +56,9 @@ class Producer:
     send_sync = send
 
 
-def transport(kind: str, names: NameServer) -> Any:
+def sent_once(kind: str) -> tuple[NameServer, Any]:
+    """A name server and a transport of `kind` that sent one message to the topic."""
+    names = NameServer()
     made: Any
     if kind == "rocketmq":
         made = RocketMQTransport("127.0.0.1:1", create_topics=True)
@@ -65,16 +67,15 @@ def transport(kind: str, names: NameServer) -> Any:
                                   create_topics=True)
     made.admin = names
     made._producer = Producer(names, kind)
-    return made
+    made.send(OutgoingMessage(TOPIC, b'{"n": 1}'))
+    return names, made
 
 
 @pytest.mark.parametrize("kind", ["rocketmq", "rocketmq5"])
 def test_a_topic_deleted_after_its_first_send_is_created_again_after_the_failed_send(
         kind: str) -> None:
     # Given: a transport that sent to the topic, which the name server then lost
-    names = NameServer()
-    sender = transport(kind, names)
-    sender.send(OutgoingMessage(TOPIC, b'{"n": 1}'))
+    names, sender = sent_once(kind)
     sender.send(OutgoingMessage(TOPIC, b'{"n": 2}'))
     assert names.asked == 1  # once per topic, not before every send
     names.deleted = True
@@ -91,9 +92,7 @@ def test_a_topic_deleted_after_its_first_send_is_created_again_after_the_failed_
 def test_a_send_that_failed_for_another_reason_does_not_ask_the_name_server_again(
         kind: str) -> None:
     # Given a transport that sent to the topic once
-    names = NameServer()
-    sender = transport(kind, names)
-    sender.send(OutgoingMessage(TOPIC, b'{"n": 1}'))
+    names, sender = sent_once(kind)
     # When a send times out (a broker away: its topic may be missing from the name server for
     # a while, and must not be created anew on the other brokers for that)
     def timed_out(_message: Any) -> Any:
