@@ -246,13 +246,15 @@ class Handling:
                 if raised is not None and raised is not ended.commit_error else "")
         what = ("the message was processed by a concurrent delivery meanwhile (its processed row "
                 "committed once this transaction let go of it): a duplicate")
+        why = "processed by a concurrent delivery"
         if isinstance(ended.commit_error, DBAPIError) and ended.commit_error.connection_invalidated:
             what = ("the processed row reads SUCCEEDED: that commit took effect before the "
                     "connection was lost, or the message was processed by a concurrent delivery: "
                     "a duplicate either way")
+            why = "processed: by its own commit whose answer was lost, or a concurrent delivery"
         log.warning("message %s: handler %s %s%s; %s, nothing to retry", msg.id, listener.name,
                     how, then, what)
-        return Result(Outcome.DUPLICATE, "processed by a concurrent delivery")
+        return Result(Outcome.DUPLICATE, why)
 
     def _committed_itself(self, listener: Listener, msg: Message, ended: _Ended,
                           receipt: bool) -> Result:

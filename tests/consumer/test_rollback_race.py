@@ -148,6 +148,7 @@ def test_a_commit_of_the_sessions_connection_that_failed_is_not_taken_for_a_comm
     assert ("took effect before the connection was lost, or the message was processed by a "
             "concurrent delivery" in line) is lost
     assert ("processed by a concurrent delivery meanwhile" in line) is not lost
+    assert ("answer was lost" in (result.reason or "")) is lost  # (the reason says the same)
     app.close()
 
 
