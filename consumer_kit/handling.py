@@ -54,10 +54,9 @@ class _Ended(Exception):
         self.error = error
         #: whether its session held changes that were never written
         self.unflushed = unflushed
-        #: whether the handler's commit of the session's connection ran
-        self.committed = tx.committed
-        #: what that commit raised, if it did
-        self.commit_error = tx.commit_error
+        #: the transaction that ended: whether the handler's commit of the session's connection
+        #: ran (`tx.committed`), what that commit raised if it did (`tx.commit_error`)
+        self.tx = tx
         #: the processed row's status, read after a rollback or a failed commit
         self.found: ProcessedStatus | None = None
 
@@ -117,7 +116,7 @@ class Handling:
                     return self._claim_and_run(listener, msg, conn, receipt, past_deadline,
                                                pending)
                 except _Ended as ended:  # read on this connection: never a second one
-                    if not ended.committed:
+                    if not ended.tx.committed:
                         ended.found = self._recorded(conn, msg)
                     raise
         except _Ended as ended:
@@ -215,12 +214,12 @@ class Handling:
     def _after_ended(self, listener: Listener, msg: Message, ended: _Ended,
                      receipt: bool) -> Result:
         """What a transaction that ended under the handler means (`_Ended`)."""
-        if ended.committed:
+        if ended.tx.committed:
             return self._committed_itself(listener, msg, ended, receipt)
         how = "rolled back its session"
-        if ended.commit_error is not None:
+        if ended.tx.commit_error is not None:
             how = (f"committed the session's connection, and the commit failed "
-                   f"({describe(ended.commit_error)})")
+                   f"({describe(ended.tx.commit_error)})")
         if ended.found is ProcessedStatus.SUCCEEDED:
             return self._processed_meanwhile(listener, msg, ended, how)
         if ended.error is not None:
@@ -243,11 +242,12 @@ class Handling:
         lost): a duplicate all the same, said so."""
         raised = unwrapped(ended.error) if ended.error is not None else None
         then = (f", then raised ({describe(raised)})"
-                if raised is not None and raised is not ended.commit_error else "")
+                if raised is not None and raised is not ended.tx.commit_error else "")
         what = ("the message was processed by a concurrent delivery meanwhile (its processed row "
                 "committed once this transaction let go of it): a duplicate")
         why = "processed by a concurrent delivery"
-        if isinstance(ended.commit_error, DBAPIError) and ended.commit_error.connection_invalidated:
+        lost = ended.tx.commit_error
+        if isinstance(lost, DBAPIError) and lost.connection_invalidated:
             what = ("the processed row reads SUCCEEDED: that commit took effect before the "
                     "connection was lost, or the message was processed by a concurrent delivery: "
                     "a duplicate either way")

@@ -53,7 +53,6 @@ def check_connect_args(engine: Engine) -> None:
             and the URL (its password masked).
     """
     dialect = engine.dialect
-    shown = mask_url(engine.url.render_as_string())
     try:
         _, params = dialect.create_connect_args(engine.url)
     except (TypeError, ValueError) as exc:
@@ -62,9 +61,9 @@ def check_connect_args(engine: Engine) -> None:
     connect = getattr(dbapi, "connect", None)
     if connect is None:
         return
-    target = getattr(connect, "__init__", None) if inspect.isclass(connect) else connect
-    unknown = unknown_options(target or connect, params)
+    unknown = unknown_options(connect.__init__ if inspect.isclass(connect) else connect, params)
     if unknown:
         listed = ", ".join(repr(name) for name in unknown)
-        raise ConfigError(f"database URL {shown!r}: {dialect.driver} takes no option "
-                          f"{listed} (misspelt, or an option of another driver)")
+        raise ConfigError(f"database URL {mask_url(engine.url.render_as_string())!r}: "
+                          f"{dialect.driver} takes no option {listed} (misspelt, or an option "
+                          "of another driver)")
