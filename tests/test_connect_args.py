@@ -46,3 +46,20 @@ def test_an_option_value_the_dialect_cannot_read_is_a_configuration_error() -> N
     with pytest.raises(ConfigError, match="an option's value is not one pymysql takes") as bad:
         make_engine(url)
     assert "abc" in str(bad.value) and "S3cr3t" not in str(bad.value)
+
+
+@pytest.mark.parametrize(("url", "instead"), [
+    ("mysql+pymysql://app:S3cr3t@127.0.0.1:1/orders?ssl_mode=REQUIRED", "ssl_ca"),
+    ("mysql+pymysql://app:S3cr3t@127.0.0.1:1/orders?sslmode=require", "ssl_ca"),
+    *([("postgresql+pg8000://app:S3cr3t@127.0.0.1:1/orders?sslmode=require", "ssl_context")]
+      if len(DRIVERS) > 1 else []),
+])
+def test_another_drivers_tls_option_is_refused_naming_what_this_driver_takes(
+        url: str, instead: str) -> None:
+    # Given a URL copied from another driver's setup, with its TLS option
+    # When an engine is made / Then the line names the option this driver takes instead
+    with pytest.raises(ConfigError) as refused:
+        make_engine(url)
+    line = str(refused.value)
+    assert "takes no option 'ssl" in line and instead in line, line
+    assert "misspelt" not in line and "S3cr3t" not in line

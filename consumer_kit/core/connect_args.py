@@ -18,6 +18,16 @@ from sqlalchemy.engine import URL, Engine
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.urls import mask_url
 
+# Options of another driver a URL copied from elsewhere brings, and what this driver takes instead
+_INSTEAD = {
+    ("pg8000", "sslmode"): "pg8000 takes an ssl.SSLContext as create_engine(connect_args="
+                           "{'ssl_context': ...}) instead of libpq's sslmode",
+    ("pymysql", "ssl_mode"): "PyMySQL takes ssl_ca, ssl_cert, ssl_key and ssl_verify_cert "
+                             "instead of mysqlclient's ssl_mode",
+    ("pymysql", "sslmode"): "PyMySQL takes ssl_ca, ssl_cert, ssl_key and ssl_verify_cert "
+                            "instead of libpq's sslmode",
+}
+
 
 def unknown_options(connect: Callable[..., Any], names: Iterable[str]) -> list[str]:
     """Those of `names` that `connect` takes no keyword for (none when it takes any keyword
@@ -64,6 +74,8 @@ def check_connect_args(engine: Engine) -> None:
     unknown = unknown_options(connect.__init__ if inspect.isclass(connect) else connect, params)
     if unknown:
         listed = ", ".join(repr(name) for name in unknown)
+        instead = [_INSTEAD[dialect.driver, name] for name in unknown
+                   if (dialect.driver, name) in _INSTEAD]
+        why = "; ".join(instead) if instead else "misspelt, or an option of another driver"
         raise ConfigError(f"database URL {mask_url(engine.url.render_as_string())!r}: "
-                          f"{dialect.driver} takes no option {listed} (misspelt, or an option "
-                          "of another driver)")
+                          f"{dialect.driver} takes no option {listed} ({why})")
