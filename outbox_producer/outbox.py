@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from consumer_kit.core.autocommit import commits_each_statement
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import make_engine
 from consumer_kit.core.errors import ConfigError, PayloadError, PublishConflict
@@ -153,6 +154,8 @@ class Outbox:
                 business change back.
             PublishConflict: the `(biz_type, biz_key)` was published before for another
                 topic (the message names that message id and topic); nothing is written.
+            ConfigError: `conn_or_session` commits each statement on its own (autocommit), so
+                the row could not share the business change's transaction; nothing is written.
         """
         # The common call (no keys, headers or delay; a topic, biz_type and tags seen before)
         # skips their checks' calls: run right after a round trip, with little in the CPU's
@@ -179,6 +182,12 @@ class Outbox:
         # one INSERT that writes nothing. It leaves the caller's transaction usable: MySQL/
         # MariaDB and SQLite undo just the failed statement; PostgreSQL's INSERT says ON
         # CONFLICT DO NOTHING (see outbox_producer.insert).
+        if commits_each_statement(conn):
+            raise ConfigError(
+                "publish() needs a transaction, and this connection commits each statement on "
+                "its own (autocommit): the message would commit apart from the business change "
+                "beside it. Nothing written; publish on a connection without "
+                "isolation_level='AUTOCOMMIT'")
         dispatch = (isinstance(conn_or_session, Session) and self.dispatcher is not None
                     and delay_s <= 0)
         if dispatch and (conn.engine is not self._dispatch_engine
