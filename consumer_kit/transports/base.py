@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+from consumer_kit.core.envelope import stored_text
 from consumer_kit.core.errors import ConfigError, MessageTooLarge
 from consumer_kit.core.messages import (
     Delivery,
@@ -74,8 +75,14 @@ def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
 
 def clip_reason(reason: str) -> str:
     """A reason fit to travel: one line of at most `REASON_MAX_CHARS` characters, without the
-    control characters RocketMQ properties cannot carry."""
-    text = " ".join(reason.split())
+    control characters RocketMQ properties cannot carry, a lone surrogate as U+FFFD (a
+    handler's error quoting text decoded with `surrogateescape`: no encoding carries it, and
+    the SQL transport's dead-letter insert raised, killing its worker thread).
+
+    >>> clip_reason("bad\\x00 name \\udce9") == "bad name \\ufffd"
+    True
+    """
+    text = " ".join(stored_text(reason).split())
     text = "".join(ch for ch in text if ch >= " ")
     return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS - 3] + "..."
 

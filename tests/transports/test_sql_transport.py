@@ -655,3 +655,34 @@ def test_a_member_shut_down_under_a_running_callback_keeps_the_queue_until_its_l
     # Then the second never ran the message while the first still did: the first kept the
     # queue until its callback returned, committed it, and only then handed the queue over
     assert [(name, what) for name, what, _ in runs] == [("first", "start"), ("first", "end")]
+
+
+def test_a_reason_holding_a_lone_surrogate_reaches_the_dead_letters_and_the_queue_goes_on(
+    transport: SqlTransport,
+) -> None:
+    # Given: a callback failing with a reason no database can store as it is (a handler's error
+    # quoting a body it decoded with surrogateescape), and a healthy message behind it
+    topic, group = "surrogate_t", "surrogate_g"
+    transport.ensure_topic(topic)
+    handled: list[bytes] = []
+    odd = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+    def callback(d: Delivery) -> Verdict:
+        handled.append(d.body)
+        if d.body == b"poison":
+            return Verdict(ConsumeStatus.RECONSUME_LATER, f"ValueError: bad name {odd!s}")
+        return Verdict(ConsumeStatus.CONSUME_SUCCESS)
+
+    consumer = transport.consumer(group, [Subscription(topic)], callback, threads=1)
+    consumer.start()
+    try:
+        # When
+        transport.send(OutgoingMessage(topic, b"poison", sharding_key="q"))
+        transport.send(OutgoingMessage(topic, b"healthy", sharding_key="q"))
+        # Then: the poison message is a dead letter with its reason (the odd character as
+        # U+FFFD), and the worker lives on to handle the message after it
+        assert wait_for(lambda: len(transport.dead_letters(group)) == 1 and
+                        b"healthy" in handled, TIMEOUT)
+    finally:
+        consumer.shutdown()
+    assert transport.dead_letters(group)[0].last_error == "ValueError: bad name caf\ufffd"
