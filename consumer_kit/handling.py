@@ -17,7 +17,7 @@ from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from consumer_kit.calling import call, unwrapped
-from consumer_kit.control import InvalidBody, Reject, Retry
+from consumer_kit.control import InvalidBody, Reject, Retry, reason_of
 from consumer_kit.core import checkin, tracked
 from consumer_kit.core.db import causal_reads, is_galera_node
 from consumer_kit.core.db_errors import describe, is_conflict
@@ -305,12 +305,12 @@ class Handling:
         exc = unwrapped(exc)
         permanent = self.permanent + (listener.permanent if listener else ())
         if isinstance(exc, Reject):
-            return self.reject(msg, exc.reason, receipt=receipt)
+            return self.reject(msg, reason_of(exc), receipt=receipt)
         if isinstance(exc, permanent):
             return self.reject(msg, describe_exception(exc), receipt=receipt)
         if isinstance(exc, Retry):
             wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
-            return Result(Outcome.RETRY, exc.reason + wish)
+            return Result(Outcome.RETRY, reason_of(exc) + wish)
         name = listener.name if listener else "?"
         if isinstance(exc, DBAPIError):  # an outage, or the handler's own SQL (a missing table)
             log.warning("message %s: handler %s: database error, reconsume later: %s", msg.id,

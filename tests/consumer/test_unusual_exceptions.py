@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from consumer_kit import ConsumerApp, Message, Outcome
+from consumer_kit import ConsumerApp, Message, Outcome, Reject, Retry
 from consumer_kit.core.raised import describe_exception, exception_text
 from consumer_kit.core.schema import ProcessedStatus
 from consumer_kit.dedupe.keys import lease_key
@@ -36,6 +36,13 @@ class Unreadable(Exception):
 
     def __repr__(self) -> str:
         raise RuntimeError("no repr either")
+
+
+class OutOfStock(Reject):
+    """A `Reject` of the handler's own whose `__init__` never calls `Reject.__init__`."""
+
+    def __init__(self, sku: str) -> None:
+        Exception.__init__(self, f"out of stock: {sku}")
 
 
 class Abort(BaseException):
@@ -118,6 +125,55 @@ def test_a_base_exception_listed_as_permanent_rejects_the_message(env: Env) -> N
     # Then the message is rejected, recorded FAILED with the error's name and text
     assert result.outcome is Outcome.REJECTED and result.reason == "Abort: malformed order"
     assert env.processed() == [("M1", ProcessedStatus.FAILED.value, "Abort: malformed order")]
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "no-session"])
+@pytest.mark.parametrize(("reason", "named"), [
+    (KeyError("sku-9"), "KeyError: 'sku-9'"),
+    (404, "404"),
+    (None, "None"),
+], ids=["an-exception", "an-int", "none"])
+@pytest.mark.parametrize("made", [Reject, None], ids=["reject", "subclass-without-reason"])
+def test_a_reject_given_a_reason_that_is_not_text_rejects_the_message_with_it_as_text(
+        env: Env, reason: Any, named: str, session: bool, made: Any) -> None:
+    # Given a handler that wraps what went wrong in Reject, not as text (`Reject(exc)`), or
+    # raises a Reject of its own that has no `reason` (its text is the reason then)
+    if made is None:
+        reason, named = "sku-9", "out of stock: sku-9"
+    app = failing_app(env, Reject(reason) if made else OutOfStock(reason), session=session)
+
+    # When the message is delivered
+    result = app.pipeline().process(delivery("M1"))
+    app.close()
+
+    # Then it is rejected and recorded FAILED with that reason as text (it was retried as a
+    # "pipeline error" every time, then dead-lettered by the broker with no processed row)
+    assert result.outcome is Outcome.REJECTED and result.reason == named
+    assert env.processed() == [("M1", ProcessedStatus.FAILED.value, named)]
+    assert env.effects() == {}
+
+
+@pytest.mark.parametrize(("reason", "named"), [
+    (TimeoutError("stock service"), "TimeoutError: stock service"),
+    (None, "None"),
+], ids=["an-exception", "none"])
+def test_a_retry_given_a_reason_that_is_not_text_is_retried_then_dead_lettered_with_it(
+        env: Env, reason: Any, named: str) -> None:
+    # Given a handler that asks for a retry with a reason that is not text
+    app = failing_app(env, Retry(reason), session=True)
+    pipe = app.pipeline()
+
+    # When the message is delivered, then delivered for its last attempt
+    first = pipe.process(dataclasses.replace(delivery("M1"), max_reconsume_times=1))
+    final = pipe.process(last("M1", attempts=2))
+    app.close()
+
+    # Then it is retried with that reason as text, and its last attempt is dead-lettered with
+    # its row (a "pipeline error" left the broker's dead letter without one)
+    assert first.outcome is Outcome.RETRY and first.reason == named
+    assert final.outcome is Outcome.DEAD_LETTER
+    assert env.processed() == [("M1", ProcessedStatus.DEAD_LETTERED.value,
+                                f"retries spent after 2 deliveries: {named}")]
 
 
 @pytest.mark.parametrize(("error", "named"), [
