@@ -102,14 +102,21 @@ def exception_types(value: object, option: str) -> tuple[type[BaseException], ..
 
 
 def check_listener_values(tags: object, dedupe_key: object) -> None:
-    """Refuse a listener's `tags` that is not text and a `dedupe_key` that is not a function,
-    at decoration time (a wrong one would reject every message without a `ckit_id`).
+    """Refuse a listener's `tags` that is not text, or that mixes `*` with tags or names none
+    (`"a || *"`, `" || "`), and a `dedupe_key` that is not a function, at decoration time (a
+    wrong one would reject every message without a `ckit_id`).
 
     Raises:
         ConfigError: naming the option.
     """
     if not isinstance(tags, str):
         raise ConfigError(f"listener tags must be a RocketMQ tag expression (text), not {tags!r}")
+    parts = [part.strip() for part in tags.split("||")]
+    if tags.strip() not in ("", "*") and ("*" in parts or not any(parts)):
+        # the subscription took such an expression for "*" while the router matched it tag by
+        # tag: the messages of every other tag were delivered, found no listener, rejected
+        raise ConfigError(f"listener tags {tags!r} must be '*' alone (every tag) or tags "
+                          "joined by '||', e.g. 'created || paid'")
     if dedupe_key is not None and not callable(dedupe_key):
         raise ConfigError(f"dedupe_key must be a function of the message (or None), not "
                           f"{dedupe_key!r}: e.g. dedupe_key=lambda m: m.keys[0]")

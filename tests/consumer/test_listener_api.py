@@ -143,6 +143,28 @@ def test_listener_options_that_could_never_work_are_refused_at_decoration_time(
     assert app.router.listeners == []
 
 
+@pytest.mark.parametrize("tags", ["created || *", "* || *", " || "])
+def test_a_tag_expression_mixing_star_with_tags_or_naming_none_is_refused_in_one_line(
+        tags: str) -> None:
+    # Given a tag expression the subscription would read as "every tag" (or name no tag)
+    # while the router matched it tag by tag: every message of another tag was delivered, found
+    # no listener and was rejected
+    app = make_app()
+
+    # When it is declared, then it is refused, naming it, before any message moves
+    with pytest.raises(ConfigError, match="tags") as caught:
+        app.listener("ORDER_CREATED", tags=tags)(lambda msg: None)
+    assert "\n" not in str(caught.value)
+    assert app.router.listeners == []
+
+
+@pytest.mark.parametrize("tags", ["*", " * ", "", "created", "created || paid", "created ||"])
+def test_a_tag_expression_of_star_alone_or_of_tags_is_taken(tags: str) -> None:
+    app = make_app()
+    app.listener("ORDER_CREATED", tags=tags)(lambda msg: None)
+    assert len(app.router.listeners) == 1
+
+
 def test_one_exception_class_is_taken_as_permanent() -> None:
     app = make_app()
     app.listener("ORDER_CREATED", permanent=KeyError)(lambda msg: None)
