@@ -4,7 +4,8 @@ While a handler runs, the watchdog renews its Redis handler lease (so no second 
 the same message meanwhile), and once the handler is past its `timeout` it reports it once (a
 warning with the message id, `ckit_handler_timeouts`). Python cannot stop a running thread: the
 pipeline rolls the handler's transaction back when it returns past its deadline, and the
-message is redelivered.
+message is redelivered. A handler without a session has no transaction to roll back: its
+effect stays when it returns (at-least-once), and the warning says so.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class _Running:
     deadline: float
     renew: Callable[[], object] | None
     next_renew: float
+    rolls_back: bool
     reported: bool = False
 
 
@@ -47,13 +49,15 @@ class Watchdog:
         self._thread.start()
 
     def watch(self, message_id: str, handler: str, timeout: float, *,
-              renew: Callable[[], object] | None) -> int:
-        """Start watching a handler; returns the key to `done` with."""
+              renew: Callable[[], object] | None, rolls_back: bool = True) -> int:
+        """Start watching a handler; returns the key to `done` with. `rolls_back`: the handler
+        runs in a transaction the pipeline rolls back past the deadline (False for a handler
+        without a session, whose effect stays)."""
         now = time.monotonic()
         key = next(self._keys)
         with self._lock:
             self._running[key] = _Running(message_id, handler, now + timeout, renew,
-                                          now + self.renew_every)
+                                          now + self.renew_every, rolls_back)
         return key
 
     def done(self, key: int) -> bool:
@@ -63,7 +67,7 @@ class Watchdog:
             running = self._running.pop(key, None)
         if running is None or time.monotonic() <= running.deadline:
             return False
-        if not running.reported:
+        if not running.reported and running.rolls_back:  # without: the pipeline says what stays
             log.warning("message %s: handler %s returned past its timeout; rolled back, "
                         "redelivered", running.message_id, running.handler)
         return True
@@ -84,9 +88,12 @@ class Watchdog:
             for r in due:
                 if not r.reported and now > r.deadline:
                     r.reported = True
-                    log.warning("message %s: handler %s is past its timeout; its transaction "
-                                "will be rolled back when it returns and the message redelivered",
-                                r.message_id, r.handler)
+                    log.warning("message %s: handler %s is past its timeout; %s",
+                                r.message_id, r.handler,
+                                "its transaction will be rolled back when it returns and the "
+                                "message redelivered" if r.rolls_back else
+                                "it has no session, so its effect stays when it returns "
+                                "(at-least-once)")
                 if r.renew is not None and now >= r.next_renew:
                     r.next_renew = now + self.renew_every
                     try:

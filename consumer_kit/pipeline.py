@@ -194,7 +194,8 @@ class Pipeline:
         redis = self.redis
         renew = ((lambda: redis.renew(msg.id, token)) if redis is not None and token
                  else None)
-        key = self.watchdog.watch(msg.id, listener.name, listener.timeout, renew=renew)
+        key = self.watchdog.watch(msg.id, listener.name, listener.timeout, renew=renew,
+                                  rolls_back=listener.wants_session)
         started = time.perf_counter()
 
         def past_deadline() -> bool:

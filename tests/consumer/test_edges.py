@@ -4,6 +4,7 @@ and a handler deadline that rolls back and redelivers while no second consumer s
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any
@@ -93,6 +94,28 @@ def test_a_handler_past_its_timeout_is_rolled_back_counted_and_redelivered(env: 
     # and the redelivery applies it once
     assert app.process(delivery("M1", reconsume=1)).status is ConsumeStatus.CONSUME_SUCCESS
     assert env.effects() == {"A": 1}
+    app.close()
+
+
+def test_a_handler_without_a_session_past_its_timeout_is_never_said_to_be_rolled_back(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a slow handler without a session (nothing to roll back: its effect stays)
+    app = env.app()
+    done: list[str] = []
+
+    @app.listener("ORDER_CREATED", timeout=0.2)
+    def notify(msg: Message) -> None:
+        time.sleep(0.9)  # long enough for the watchdog to report it while it runs
+        done.append(msg.id)
+
+    # When it runs past its timeout
+    with caplog.at_level(logging.WARNING):
+        result = app.pipeline().process(delivery("M1"))
+    # Then it is recorded done, and no line says it was rolled back or will be redelivered
+    assert result.outcome is Outcome.SUCCEEDED and done == ["M1"]
+    lines = [r.getMessage() for r in caplog.records if "past its timeout" in r.getMessage()]
+    assert lines and all("effect stays" in line for line in lines), lines
+    assert not any("rolled back" in line or "redelivered" in line for line in lines), lines
     app.close()
 
 
