@@ -21,8 +21,8 @@ from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.partitions import partitions_app
 from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import existing_database, fail, friendly_errors
+from consumer_kit.cli.topics import unknown_topics
 from consumer_kit.core.clock import parse_duration
-from consumer_kit.core.db import any_row
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
@@ -211,9 +211,7 @@ def retry_cmd(
 def _unknown_topic(engine: Engine, tables: ops.OutboxTables, topic: str) -> bool:
     """Whether no row of the outbox or its archive carries `topic` while the outbox holds rows
     (an empty outbox, or one whose rows of that topic were all archived, is no typo)."""
-    outbox, archive = tables.outbox, tables.archive
-    return (any_row(engine, outbox) and not any_row(engine, outbox, outbox.c.topic == topic)
-            and not any_row(engine, archive, archive.c.topic == topic, optional=True))
+    return bool(unknown_topics(engine, tables.outbox, [topic]))
 
 
 def _move(

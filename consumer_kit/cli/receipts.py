@@ -19,6 +19,7 @@ from consumer_kit.cli.runtime import (
     require,
     serve_metrics,
 )
+from consumer_kit.cli.topics import topics_held, unknown_topics
 from consumer_kit.cli.transports import open_for_processes
 from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
@@ -71,6 +72,25 @@ def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
     return expected
 
 
+def check_expected_topics(db: sa.engine.Engine, table: sa.Table,
+                          expected: dict[str, list[str]]) -> None:
+    """Refuse an `--expect` topic no row of the outbox `table` nor of its archive carries
+    while it holds rows (`topics.unknown_topics`): a misspelt topic leaves the one meant
+    without expected groups, so its rows turn CONSUMED on any one group's receipt.
+
+    Raises:
+        ConfigError: naming the first such topic, the topics there, and --force.
+    """
+    unknown = unknown_topics(db, table, expected)
+    if unknown:
+        topic = unknown[0]
+        raise ConfigError(
+            f"--expect {topic}: no outbox row has topic {topic!r}, nor an archived one (topics "
+            f"there: {topics_held(db, table)}): a misspelt topic leaves the one meant without "
+            f"its groups ({', '.join(expected[topic])}), whose rows then turn CONSUMED on any one "
+            f"group's receipt (--force if nothing was published on {topic!r} yet)")
+
+
 @friendly_errors
 def receipts(
     url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
@@ -84,15 +104,24 @@ def receipts(
     receipt_table: str = options.receipt_table(),
     as_json: bool = options.json_output(),
     metrics_port: int | None = options.metrics_port(),
+    force: bool = typer.Option(False, "--force", help="run although an --expect topic is one "
+                               "no outbox row holds (nothing was published on it yet)"),
 ) -> None:
     """Apply receipts from the receipt topic: CONSUMED when every expected group consumed the
     message, REJECTED when a group rejected it. A batch is applied before the broker is acked,
-    so a kill at any point loses nothing (applying it again changes nothing)."""
+    so a kill at any point loses nothing (applying it again changes nothing).
+
+    An --expect topic that no outbox row holds, nor an archived one, while the outbox holds
+    rows of others, is refused as misspelt (its rows would turn CONSUMED on any one group's
+    receipt) unless --force."""
     check_producer(producer)  # before anything is made: it names the topic and group
     db = existing_database(url)
+    expected = expected_groups(expect)
     applier = ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
-                             expected_groups=expected_groups(expect))
+                             expected_groups=expected)
     check_tables(db, applier.table, applier.receipts)
+    if not force:
+        check_expected_topics(db, applier.table, expected)
     target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
                                 command="ckit receipts", mq_prefix=mq_prefix)
     worker = ReceiptConsumer(applier, target, producer=producer)
