@@ -125,3 +125,22 @@ def test_receipts_takes_an_expect_topic_whose_rows_were_all_archived(
     # When receipts run expecting groups on it: no typo
     result = receipts_of(sqlite_db, tmp_path, "REFUNDS=billing")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("topic", "warned"), [("ORDRES", True), ("ORDERS", False)])
+def test_archive_warns_of_an_expect_topic_no_outbox_row_carries(
+        sqlite_db: Db, topic: str, warned: bool) -> None:
+    # Given consumed rows of ORDERS
+    sent(sqlite_db, "ORDERS", OutboxState.CONSUMED)
+    # When a receipt-driven archive names a topic
+    result = ckit("outbox", "archive", "--url", sqlite_db.url,
+                  "--outbox-table", sqlite_db.names.outbox, "--receipt-table",
+                  sqlite_db.names.receipts, "--expect", f"{topic}=billing")
+    # Then a misspelt one is named in a warning (it archived nothing, run after run, silently)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    if warned:
+        assert len(lines) == 1 and "--expect ORDRES" in lines[0], result.stderr
+        assert "topics there: ORDERS" in lines[0]
+    else:
+        assert lines == [], result.stderr

@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,11 +22,13 @@ from consumer_kit.cli.output import print_json, print_table
 from consumer_kit.cli.partitions import partitions_app
 from consumer_kit.cli.receipts import expected_groups
 from consumer_kit.cli.runtime import existing_database, fail, friendly_errors
-from consumer_kit.cli.topics import unknown_topics
+from consumer_kit.cli.topics import topics_held, unknown_topics
 from consumer_kit.core.clock import parse_duration
 from consumer_kit.core.schema import DEFAULT_RECEIPT_TABLE, TableNames
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
+
+log = logging.getLogger(__name__)
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox. Exit 1 when a requested row was refused, 2 on bad usage.",
@@ -281,9 +284,11 @@ def archive_cmd(
     wait = parse_duration(pause, option="--pause").total_seconds()
     engine = _engine(url)
     tables = _tables(outbox_table, receipt_table)
+    expected = expected_groups(expect) if expect else None
+    if expected and sa.inspect(engine).has_table(tables.outbox.name):  # else archive says so
+        _warn_of_unknown_topics(engine, tables.outbox, expected)
     result = ops.archive(engine, tables, horizon, batch=batch, max_batches=max_batches,
-                         dry_run=dry_run, pause=wait,
-                         expect=expected_groups(expect) if expect else None)
+                         dry_run=dry_run, pause=wait, expect=expected)
     if as_json:
         data: dict[str, Any] = result.to_dict()
         data["archive_table"] = tables.archive.name
@@ -297,6 +302,17 @@ def archive_cmd(
                f"{tables.archive.name} (cutoff {result.cutoff})")
     if result.more:
         typer.echo(f"stopped after --max-batches {max_batches}: run again for the rest")
+
+
+def _warn_of_unknown_topics(engine: Engine, outbox: sa.Table, expected: dict[str, list[str]]
+                            ) -> None:
+    """Say so when an `--expect` topic is one no row of the outbox nor of its archive carries
+    (`topics.unknown_topics`): a misspelt topic in a cron line archives none of the rows
+    meant, run after run, and the outbox grows. A warning, not a refusal: it moves nothing."""
+    for topic in unknown_topics(engine, outbox, expected):
+        log.warning("--expect %s: no outbox row has topic %r, nor an archived one (topics "
+                    "there: %s): a misspelt topic archives none of the rows meant",
+                    topic, topic, topics_held(engine, outbox))
 
 
 def register(app: typer.Typer) -> None:
