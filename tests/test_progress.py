@@ -35,10 +35,16 @@ def test_a_run_wrapping_another_names_the_whole_run_once() -> None:
         "committed before the error: 2 partitions added, 3 rows copied"]
 
 
-def test_an_interrupt_is_not_marked() -> None:
+def test_an_interrupt_is_marked_so_ctrl_c_says_what_stays_done() -> None:
     with pytest.raises(KeyboardInterrupt) as caught, \
             committed_on_error(lambda: "1 row deleted"):
         raise KeyboardInterrupt
+    assert committed_before(caught.value) == "1 row deleted"
+
+
+def test_a_stopping_process_is_not_marked() -> None:
+    with pytest.raises(SystemExit) as caught, committed_on_error(lambda: "1 row deleted"):
+        raise SystemExit(143)
     assert committed_before(caught.value) is None
 
 

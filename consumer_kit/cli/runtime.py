@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: part of its work (`core.progress`: the line says how much).
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+#: Ctrl-C (SIGINT) stopped a command that does not stop cleanly on it: 128 + SIGINT
+EXIT_INTERRUPTED = 130
 #: `ckit consume`: the consumer stalled and rebuilding it did not help (restart the process)
 EXIT_STALLED = 3
 #: name prefix of the threads that shut a native RocketMQ consumer down
@@ -137,14 +139,22 @@ def friendly_errors(fn: F) -> F:
     """Turn library and driver errors into one clear line and a non-zero exit (no traceback).
 
     Exit 2 says nothing was done. An error raised after a batch run committed part of its
-    work (`core.progress`) exits 1 instead, and its line says what stays committed."""
+    work (`core.progress`) exits 1 instead, and its line says what stays committed. Ctrl-C
+    (a `KeyboardInterrupt`: commands that stop cleanly on SIGINT install `on_shutdown`) is
+    `error: interrupted`, with what stays committed, and exit 130 (typer's own exit for it
+    was silent)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
+        except (typer.Exit, typer.Abort, BrokenPipeError):
             raise
+        except KeyboardInterrupt as exc:
+            done = committed_before(exc)
+            fail("interrupted" + (f" (after {done}: that stays committed; running the command "
+                                  "again goes on from there)" if done else ""),
+                 code=EXIT_INTERRUPTED)
         except Exception as exc:
             line, code = error_line(exc)
             done = committed_before(exc)

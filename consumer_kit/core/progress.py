@@ -42,12 +42,12 @@ def mark_committed(exc: BaseException, done: str) -> None:
 
 @contextlib.contextmanager
 def committed_on_error(done: Callable[[], str | None]) -> Iterator[None]:
-    """Mark an `Exception` escaping the block with `done()`, unless it returns None or "" (the
-    block committed nothing yet). `done` is called only on error, so it reads the run's
-    counters as they are then."""
+    """Mark an `Exception` or a `KeyboardInterrupt` (Ctrl-C) escaping the block with `done()`,
+    unless it returns None or "" (the block committed nothing yet). `done` is called only on
+    error, so it reads the run's counters as they are then."""
     try:
         yield
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         text = done()
         if text:
             mark_committed(exc, text)
