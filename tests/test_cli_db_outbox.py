@@ -188,6 +188,24 @@ def test_bulk_retry_takes_state_topic_and_limit(db: Db) -> None:
     assert json.loads(result.stdout)["changed"] == [r["id"] for r in rows[:2]]
 
 
+def test_bulk_retry_stopped_by_its_limit_says_rows_are_left(sqlite_db: Db) -> None:
+    # Given three FAILED rows
+    rows = [insert(sqlite_db, OutboxState.FAILED) for _ in range(3)]
+    # When a bulk retry takes at most two, then at most one (the last), as text and as JSON
+    first = ckit("outbox", "retry", "--state", "failed", "--limit", "2", *retry_opts(sqlite_db))
+    last = ckit("outbox", "retry", "--state", "failed", "--limit", "1", *retry_opts(sqlite_db),
+                "--json")
+    # Then the first says a FAILED row is left (it said "2 changed" alone, as if that were all;
+    # the default --limit 1000 hid the rest of a larger backlog); the last says none is
+    assert first.exit_code == 0, first.output
+    assert first.stdout.splitlines() == [
+        "retry: 2 changed, 0 refused",
+        "stopped at --limit 2: FAILED rows are left, run it again for the rest"]
+    assert last.exit_code == 0, last.output
+    assert json.loads(last.stdout)["changed"] == [rows[2]["id"]]
+    assert json.loads(last.stdout)["more"] is False
+
+
 def test_bulk_retry_of_a_topic_no_row_carries_is_refused_and_an_empty_state_is_said(
         sqlite_db: Db) -> None:
     # Given FAILED rows of topic A, none of B

@@ -153,12 +153,17 @@ def show_cmd(
                          for a in view.receipts])
 
 
-def _report(result: ops.TransitionResult, as_json: bool) -> None:
+def _report(result: ops.TransitionResult, as_json: bool, left: str | None = None,
+            more: bool | None = None) -> None:
+    """Print `result`; for a bulk form, `more` says whether its `--limit` left rows behind,
+    and `left` what they are ("FAILED rows are left" after the line naming the limit)."""
     if as_json:
-        print_json(result.to_dict())
+        print_json(result.to_dict() | ({} if more is None else {"more": more}))
     else:
         typer.echo(f"{result.action}: {len(result.changed)} changed, "
                    f"{len(result.refused)} refused")
+        if more and left:
+            typer.echo(f"{left}, run it again for the rest")
         if result.refused:
             print_table(["target", "state", "reason"],
                         [(r.target, r.state or "-", r.reason) for r in result.refused])
@@ -199,16 +204,19 @@ def retry_cmd(
         return
     wanted = OutboxState.parse(state)
     states = ops.retry_states([wanted], force=force)  # refuse SENT/CONSUMED before selecting
-    ids: list[int | str] = list(
-        ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit)
-    )
+    # one more than --limit: whether rows are left for another run (else said of none)
+    found = ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit + 1)
+    ids: list[int | str] = list(found[:limit])
     if not ids:
         if topic is not None and _unknown_topic(engine, tables, topic):
             fail(f"no outbox row has topic {topic!r}, nor an archived one, while the outbox "
                  "holds rows of other topics: a misspelt --topic?")
         typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
         return
-    _report(ops.retry(engine, tables, ids, states=states, force=force), as_json)
+    _report(ops.retry(engine, tables, ids, states=states, force=force), as_json,
+            left=f"stopped at --limit {limit}: {wanted.name} rows "
+                 + (f"of topic {topic} " if topic else "") + "are left",
+            more=len(found) > limit)
 
 
 def _unknown_topic(engine: Engine, tables: ops.OutboxTables, topic: str) -> bool:
