@@ -230,6 +230,33 @@ def test_a_table_an_older_version_made_is_refused_until_db_init_upgrade_adds_wha
         schema_metadata(db.names).drop_all(db.engine)
 
 
+def test_a_table_option_naming_another_kind_of_table_is_not_called_an_older_version(
+        sqlite_db: Db) -> None:
+    from consumer_kit.core.db import check_tables
+    from consumer_kit.core.errors import SchemaError
+    from consumer_kit.core.schema import outbox_table, processed_table
+
+    # Given the processed table named where the outbox is expected, and the other way round
+    # (`--outbox-table` / `--processed-table` mistaken)
+    names = sqlite_db.names
+    wrong = [outbox_table(sa.MetaData(), names.processed),
+             processed_table(sa.MetaData(), names.outbox)]
+    for table in wrong:
+        # When a command checks it
+        with pytest.raises(SchemaError) as caught:
+            check_tables(sqlite_db.engine, table)
+        # Then the line says it is another table, not one an older version made: it said
+        # "made by an older consumer-kit ... run `ckit db init --upgrade`", advice that cannot
+        # help (an upgrade cannot add a primary key to a table)
+        said = str(caught.value)
+        assert f"{table.name} lacks" in said and "its primary key" in said, said
+        assert "not the table" in said and "older" not in said and "--upgrade" not in said
+    with pytest.raises(SchemaError) as init:
+        init_db(sqlite_db.engine, TableNames(outbox=names.processed, receipts=names.receipts,
+                                             processed=names.outbox, mq_prefix=names.mq_prefix))
+    assert "not the table" in str(init.value) and "--upgrade" not in str(init.value)
+
+
 def test_table_names_whose_index_names_would_be_too_long_are_refused_before_any_ddl(
         tmp_path: Path) -> None:
     from consumer_kit.core.ddl import init_db

@@ -17,7 +17,9 @@ from consumer_kit.core.network_errors import treat_socket_errors_as_disconnects
 from consumer_kit.core.schema.check import (
     case_folding_tables,
     describe_missing,
+    describe_other,
     missing_columns,
+    other_tables,
     padding_tables,
 )
 from consumer_kit.core.sqlite_files import check_sqlite_path
@@ -204,6 +206,8 @@ def check_tables(engine: Engine, *tables: sa.Table) -> None:
         )
     _warn_collations(engine, tables)
     lacking = missing_columns(engine, tables)
+    if other := other_tables(lacking):
+        raise SchemaError(f"in {mask_url(str(engine.url))}: {describe_other(other)}")
     if lacking:
         raise SchemaError(
             f"table(s) made by an older consumer-kit in {mask_url(str(engine.url))}: "

@@ -26,7 +26,12 @@ from sqlalchemy.schema import CreateIndex, CreateTable, SetColumnComment, SetTab
 from consumer_kit.core.errors import ConfigError, SchemaError
 from consumer_kit.core.progress import counted, mark_committed
 from consumer_kit.core.schema import TableNames, build_metadata
-from consumer_kit.core.schema.check import describe_missing, missing_columns
+from consumer_kit.core.schema.check import (
+    describe_missing,
+    describe_other,
+    missing_columns,
+    other_tables,
+)
 from consumer_kit.core.schema.types import PAD_BINARY_COLLATION
 from consumer_kit.core.schema_upgrade import left_to_upgrade, upgrade_tables
 from consumer_kit.core.states import MEANINGS, OutboxState
@@ -238,6 +243,8 @@ def init_db(engine: Engine, names: TableNames | None = None, *, upgrade: bool = 
     check_name_lengths(metadata)
     existing = set(sa.inspect(engine).get_table_names())
     lacking = missing_columns(engine, list(metadata.tables.values()))
+    if other := other_tables(lacking):  # --upgrade cannot mend those: refused with it too
+        raise SchemaError(describe_other(other))
     if lacking and not upgrade:
         raise SchemaError(f"{describe_missing(lacking)} (made by an older consumer-kit): run "
                           "`ckit db init --upgrade` to add them (README, Upgrading from 0.1.0)")

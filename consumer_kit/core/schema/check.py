@@ -33,6 +33,22 @@ def describe_missing(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]
     return "; ".join(f"{t.name} lacks {', '.join(c.name for c in cols)}" for t, cols in lacking)
 
 
+def other_tables(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]
+                 ) -> list[tuple[sa.Table, Sequence[sa.Column[Any]]]]:
+    """Those of `lacking` (`missing_columns`) that lack a column of their primary key. Every
+    consumer-kit version made its tables with their primary keys, so such a table is another
+    table (a table option naming the wrong one), not one an older version made: `ckit db init
+    --upgrade` could not mend it."""
+    return [(t, cols) for t, cols in lacking if any(c.primary_key for c in cols)]
+
+
+def describe_other(found: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]) -> str:
+    """The line for `other_tables`: what each lacks, and which options to check."""
+    return (f"{describe_missing(found)}, its primary key among them: not the table "
+            "consumer-kit expects under that name (a table option naming another table? check "
+            "--outbox-table, --receipt-table, --processed-table and --mq-prefix)")
+
+
 def server_collation(engine: Engine) -> str:
     """The collation consumer-kit's tables take on `engine`'s MySQL/MariaDB server
     (`consumer_kit.core.schema.types.mysql_collation`; connects once to learn its version)."""
