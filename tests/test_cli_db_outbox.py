@@ -101,6 +101,29 @@ def test_db_init_rejects_a_bad_table_name(tmp_path: Path) -> None:
     assert_one_error_line(result, 2, "invalid outbox 'x; drop table'")
 
 
+@pytest.mark.parametrize(("command", "said"), [
+    (["db", "init", "--outbox-table", "orders", "--processed-table", "orders"],
+     "the outbox table and the processed table are both named 'orders'"),
+    (["db", "ddl", "--receipt-table", "orders_archive", "--outbox-table", "orders"],
+     "the outbox archive table and the receipt table are both named 'orders_archive'"),
+    (["db", "init", "--processed-table", "ckit_mq_queue"],
+     "the processed table and the SQL transport's queue table are both named 'ckit_mq_queue'"),
+    (["outbox", "retry", "1", "--outbox-table", "orders", "--receipt-table", "ORDERS"],
+     "the outbox table and the receipt table are named 'orders' and 'ORDERS'"),
+    (["outbox", "show", "1", "--outbox-table", "orders", "--receipt-table", "orders"],
+     "both named 'orders'"),
+], ids=["init", "ddl", "mq", "retry", "show"])
+def test_two_table_options_naming_one_table_are_one_line_naming_both(
+        tmp_path: Path, command: list[str], said: str) -> None:
+    # it said "database error: InvalidRequestError: Table 'orders' is already defined for this
+    # MetaData instance. Specify 'extend_existing=True' ...", naming neither option
+    url = f"sqlite:///{tmp_path / 'names.db'}"
+    assert ckit("db", "init", "--url", url).exit_code == 0
+    result = ckit(*command, *(["--url", url] if command[:2] != ["db", "ddl"] else []))
+    assert_one_error_line(result, 2, said)
+    assert "MetaData" not in result.stderr
+
+
 def test_db_init_never_prints_the_password_of_an_unreachable_database() -> None:
     result = ckit("db", "init", "--url", SECRET_URL)
     assert result.exit_code != 0 and "SECRET" not in result.output

@@ -11,6 +11,7 @@ from consumer_kit.core.ddl import apply_table_options
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import (
     TableNames,
+    check_distinct,
     outbox_archive_table,
     outbox_table,
     receipt_table,
@@ -30,6 +31,9 @@ class OutboxTables:
     def from_names(cls, names: TableNames | None = None) -> OutboxTables:
         """Build the tables for validated names (`ConfigError` is raised by `TableNames`)."""
         names = names or TableNames()
+        roles = names.by_role(transport=False)
+        check_distinct({role: roles[role] for role in
+                        ("outbox table", "outbox archive table", "receipt table")})
         metadata = sa.MetaData()
         tables = cls(
             outbox=outbox_table(metadata, names.outbox),

@@ -14,7 +14,9 @@ from consumer_kit.core.schema.names import (
     DEFAULT_OUTBOX_TABLE,
     DEFAULT_PROCESSED_TABLE,
     DEFAULT_RECEIPT_TABLE,
+    MQ_TABLE_SUFFIXES,
     TableNames,
+    check_distinct,
 )
 from consumer_kit.core.schema.tables import (
     ProcessedStatus,
@@ -38,9 +40,9 @@ from consumer_kit.core.schema.types import (
 __all__ = [
     "BIZ_KEY_LEN", "BIZ_TYPE_LEN", "DEFAULT_MQ_PREFIX", "DEFAULT_OUTBOX_TABLE",
     "DEFAULT_PROCESSED_TABLE", "DEFAULT_RECEIPT_TABLE", "GROUP_LEN", "KEYS_LEN", "MESSAGE_ID_LEN",
-    "NAME_LEN", "REASON_LEN", "TAGS_LEN", "TOPIC_LEN", "MqTables", "ProcessedStatus",
-    "TableNames", "build_metadata", "mq_tables", "outbox_archive_table", "outbox_table",
-    "processed_table", "receipt_table", "validate_prefix",
+    "MQ_TABLE_SUFFIXES", "NAME_LEN", "REASON_LEN", "TAGS_LEN", "TOPIC_LEN", "MqTables",
+    "ProcessedStatus", "TableNames", "build_metadata", "check_distinct", "mq_tables",
+    "outbox_archive_table", "outbox_table", "processed_table", "receipt_table", "validate_prefix",
 ]
 
 
@@ -49,6 +51,7 @@ def build_metadata(names: TableNames | None = None, *, include_transport: bool =
     """A MetaData holding every consumer-kit table under the given names (with the SQL
     transport's tables unless `include_transport` is false)."""
     names = names or TableNames()
+    check_distinct(names.by_role(transport=include_transport))
     metadata = sa.MetaData()
     outbox_table(metadata, names.outbox)
     outbox_archive_table(metadata, names.outbox_archive)
