@@ -85,6 +85,9 @@ def test_output_piped_into_head_ends_without_a_broken_pipe() -> None:
     (["--dir", "{file}/sub"], "--dir"),
     (["--redis", "redis://127.0.0.1:1/0"], "--redis"),
     (["--redis", "http://127.0.0.1/0"], "--redis"),
+    # `--redis "$REDIS_URL"` with the variable unset: the check was skipped, the relay step
+    # ran, and the consumer step failed on redis-py's own line, naming no option
+    (["--redis", ""], "--redis"),
 ])
 def test_the_demo_checks_every_option_before_its_first_step_and_leaves_no_folder(
         tmp_path: Path, args: list[str], option: str) -> None:

@@ -37,7 +37,7 @@ def demo(
         if held:
             raise ConfigError(f"--dir {str(workdir)!r} holds a demo run's {', '.join(held)}: "
                               "give an empty folder, or remove them first")
-    if redis:
+    if redis is not None:
         check_redis(redis)
     from consumer_kit.cli.demo_flow import run_demo
 
@@ -93,8 +93,11 @@ def check_redis(url: str) -> None:
     """Ping Redis once, so a bad `--redis` fails before the first step.
 
     Raises:
-        ConfigError: naming `--redis` (password masked).
+        ConfigError: naming `--redis` (password masked); an empty one too.
     """
+    if not url.strip():  # `--redis "$REDIS_URL"` with the variable unset
+        raise ConfigError(f"--redis {url!r} is empty: give a Redis URL (redis://host:6379/0), "
+                          "or leave --redis out for the database only")
     import redis as redis_lib
 
     from consumer_kit.dedupe.packer import client_options
