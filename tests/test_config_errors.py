@@ -111,6 +111,7 @@ def test_a_running_relay_refuses_a_slow_retry_that_would_spin(tmp_path: Path) ->
     ("--retry-failed-after", "-1s"),
     ("--give-up-after", "nan"), ("--metrics-port", "99999"), ("--metrics-port", "0"),
     ("--batch", "0"), ("--shard", "5/4"), ("--idle-sleep", "0s"), ("--idle-sleep", "0.01s"),
+    ("--shard", ""),  # `--shard "$SHARD"` unset: it served every shard's rows, without a word
 ])
 def test_a_bad_relay_option_is_one_line_naming_it_before_any_row_moves(
         tmp_path: Path, option: str, value: str) -> None:

@@ -116,7 +116,7 @@ def relay(
                           "back; with --once each is tried once)")
     relay_options: dict[str, Any] = dict(
         table=outbox_table, batch=batch, workers=workers, max_rate=max_rate,
-        shard=Shard.parse(shard) if shard else None,
+        shard=Shard.parse(shard) if shard is not None else None,
         lease=parse_duration(lease, option="--lease"), failed_retry_after=failed_after,
         once_outage_limit=parse_duration(give_up_after, option="--give-up-after").total_seconds(),
         idle_sleep=idle, sweep_every=sweep, claim=claim)
