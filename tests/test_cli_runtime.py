@@ -72,6 +72,42 @@ def test_relay_finishes_its_batch_and_exits_cleanly_on_sigterm(tmp_path: Path) -
     assert '"sent": 0' in out
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_relay_once_stopped_by_a_signal_before_it_drained_does_not_exit_0(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    from outbox_producer import Outbox
+
+    # Given 20 due rows, and a --once relay sending two a second
+    db = f"sqlite:///{tmp_path / 'orders.db'}"
+    build_metadata().create_all(make_engine(db))
+    build_metadata().create_all(make_engine(f"sqlite:///{tmp_path / 'mq.db'}"))
+    outbox = Outbox(db, producer="orders")
+    with outbox.engine.begin() as conn:
+        for i in range(20):
+            outbox.publish(conn, "ORDERS", {"i": i}, biz_type="order", biz_key=str(i))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "consumer_kit.cli.main", "relay", "--url", db, "--transport",
+         f"sql+sqlite:///{tmp_path / 'mq.db'}", "--once", "--max-rate", "2", "--batch", "2",
+         "--metrics-port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert wait_for(lambda: port_answers(port), 60)
+    # When a signal stops it part way (a supervisor's SIGTERM, Ctrl-C)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    # Then its totals, one line saying it stopped before draining, and 128 + the signal: it
+    # exited 0, which says "drained what was due" to the cron line or job that ran it
+    assert proc.returncode == 128 + signum, (out, err)
+    assert out.startswith("batches"), out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: stopped by {signum.name} before --once drained what was due"), err
+    with outbox.engine.connect() as conn:
+        left = conn.scalar(sa.text("SELECT COUNT(*) FROM ckit_outbox WHERE state = 0"))
+    assert left and left < 20
+
+
 def test_the_example_services_run_end_to_end_from_the_command_line(tmp_path: Path) -> None:
     # Given: the two example services on SQLite files and the SQL transport
     env = {"ORDERS_DB_URL": f"sqlite:///{tmp_path / 'orders.db'}",

@@ -19,6 +19,7 @@ from consumer_kit.cli.runtime import (
     friendly_errors,
     on_shutdown,
     serve_metrics,
+    signalled_line,
 )
 from consumer_kit.cli.transports import open_for_processes
 from consumer_kit.core.errors import ConfigError, ConsumerStalled
@@ -107,8 +108,14 @@ def consume(
     if left:
         typer.echo(f"left {left} handler(s) running at exit: their transactions did not "
                    "commit and the broker redelivers their messages", err=True)
+    said = signalled_line("--burst", "its topics: what it handled stays done, the rest waits "
+                          "on the broker") if burst else None
+    if said is not None:
+        typer.echo(f"error: {said[0]}", err=True)
     # offsets the native client did not persist are redelivered (and deduped) after a restart
-    exit_if_native_shutdown_hangs(0)
+    exit_if_native_shutdown_hangs(said[1] if said else 0)
+    if said is not None:
+        raise typer.Exit(said[1])
 
 
 def _with_prefix(app: ConsumerApp, transport: str | None, mq_prefix: str

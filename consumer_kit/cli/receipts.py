@@ -14,6 +14,7 @@ from consumer_kit.cli import options
 from consumer_kit.cli.output import print_totals
 from consumer_kit.cli.runtime import (
     existing_database,
+    fail_if_signalled,
     friendly_errors,
     on_shutdown,
     require,
@@ -138,6 +139,9 @@ def receipts(
               "consumed": worker.totals.consumed, "rejected": worker.totals.rejected,
               "unknown": worker.totals.unknown, "malformed": worker.malformed}
     print_totals(totals, as_json)
+    if burst:
+        fail_if_signalled("--burst", "the receipt topic: what it applied stays applied, the "
+                          "rest waits on the topic")
 
 
 @functools.wraps(receipts)

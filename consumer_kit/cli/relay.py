@@ -16,6 +16,7 @@ from consumer_kit.cli.runtime import (
     EXIT_FAILURE,
     existing_database,
     fail,
+    fail_if_signalled,
     friendly_errors,
     on_shutdown,
     require,
@@ -159,6 +160,9 @@ def relay(
         typer.echo(f"error: gave up after --give-up-after {give_up_after}: {result.gave_up}",
                    err=True)
         raise typer.Exit(EXIT_FAILURE)
+    if once:  # a running relay stopped by a signal did its job; a --once one may not have
+        fail_if_signalled("--once", "what was due: what it sent stays sent, the rows still "
+                          "due wait for the next run")
 
 
 def _checkers(relays: MultiRelay, transport: Transport, topic: str) -> list[Consumer]:

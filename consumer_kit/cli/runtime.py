@@ -247,15 +247,44 @@ def on_shutdown(stop: Callable[[], None]) -> None:
     `run_consumer` and the relay now wait for it without taking it on the main thread,
     `core.stop_wait`; `stop` may be any callable.)"""
     hits = {"n": 0}
+    _received.clear()
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         hits["n"] += 1
         if hits["n"] > 1:
             raise SystemExit(128 + signum)
+        _received.append(signum)
         threading.Thread(target=stop, name="ckit-shutdown", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+#: the signal `on_shutdown`'s handler received (empty until one came)
+_received: list[int] = []
+
+
+def signalled_line(run: str, left: str) -> tuple[str, int] | None:
+    """After a run that drains and exits (`relay --once`, `--burst`) that `on_shutdown`'s
+    signal stopped: its line and exit code (128 + the signal), not the exit 0 that says it
+    drained (`run` names the option, `left` what was left to drain and what becomes of it);
+    None when no signal came.
+
+    >>> signalled_line("--once", "what was due") is None  # no signal came
+    True
+    """
+    if not _received:
+        return None
+    signum = _received[0]
+    return (f"stopped by {signal.Signals(signum).name} before {run} drained {left}",
+            128 + signum)
+
+
+def fail_if_signalled(run: str, left: str) -> None:
+    """`fail` with `signalled_line`'s line and code when a signal stopped the run."""
+    said = signalled_line(run, left)
+    if said is not None:
+        fail(*said)
 
 
 def serve_metrics(port: int | None) -> None:
