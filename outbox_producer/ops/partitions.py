@@ -44,6 +44,7 @@ needs the LOCK TABLES privilege.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import time
@@ -55,18 +56,21 @@ from sqlalchemy.engine import Connection, Engine
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import dialect_name, read_committed
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.progress import committed_on_error, counted
-from consumer_kit.core.schema import outbox_table
-from consumer_kit.core.schema.types import MYSQL_TABLE
 from consumer_kit.core.states import OutboxState
 from consumer_kit.core.urls import mask_url
 from outbox_producer.ids import ulid_floor
 from outbox_producer.ops.archiving import ARCHIVE_FLOOR, single_instance
+from outbox_producer.ops.partition_tables import (
+    MAX,
+    check_days_ahead,
+    drop_made,
+    key_trigger,
+    partitioned_outbox_table,
+)
 from outbox_producer.ops.table_lock import LockBusy, write_locked
 from outbox_producer.ops.tables import OutboxTables, key_table
 
-MAX = "MAXVALUE"
 DEFAULT_DAYS_AHEAD = 3
 DEFAULT_BATCH = 1000
 #: A dropped day's keys can be published again: the archive's safety floor (`ckit outbox
@@ -84,33 +88,6 @@ def day_name(day: dt.date) -> str:
 def _day_bound(day: dt.date) -> str:
     """The upper bound of `day`'s partition: the first ULID of the next day."""
     return ulid_floor(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()))
-
-
-def key_trigger(outbox: str) -> str:
-    """`CREATE TRIGGER <outbox>_biz_key`: each new outbox row's key into `<outbox>_key`, in the
-    same statement (a duplicate key fails the INSERT as a unique key of the outbox would)."""
-    keys = validate_identifier(f"{outbox}_key")
-    return (f"CREATE TRIGGER {validate_identifier(outbox + '_biz_key')} BEFORE INSERT ON "
-            f"{outbox} FOR EACH ROW INSERT INTO {keys} (biz_type, biz_key, message_id, "
-            "gmt_create) VALUES (NEW.biz_type, NEW.biz_key, NEW.message_id, NEW.gmt_create)")
-
-
-def partitioned_outbox_table(metadata: sa.MetaData, name: str) -> sa.Table:
-    """The outbox's columns and indexes with the keys a partitioned InnoDB table allows."""
-    base = outbox_table(sa.MetaData(), name)
-    columns = []
-    for column in base.columns:
-        copy = column._copy()
-        copy.primary_key = column.name in ("id", "message_id")
-        columns.append(copy)
-    indexes = [sa.Index(i.name, *[c.name for c in i.columns]) for i in base.indexes]
-    return sa.Table(
-        name, metadata, *columns, *indexes,
-        sa.UniqueConstraint("message_id", name=f"uk_{name}_message_id"),
-        sa.Index(f"ix_{name}_biz", "biz_type", "biz_key"),
-        comment="consumer-kit transactional outbox, partitioned by day of message_id",
-        **MYSQL_TABLE,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +138,7 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
             live table is an online schema change: docs/scale-out.md).
     """
     _require_mysql(engine)
+    check_days_ahead(days_ahead)
     name = tables.outbox.name
     if sa.inspect(engine).has_table(name):
         raise ConfigError(f"table {name} exists; a partitioned outbox is created new "
@@ -172,12 +150,19 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
     days = [day + dt.timedelta(days=i) for i in range(days_ahead + 1)]
     parts = ", ".join(f"PARTITION {day_name(d)} VALUES LESS THAN ('{_day_bound(d)}')"
                       for d in days)
-    with engine.begin() as conn:
-        outbox.create(conn)
-        conn.exec_driver_sql(f"ALTER TABLE {name} PARTITION BY RANGE COLUMNS(message_id) "
-                             f"({parts}, PARTITION pmax VALUES LESS THAN ({MAX}))")
-        keys.create(conn, checkfirst=True)
-        conn.exec_driver_sql(key_trigger(name))
+    try:
+        with engine.begin() as conn:
+            outbox.create(conn)
+            conn.exec_driver_sql(f"ALTER TABLE {name} PARTITION BY RANGE COLUMNS(message_id) "
+                                 f"({parts}, PARTITION pmax VALUES LESS THAN ({MAX}))")
+            keys.create(conn, checkfirst=True)
+            conn.exec_driver_sql(key_trigger(name))
+    except Exception:
+        # each statement committed by itself: none may stay (unless the database is away
+        # too: the first error is the one to say)
+        with contextlib.suppress(Exception):
+            drop_made(engine, name)
+        raise
     tables.receipts.create(engine, checkfirst=True)
     tables.archive.create(engine, checkfirst=True)
     return [*(day_name(d) for d in days), "pmax"]
@@ -219,6 +204,7 @@ def rotate(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
     engine = read_committed(engine)  # no gap locks from the copies' and deletes' range reads
     if batch < 1 or days_ahead < 0 or pause < 0:
         raise ConfigError("--batch must be >= 1, --days-ahead and --pause >= 0")
+    check_days_ahead(days_ahead)
     now = now or utcnow()
     name = tables.outbox.name
     result = RotateResult()
