@@ -8,7 +8,7 @@ from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json
 from consumer_kit.cli.reconcile import duration_text
 from consumer_kit.cli.runtime import friendly_errors, require
-from consumer_kit.core.clock import parse_duration, utcnow
+from consumer_kit.core.clock import parse_duration, unit_note, utcnow
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.retention import PURGE_FLOOR
@@ -45,7 +45,8 @@ def purge(
     """
     window = parse_duration(older_than, option="--older-than")
     if window < PURGE_FLOOR and not force:
-        raise ConfigError(f"--older-than {older_than} is under the safety floor of {FLOOR_TEXT} "
+        raise ConfigError(f"--older-than {older_than}{unit_note(older_than)} is under the "
+                          f"safety floor of {FLOOR_TEXT} "
                           "(a group that has not started yet would miss what is deleted): "
                           "pass --force to go below it")
     url = require(transport, "--transport", "CKIT_TRANSPORT")

@@ -10,7 +10,7 @@ import typer
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json
 from consumer_kit.cli.runtime import existing_database, friendly_errors
-from consumer_kit.core.clock import parse_duration
+from consumer_kit.core.clock import parse_duration, unit_note
 from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import GROUP_LEN
@@ -52,7 +52,8 @@ def purge(
     window = parse_duration(older_than, option="--older-than")
     if window < PURGE_FLOOR and not force:
         raise ConfigError(
-            f"--older-than {older_than} is under the safety floor of {PURGE_FLOOR.days} days: "
+            f"--older-than {older_than}{unit_note(older_than)} is under the safety floor of "
+            f"{PURGE_FLOOR.days} days: "
             "a redelivery after the purge would apply its effect again (--force to purge "
             "anyway)")
     engine = existing_database(url)

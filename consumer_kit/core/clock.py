@@ -59,3 +59,17 @@ def parse_duration(text: str, *, option: str | None = None) -> dt.timedelta:
                 raise ConfigError(f"{what}{text!r} is longer than 100 years")
             return dt.timedelta(seconds=seconds)
     raise ConfigError(f"{what}{text!r} is not a duration (use e.g. 30d, 12h, 10m, 45s, 250ms)")
+
+
+def unit_note(text: str) -> str:
+    """For a refusal quoting a duration the operator gave: how a bare number was read
+    (` (read as 14 seconds: a number without a unit is seconds; days are 14d)`), else "".
+
+    >>> unit_note("14"), unit_note("14d")
+    (' (read as 14 seconds: a number without a unit is seconds; days are 14d)', '')
+    """
+    raw = str(text).strip()
+    if not raw.replace(".", "", 1).isdigit():
+        return ""
+    return (f" (read as {raw} seconds: a number without a unit is seconds; days are "
+            f"{raw}d)")

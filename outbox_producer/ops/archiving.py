@@ -33,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from consumer_kit.core.clock import utcnow
+from consumer_kit.core.clock import unit_note, utcnow
 from consumer_kit.core.db import check_tables, dialect_name, read_committed
 from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
 from consumer_kit.core.progress import committed_on_error, counted
@@ -62,7 +62,8 @@ def check_archive_floor(horizon: dt.timedelta, *, option: str, force: bool, verb
     """
     if horizon < ARCHIVE_FLOOR and not force:
         raise ConfigError(
-            f"--older-than {option} is under the safety floor of {ARCHIVE_FLOOR.days} days: "
+            f"--older-than {option}{unit_note(option)} is under the safety floor of "
+            f"{ARCHIVE_FLOOR.days} days: "
             "publish is idempotent on (biz_type, biz_key) only while the row is in the outbox, "
             f"so the same business event published again would go out again (--force to {verb} "
             "anyway)")
