@@ -17,6 +17,7 @@ from consumer_kit.core.errors import ConfigError, DatabaseUnavailable
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.messages import Delivery, Verdict
 from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, processed_table
+from consumer_kit.core.sqlite_files import check_sqlite_path
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.packer import client_options
@@ -291,12 +292,20 @@ class ConsumerApp:
         `ckit_redis_degraded` = 1).
 
         Raises:
-            ConfigError: no listeners.
+            ConfigError: no listeners; a SQLite database file that is not there (connecting
+                would make an empty one).
             DatabaseUnavailable: the database cannot be reached.
             SchemaError: the processed table is missing (run `ckit db init`).
         """
         if not self.router.listeners:
             raise ConfigError(f"consumer group {self.group!r} has no listeners")
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite":  # connecting would leave an empty file behind
+            try:
+                check_sqlite_path(url.database, url.query, must_exist=True)
+            except ConfigError as exc:
+                raise ConfigError(f"consumer group {self.group!r}: {exc} (misspelt? `ckit db "
+                                  "init --url URL` makes it with its tables)") from None
         try:
             with self.engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))

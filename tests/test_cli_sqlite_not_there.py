@@ -117,3 +117,21 @@ def test_a_tilde_in_a_sqlite_url_is_a_folder_name_as_the_driver_reads_it(
     assert result.exit_code == 2, result.output
     assert "does not expand ~" in error_line(result.output)
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("form", ["path", "relative path", "file: URI"])
+def test_consume_with_an_app_whose_sqlite_file_is_not_there_refuses_and_makes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    # Given a transport that works and the app's own database URL mistyped (its configuration,
+    # not an option of ckit's)
+    mq = f"sqlite:///{tmp_path / 'ckit-mq.db'}"
+    assert CliRunner().invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    missing = tmp_path / "inventroy.db"
+    monkeypatch.setenv("INVENTORY_DB_URL", FORMS[form].format(path=missing, name=missing.name))
+    monkeypatch.delitem(sys.modules, "examples.inventory", raising=False)  # (reads it once)
+    monkeypatch.chdir(tmp_path)
+    # When the app is consumed
+    result = ckit(TRANSPORT_COMMANDS["consume"], mq=mq)
+    # Then one line naming the file and the group, exit 2, and no empty file left behind
+    assert_refused_with_one_line(result, missing)
+    assert "inventory" in error_line(result.output)
