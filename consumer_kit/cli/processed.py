@@ -63,10 +63,14 @@ def purge(
                           pause=parse_duration(pause, option="--pause").total_seconds())
     if not deleted:
         _warn_if_unknown(store, group)
+    # every allowed batch came back full: rows past the window may be left for the next run
+    more = max_batches is not None and deleted >= batch * max_batches
     if as_json:
-        print_json({"deleted": deleted, "group": group})
+        print_json({"deleted": deleted, "group": group, "more": more})
     else:
-        typer.echo(f"deleted {deleted} processed rows of group {group}")
+        typer.echo(f"deleted {deleted} processed rows of group {group}"
+                   + (f"; stopped at --max-batches {max_batches}: older rows may be left, the "
+                      "next run goes on" if more else ""))
 
 
 def _warn_if_unknown(store: ProcessedStore, group: str) -> None:
