@@ -31,7 +31,7 @@ from consumer_kit.core.batching import BatchWorker
 from consumer_kit.core.db import make_engine, read_committed
 from consumer_kit.core.db_clock import ClockWatch
 from consumer_kit.core.db_errors import describe, is_transient
-from consumer_kit.core.errors import CkitError
+from consumer_kit.core.errors import CkitError, ConfigError
 from consumer_kit.core.rows import OutboxRow
 from consumer_kit.core.schema import DEFAULT_OUTBOX_TABLE, outbox_table
 from consumer_kit.transports.base import Transport
@@ -65,6 +65,11 @@ class Dispatcher:
 
     >>> dispatcher = Dispatcher(engine, transport).start()              # doctest: +SKIP
     >>> outbox = Outbox(engine, producer="orders", dispatcher=dispatcher)  # doctest: +SKIP
+
+    Raises:
+        ConfigError: a lease under `MIN_LEASE`, or an engine whose pool is a `StaticPool`: it
+            hands every thread one driver connection, so the dispatcher's thread would commit
+            the transaction a caller has open on it (the caller's rollback then undoes nothing).
     """
 
     def __init__(
@@ -82,7 +87,7 @@ class Dispatcher:
         check_every_batch: bool = False,
     ) -> None:
         check_lease(lease)
-        self.engine = read_committed(make_engine(engine))
+        self.engine = read_committed(_own_connections(make_engine(engine)))
         self.table = outbox_table(sa.MetaData(), table)
         self.owner = default_owner("dispatcher")
         self.claimer = Claimer(self.engine, self.table, self.owner, lease=lease)
@@ -179,3 +184,20 @@ class Dispatcher:
         """Schedule the delayed check of `rows` (a no-op without `check_topic`)."""
         if self.checks is not None:
             self.checks.schedule([row.id for row in rows])
+
+
+def _own_connections(engine: Engine) -> Engine:
+    """`engine`, unless its pool gives the dispatcher's thread the connection its callers use.
+
+    Raises:
+        ConfigError: a `StaticPool` (one driver connection for every thread: SQLAlchemy's
+            in-memory SQLite recipe with `check_same_thread=False`).
+    """
+    if isinstance(engine.pool, sa.pool.StaticPool):
+        raise ConfigError(
+            "the dispatcher cannot work on an engine with a StaticPool: it hands every thread "
+            "one connection, so the dispatcher's commits, on its own thread, would commit "
+            "whatever a caller's open transaction wrote (its rollback would then undo nothing). "
+            "Give it an engine whose pool has a connection per thread (SQLite on a file, "
+            "with its default pool)")
+    return engine

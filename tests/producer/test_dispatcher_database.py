@@ -16,7 +16,7 @@ from consumer_kit.core.same_database import database_mismatch
 from consumer_kit.core.schema import build_metadata
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Dispatcher, Outbox, Relay
-from tests.conftest import Db, database_url
+from tests.conftest import Db, database_url, unique_names
 from tests.recording import RecordingTransport
 
 
@@ -162,3 +162,23 @@ def test_a_dispatcher_given_to_the_outbox_later_is_judged_again(
         dispatcher.close()
         other.close()
         elsewhere.dispose()
+
+
+def test_a_dispatcher_refuses_an_engine_that_hands_every_thread_one_connection() -> None:
+    # Given SQLAlchemy's StaticPool (the in-memory SQLite recipe of many test suites): one
+    # driver connection for every thread. A dispatcher's claim, on its own thread, committed
+    # whatever a caller's transaction had written on that connection so far (the order and its
+    # outbox row), and the caller's rollback then undid nothing: the relay sent the message.
+    engine = sa.create_engine("sqlite://", poolclass=sa.pool.StaticPool,
+                              connect_args={"check_same_thread": False})
+    names = unique_names()
+    build_metadata(names, include_transport=False).create_all(engine)
+    try:
+        # When a dispatcher is made on it, Then it is refused, naming the pool
+        with pytest.raises(ConfigError, match="StaticPool"):
+            Dispatcher(engine, RecordingTransport(), table=names.outbox)
+        # (an engine view of it, as `read_committed` or `execution_options` make, too)
+        with pytest.raises(ConfigError, match="StaticPool"):
+            Dispatcher(engine.execution_options(), RecordingTransport(), table=names.outbox)
+    finally:
+        engine.dispose()
