@@ -35,6 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.db import insert_new, make_engine, read_committed
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipt import Receipt, ReceiptOutcome
 from consumer_kit.core.schema import (
     DEFAULT_OUTBOX_TABLE,
@@ -76,6 +77,11 @@ class ReceiptApplier:
     >>> applier = ReceiptApplier(engine, expected_groups={"ORDER_CREATED": ["inventory"]})
     ... # doctest: +SKIP
     >>> applier.apply([Receipt(message_id, "inventory")])               # doctest: +SKIP
+
+    Raises:
+        ConfigError: `expected_groups` gives a topic one string, or a group that is not a
+            non-empty string, instead of a list of group names (a string is a sequence of its
+            letters: the row would wait for groups "i", "n", "v", ... and never be CONSUMED).
     """
 
     def __init__(
@@ -91,7 +97,7 @@ class ReceiptApplier:
         metadata = sa.MetaData()
         self.table = outbox_table(metadata, table)
         self.receipts = receipt_table(metadata, receipt_table_name)
-        self.expected = {topic: frozenset(groups) for topic, groups in
+        self.expected = {topic: _groups(topic, groups) for topic, groups in
                          (expected_groups or {}).items()}
         self.updated_by = updated_by
 
@@ -204,3 +210,12 @@ class ReceiptApplier:
                                    by=self.updated_by,
                                    values={"fail_reason": reason[:REASON_LEN], **done})
             log.warning("message %s REJECTED by %s", mid, reason)
+
+
+def _groups(topic: str, groups: Sequence[str]) -> frozenset[str]:
+    """The consumer groups expected for `topic`, checked (`ReceiptApplier`'s Raises)."""
+    items = None if isinstance(groups, str | bytes) else list(groups)
+    if items is None or not all(isinstance(g, str) and g for g in items):
+        raise ConfigError(f"expected_groups for topic {topic!r} must be a list of consumer "
+                          f"group names, not {groups!r}")
+    return frozenset(items)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import sqlalchemy as sa
 
-from consumer_kit.core.errors import ReceiptError
+from consumer_kit.core.errors import ConfigError, ReceiptError
 from consumer_kit.core.receipt import (
     ReceiptOutcome,
     decode_receipts,
@@ -304,5 +304,23 @@ def test_a_topic_given_twice_to_expect_waits_for_the_groups_of_both(db: Db) -> N
     acks = applier(db, expected_groups=expected)
     acks.apply([Receipt(mid, "billing")])
     assert state(db, mid)[0] == OutboxState.SENT
+    acks.apply([Receipt(mid, "inventory")])
+    assert state(db, mid)[0] == OutboxState.CONSUMED
+
+
+@pytest.mark.parametrize("groups", ["inventory", ["inventory", 7], [""]])
+def test_expected_groups_given_as_one_string_or_with_a_non_group_are_refused(
+        sqlite_db: Db, groups: object) -> None:
+    # A string is a Sequence[str] of its letters: {"ORDER": "inventory"} waited for groups
+    # "i", "n", "v", ..., so the row never turned CONSUMED, and a rejection by inventory, not
+    # one of those letters, was ignored: the row stayed SENT whatever the groups answered
+    with pytest.raises(ConfigError, match="ORDER"):
+        applier(sqlite_db, expected_groups={"ORDER": groups})
+
+
+def test_expected_groups_given_as_a_tuple_or_a_set_wait_for_those_groups(sqlite_db: Db) -> None:
+    db = sqlite_db
+    [mid] = publish(db, topic="ORDER")
+    acks = applier(db, expected_groups={"ORDER": ("inventory",), "OTHER": {"billing"}})
     acks.apply([Receipt(mid, "inventory")])
     assert state(db, mid)[0] == OutboxState.CONSUMED
