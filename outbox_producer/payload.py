@@ -14,13 +14,18 @@ from consumer_kit.core.errors import PayloadError
 
 def _default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+        fields = dataclasses.asdict(value)
+        _check_keys(fields)  # its dicts, as any payload's (the encoder calls this for it)
+        return fields
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal | uuid.UUID):
         return str(value)
     raise TypeError(f"object of type {type(value).__name__} is not JSON serializable")
 
+
+#: what `_check_keys` looks into (a tuple of types: `isinstance` takes it faster than a union)
+_CONTAINERS = (dict, list, tuple)
 
 #: one encoder for every payload (json.dumps with options builds a new one per call)
 _ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, separators=(",", ":"),
@@ -46,7 +51,7 @@ def encode_payload(payload: Any) -> bytes:
     try:
         if isinstance(payload, str):
             return payload.encode("utf-8")
-        if isinstance(payload, dict | list):
+        if isinstance(payload, _CONTAINERS):
             _check_keys(payload)
         return _ENCODER.encode(payload).encode("utf-8")
     except PayloadError:
@@ -60,7 +65,9 @@ def encode_payload(payload: Any) -> bytes:
 
 def _check_keys(value: Any) -> None:
     """Refuse dict keys that become one key in JSON (`{1: "a", "1": "b"}`: JSON keys are text,
-    and the reader keeps the last). Keys that are already text cost one pass over them.
+    and the reader keeps the last), in `value` (a dict, list or tuple) and the dicts, lists and
+    tuples in it (a dataclass's are checked as the encoder meets it: `_default`). Keys that are
+    already text cost one pass over them.
 
     Raises:
         PayloadError: naming the key.
@@ -75,11 +82,11 @@ def _check_keys(value: Any) -> None:
                                        f"is {text!r}, which another key is too")
                 seen.add(text)
         for item in value.values():
-            if isinstance(item, dict | list):
+            if isinstance(item, _CONTAINERS):
                 _check_keys(item)
     else:
         for item in value:
-            if isinstance(item, dict | list):
+            if isinstance(item, _CONTAINERS):
                 _check_keys(item)
 
 

@@ -3,6 +3,7 @@ business transaction can still roll back, and writes nothing (issue 11, class 2)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -305,3 +306,22 @@ def test_what_a_rocketmq_transport_would_refuse_or_alter_is_refused_at_publish(
 def test_max_retries_beyond_its_column_is_refused_when_the_outbox_is_made(db: Db) -> None:
     with pytest.raises(ConfigError, match="max_retries"):
         outbox(db, max_retries=2**31)
+
+
+@dataclasses.dataclass
+class _Lines:
+    qty: dict[object, int]
+
+
+@pytest.mark.parametrize("payload", [
+    {"lines": ({1: 2, "1": 3},)},  # a tuple is a JSON array too
+    _Lines({1: 2, "1": 3}),  # a dataclass is its fields' dict
+    [_Lines({True: 2, "true": 3})],
+    {"order": _Lines({None: 2, "null": 3})},
+])
+def test_keys_that_collide_in_json_are_refused_inside_tuples_and_dataclasses(
+        sqlite_db: Db, payload: object) -> None:
+    # (they were sent as {"1": 2, "1": 3}: the handler read {"1": 3}, a quantity lost)
+    with pytest.raises(PayloadError, match="collide"), sqlite_db.engine.begin() as conn:
+        outbox(sqlite_db).publish(conn, "T", payload, biz_type="t", biz_key="k1")
+    assert row_count(sqlite_db) == 0
