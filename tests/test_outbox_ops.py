@@ -453,3 +453,18 @@ def test_a_forced_retry_of_a_row_that_went_out_marks_the_re_send_as_a_resend(
     # Then: only the one that went out is re-sent as a re-send (`ckit_resend`)
     assert get(db, went_out["id"])["sent_at"] == NOW
     assert get(db, failed["id"])["sent_at"] is None
+
+
+def test_one_target_given_as_a_string_names_one_row_not_one_per_character(db: Db) -> None:
+    # Given FAILED rows 1 and 2, and a third whose message id holds their digits
+    first, second = insert(db, OutboxState.FAILED), insert(db, OutboxState.FAILED)
+    meant = insert(db, OutboxState.FAILED, message_id=f"m-{first['id']}{second['id']}")
+    # When one message id is given as it is (`show` takes one), not in a list
+    result = ops.retry(db.engine, tables(db), meant["message_id"], now=NOW)
+    # Then that row alone is re-sent (each character was a target: "1" and "2" re-sent rows
+    # 1 and 2, and with force, SENT and CONSUMED rows a second time)
+    assert result.changed == [meant["id"]] and result.refused == []
+    assert get(db, first["id"])["state"] == get(db, second["id"])["state"] == OutboxState.FAILED
+    held = ops.suspend(db.engine, tables(db).outbox, str(first["id"]), now=NOW)
+    assert held.changed == [first["id"]]
+    assert ops.resume(db.engine, tables(db).outbox, first["id"], now=NOW).changed == [first["id"]]

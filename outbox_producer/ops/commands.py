@@ -80,7 +80,7 @@ class TransitionResult:
 def _move(
     engine: Engine,
     table: sa.Table,
-    targets: Iterable[int | str],
+    targets: Iterable[int | str] | int | str,
     *,
     step: Transition,
     values: Values,
@@ -92,10 +92,11 @@ def _move(
     now: dt.datetime | None = None,
 ) -> TransitionResult:
     """Read every target, then move each one that `step` accepts; `after` runs for each moved
-    row in the same transaction (on `also_needs` tables)."""
+    row in the same transaction (on `also_needs` tables). One `str` or `int` is one target (a
+    string is not read as one target per character)."""
     check_tables(engine, table, *also_needs)
     now = now or utcnow()
-    wanted = list(dict.fromkeys(targets))
+    wanted = list(dict.fromkeys([targets] if isinstance(targets, str | int) else targets))
     allowed = tuple(sources or step.allowed_from(force=force))
     result = TransitionResult(step.name)
     c = table.c
@@ -167,7 +168,7 @@ def retry_states(
 def retry(
     engine: Engine,
     tables: OutboxTables,
-    targets: Iterable[int | str],
+    targets: Iterable[int | str] | int | str,
     *,
     states: Sequence[OutboxState] | None = None,
     force: bool = False,
@@ -176,8 +177,8 @@ def retry(
     """Put rows back to PENDING, due now, with `retry_count` 0, and delete their receipt rows in
     the same transaction (see the module doc for the fields).
 
-    `targets` are row ids (int) or arguments as `outbox_producer.ops.resolve` reads them.
-    Rows must be in `states`: by default
+    `targets` are row ids (int) or arguments as `outbox_producer.ops.resolve` reads them (one
+    of them alone is one target). Rows must be in `states`: by default
     FAILED, SUSPENDED and REJECTED, plus SENT and CONSUMED with `force=True`; SENT and CONSUMED
     need `force` whatever `states` says.
 
@@ -224,7 +225,7 @@ _WENT_OUT = frozenset({OutboxState.SENT, OutboxState.CONSUMED, OutboxState.REJEC
 def suspend(
     engine: Engine,
     table: sa.Table,
-    targets: Iterable[int | str],
+    targets: Iterable[int | str] | int | str,
     *,
     now: dt.datetime | None = None,
 ) -> TransitionResult:
@@ -249,7 +250,7 @@ def suspend(
 def resume(
     engine: Engine,
     table: sa.Table,
-    targets: Iterable[int | str],
+    targets: Iterable[int | str] | int | str,
     *,
     now: dt.datetime | None = None,
 ) -> TransitionResult:
