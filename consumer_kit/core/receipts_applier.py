@@ -97,7 +97,7 @@ class ReceiptApplier:
         metadata = sa.MetaData()
         self.table = outbox_table(metadata, table)
         self.receipts = receipt_table(metadata, receipt_table_name)
-        self.expected = {topic: _groups(topic, groups) for topic, groups in
+        self.expected = {topic: group_names(topic, groups) for topic, groups in
                          (expected_groups or {}).items()}
         self.updated_by = updated_by
 
@@ -212,10 +212,16 @@ class ReceiptApplier:
             log.warning("message %s REJECTED by %s", mid, reason)
 
 
-def _groups(topic: str, groups: Sequence[str]) -> frozenset[str]:
-    """The consumer groups expected for `topic`, checked (`ReceiptApplier`'s Raises)."""
+def group_names(topic: str, groups: Sequence[str], *, what: str = "expected_groups"
+                ) -> frozenset[str]:
+    """The consumer groups expected for `topic`, checked: a list (or any iterable) of non-empty
+    names, never one string, which would be read as its letters.
+
+    Raises:
+        ConfigError: naming `what` (the argument) and the topic.
+    """
     items = None if isinstance(groups, str | bytes) else list(groups)
     if items is None or not all(isinstance(g, str) and g for g in items):
-        raise ConfigError(f"expected_groups for topic {topic!r} must be a list of consumer "
+        raise ConfigError(f"{what} for topic {topic!r} must be a list of consumer "
                           f"group names, not {groups!r}")
     return frozenset(items)

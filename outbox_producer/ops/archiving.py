@@ -38,6 +38,7 @@ from consumer_kit.core.db import check_tables, dialect_name, read_committed
 from consumer_kit.core.errors import ArchiveBusy, ConfigError, OutboxError
 from consumer_kit.core.progress import committed_on_error, counted
 from consumer_kit.core.receipt import ReceiptOutcome
+from consumer_kit.core.receipts_applier import group_names
 from consumer_kit.core.states import TERMINAL_STATES, OutboxState
 from consumer_kit.core.transitions import OPTION
 from outbox_producer.ops.tables import OutboxTables, key_table
@@ -178,14 +179,15 @@ def receipts_complete(tables: OutboxTables, expect: Mapping[str, Sequence[str]]
     receipt row (one probe of the receipt table's primary key per group).
 
     Raises:
-        ConfigError: `expect` is empty or names a topic without groups.
+        ConfigError: `expect` is empty, names a topic without groups, or gives a topic one
+            string (read as its letters, it would archive nothing, run after run).
     """
     if not expect or not all(expect.values()):
         raise ConfigError("receipt-driven archiving needs TOPIC=group1,group2 for each topic")
     c, r = tables.outbox.c, tables.receipts.c
     parts = []
     for topic, groups in expect.items():
-        wanted = sorted(set(groups))
+        wanted = sorted(group_names(topic, groups, what="expect"))
         stored = (sa.select(sa.func.count()).select_from(tables.receipts)
                   .where(r.message_id == c.message_id, r.consumer_group.in_(wanted),
                          r.outcome == ReceiptOutcome.CONSUMED.value)

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
 from consumer_kit.core.clock import utcnow
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.receipts_applier import ReceiptApplier
 from consumer_kit.core.schema import TableNames
@@ -92,6 +93,23 @@ def test_receipt_driven_archiving_waits_for_every_expected_group(
     consume(db, [Receipt(partial, "billing")])
     assert ops.archive(db.engine, tables(db), FAST, expect=expect, now=later).moved == 1
     assert remaining(db) == {other}
+
+
+def test_receipt_driven_archiving_refuses_a_topic_given_one_string_of_groups(
+        sqlite_db: Db) -> None:
+    # Given a consumed message of topic T, and its expected group given as a bare string
+    (mid,) = publish(sqlite_db, range(1))
+    Relay(sqlite_db.engine, RecordingTransport(), table=sqlite_db.names.outbox).run_once()
+    consume(sqlite_db, [Receipt(mid, "inventory")])
+    later = utcnow() + dt.timedelta(seconds=1)
+    # When archiving is asked for with it / Then it is refused, naming the topic (read as its
+    # letters, it waited for groups 'i', 'n', 'v', ... and archived nothing, run after run)
+    with pytest.raises(ConfigError, match="expect for topic 'T' must be a list"):
+        ops.archive(sqlite_db.engine, tables(sqlite_db), FAST, expect={"T": "inventory"},
+                    now=later)
+    # and given as a list, the message moves
+    assert ops.archive(sqlite_db.engine, tables(sqlite_db), FAST, expect={"T": ["inventory"]},
+                       now=later).moved == 1
 
 
 def test_the_archive_command_takes_a_pause_and_expected_groups(sqlite_db: Db) -> None:
