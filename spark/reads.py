@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.schema import outbox_table, processed_table
 from consumer_kit.reconcile.conditions import (
+    HORIZON_COLUMN,
     WINDOW_COLUMNS,
     processed_window_select,
     window_conditions,
@@ -31,7 +32,7 @@ MAX_PARTITIONS = 64
 MIN_IDS_PER_PREDICATE = 1_000
 #: SQLite's JDBC metadata maps BIGINT/DATETIME badly; timestamps are read as text everywhere.
 WINDOW_SCHEMA = ("id BIGINT, state INT, retry_count INT, max_retries INT, lock_version INT, "
-                 "sent_at STRING, lease_until STRING")
+                 "sent_at STRING, lease_until STRING, before_horizon INT")
 RECEIPT_QUERY = ("(SELECT message_id, consumer_group, outcome, reason, received_at "
                  "FROM {table}) a")
 PROCESSED_QUERY = ("(SELECT message_id, consumer_group, status, error, processed_at "
@@ -100,10 +101,11 @@ def window_bounds(engine: sa.Engine, config: ReconcileConfig,
 
 
 def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt.datetime,
-                bounds: dict[str, WindowPart], *, shard: int = 0) -> Any:
+                horizon: dt.datetime, bounds: dict[str, WindowPart], *, shard: int = 0) -> Any:
     """The window of one producer database as one DataFrame: SENT before the cutoff
     (partitioned by id over the bounds) union SENDING with a lease expired before the cutoff
-    (usually a handful of rows), with a `shard` column naming the database.
+    (usually a handful of rows), with a `shard` column naming the database and
+    `before_horizon` (`window_columns`: made before `horizon`, never re-sent).
 
     Called only when `bounds` holds at least one row."""
     from pyspark.sql import functions as F
@@ -114,13 +116,16 @@ def read_window(spark: Any, src: JdbcSource, config: ReconcileConfig, cutoff: dt
     for part, spread in (("sent", cores), ("sending", 1)):
         found = bounds[part]
         if found.rows:
-            query = compiled(window_select(outbox, part, cutoff), src.dialect, alias=f"w_{part}")
+            query = compiled(window_select(outbox, part, cutoff, horizon), src.dialect,
+                             alias=f"w_{part}")
             frames.append(jdbc_read(spark, src, query, schema=WINDOW_SCHEMA, partition=(
                 "id", found.min_id, found.max_id + 1, partitions_for(found.rows, spread))))
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
-    return frame.select(*WINDOW_COLUMNS).withColumn("shard", F.lit(shard))
+    return (frame.select(*WINDOW_COLUMNS, HORIZON_COLUMN)
+            .withColumn(HORIZON_COLUMN, F.col(HORIZON_COLUMN) == 1)
+            .withColumn("shard", F.lit(shard)))
 
 
 def id_predicates(column: str, ids: Sequence[str], prefix: str) -> list[str]:

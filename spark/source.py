@@ -125,7 +125,8 @@ class SparkSource(Source):
         if not parts:
             return
         phase = time.monotonic()
-        frames = [read_window(self.spark, self.producers[i], config, run.cutoff, b, shard=i)
+        frames = [read_window(self.spark, self.producers[i], config, run.cutoff, run.horizon,
+                              b, shard=i)
                   for i, b in parts]
         window = frames[0]
         for other in frames[1:]:

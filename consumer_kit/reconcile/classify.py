@@ -10,7 +10,14 @@ from collections.abc import Iterable, Sequence
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.core.states import OutboxState
-from consumer_kit.reconcile.model import Decision, Evidence, GroupSource, RepairClass, WindowRow
+from consumer_kit.reconcile.model import (
+    DEDUPE_HORIZON,
+    Decision,
+    Evidence,
+    GroupSource,
+    RepairClass,
+    WindowRow,
+)
 
 
 def classify(
@@ -30,7 +37,9 @@ def classify(
     or sent a rejected receipt, unless its processed row says SUCCEEDED: that row is the truth,
     the receipt older) makes it REJECTED; every expected group SUCCEEDED (processed) or
     sent a consumed receipt makes it RECEIPT_LOST; otherwise some group is missing: RETRY while
-    `retry_count < max_retries`, else EXHAUSTED.
+    `retry_count < max_retries` (BEYOND_DEDUPE instead, report only, for a row made before
+    `DEDUPE_HORIZON`: its processed rows may be purged, a re-send could apply twice), else
+    EXHAUSTED.
 
     >>> row = WindowRow(id=1, message_id="m1", topic="T", state=2, retry_count=0,
     ...                 max_retries=3, lock_version=4)
@@ -62,6 +71,12 @@ def classify(
         return Decision(row=row, klass=RepairClass.RECEIPT_LOST, missing_receipts=missing_receipts)
 
     limit = row.max_retries if max_retries is None else max_retries
+    if row.retry_count < limit and row.before_horizon:
+        return Decision(row=row, klass=RepairClass.BEYOND_DEDUPE, groups_missing=missing,
+                        reason=_truncate(
+                            f"not consumed by {', '.join(missing)}, made over "
+                            f"{DEDUPE_HORIZON.days} days ago: its processed rows may be purged, "
+                            "a re-send could apply it twice; not re-sent"))
     if row.retry_count < limit:
         return Decision(row=row, klass=RepairClass.RETRY, groups_missing=missing,
                         reason=_truncate(f"not consumed by {', '.join(missing)}; re-send "

@@ -53,10 +53,23 @@ WINDOW_COLUMNS = ("id", "message_id", "topic", "state", "retry_count", "max_retr
 ORPHAN_COLUMNS = ("message_id", "topic", "status", "processed_at")
 
 
-def window_select(outbox: sa.Table, part: str, cutoff: dt.datetime) -> sa.Select[Any]:
-    """`SELECT <WINDOW_COLUMNS> FROM outbox WHERE <window_conditions[part]>` (`sent` or
+#: The window row's flag `WindowRow.before_horizon`, computed by the database (1 or 0).
+HORIZON_COLUMN = "before_horizon"
+
+
+def window_columns(outbox: sa.Table, horizon: dt.datetime) -> list[sa.ColumnElement[Any]]:
+    """`WINDOW_COLUMNS`, then `HORIZON_COLUMN`: 1 when the row was made (`gmt_create`) before
+    `horizon` (`now - DEDUPE_HORIZON`), else 0. Compared in the database, so no engine parses
+    another database's timestamp text."""
+    return [*(outbox.c[n] for n in WINDOW_COLUMNS),
+            sa.case((outbox.c.gmt_create < horizon, 1), else_=0).label(HORIZON_COLUMN)]
+
+
+def window_select(outbox: sa.Table, part: str, cutoff: dt.datetime,
+                  horizon: dt.datetime) -> sa.Select[Any]:
+    """`SELECT <window_columns> FROM outbox WHERE <window_conditions[part]>` (`sent` or
     `sending`): what the Spark source reads over JDBC, compiled with literal values."""
-    return sa.select(*(outbox.c[n] for n in WINDOW_COLUMNS)).where(
+    return sa.select(*window_columns(outbox, horizon)).where(
         window_conditions(outbox, cutoff)[part])
 
 

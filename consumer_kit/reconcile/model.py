@@ -37,6 +37,11 @@ DEFAULT_MASTER = "local[*]"
 ENGINES = ("spark", "sql")
 #: The `updated_by` every repair writes, so operators can find the reconciler's changes.
 RECONCILER = "reconciler"
+#: A message made longer ago than this is never re-sent (`RepairClass.BEYOND_DEDUPE`): a
+#: consumer dedupes by its processed row and Redis done marker, which `ckit processed purge`
+#: may delete once 7 days old (`consumer_kit.processed.PURGE_FLOOR`); a day less, for the
+#: clocks of the producer, the consumers and the reconciler.
+DEDUPE_HORIZON = dt.timedelta(days=6)
 
 
 class RepairClass(str, enum.Enum):
@@ -53,6 +58,10 @@ class RepairClass(str, enum.Enum):
     """Not consumed by every group, retries exhausted -> FAILED."""
     STUCK_SENDING = "stuck_sending"
     """SENDING with a lease expired before the cutoff -> PENDING."""
+    BEYOND_DEDUPE = "beyond_dedupe"
+    """Not consumed by every group, retries left, but made before `DEDUPE_HORIZON`: a group
+    without a processed row may have processed it and purged the row since, so a re-send
+    could apply it twice. Report only (re-send it by hand: `ckit outbox retry --force`)."""
     UNMATCHED = "unmatched"
     """SENT, but no configured group consumes its topic: report only (a configuration gap)."""
     ORPHAN = "orphan"
@@ -61,13 +70,16 @@ class RepairClass(str, enum.Enum):
     @property
     def repairs(self) -> bool:
         """Whether this class changes the outbox (the others are report only)."""
-        return self not in (RepairClass.UNMATCHED, RepairClass.ORPHAN)
+        return self not in (RepairClass.UNMATCHED, RepairClass.ORPHAN,
+                            RepairClass.BEYOND_DEDUPE)
 
     @property
     def is_failure(self) -> bool:
         """Classes that make the run exit non-zero by default (so cron alerts): rows the
-        reconciler gave up on, and rows no configured group consumes (a configuration gap)."""
-        return self in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED)
+        reconciler gave up on, rows no configured group consumes (a configuration gap), and
+        rows it may not re-send (an operator decides)."""
+        return self in (RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED,
+                        RepairClass.BEYOND_DEDUPE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +154,7 @@ class Thresholds:
     """Alerting thresholds: the run exits non-zero when one is crossed.
 
     `None` disables a threshold. `fail_on_failures` makes the failure classes
-    (`RepairClass.is_failure`: REJECTED, EXHAUSTED, UNMATCHED) alert.
+    (`RepairClass.is_failure`: REJECTED, EXHAUSTED, UNMATCHED, BEYOND_DEDUPE) alert.
     """
 
     stuck: int | None = None
@@ -235,6 +247,8 @@ class WindowRow:
     lease_until: str | None = None
     #: which producer database the row is in (`ReconcileConfig.producers`): repairs go there
     shard: int = 0
+    #: made (`gmt_create`) before `now - DEDUPE_HORIZON`: never re-sent (`BEYOND_DEDUPE`)
+    before_horizon: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

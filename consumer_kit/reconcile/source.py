@@ -16,7 +16,14 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
 
 from consumer_kit.core.db import Engines
-from consumer_kit.reconcile.model import Evidence, GroupSource, Orphan, ReconcileConfig, WindowRow
+from consumer_kit.reconcile.model import (
+    DEDUPE_HORIZON,
+    Evidence,
+    GroupSource,
+    Orphan,
+    ReconcileConfig,
+    WindowRow,
+)
 from consumer_kit.reconcile.report import SummaryBuilder
 
 Progress = Callable[[str], None]
@@ -33,6 +40,11 @@ class Run:
     builder: SummaryBuilder
     progress: Progress
     engines: Engines
+
+    @property
+    def horizon(self) -> dt.datetime:
+        """Rows made before this are never re-sent (`DEDUPE_HORIZON` before `now`)."""
+        return self.now - DEDUPE_HORIZON
 
 
 class Source(abc.ABC):

@@ -17,8 +17,9 @@ import sqlalchemy as sa
 from consumer_kit.core.db import Engines
 from consumer_kit.core.schema import outbox_table, processed_table, receipt_table
 from consumer_kit.reconcile.conditions import (
-    WINDOW_COLUMNS,
+    HORIZON_COLUMN,
     processed_window_conditions,
+    window_columns,
     window_conditions,
 )
 from consumer_kit.reconcile.model import (
@@ -49,15 +50,17 @@ def window_ids(conn: sa.Connection, outbox: sa.Table, cutoff: dt.datetime) -> li
 
 
 def window_rows(conn: sa.Connection, outbox: sa.Table, ids: Sequence[int],
-                cutoff: dt.datetime, *, shard: int = 0) -> list[WindowRow]:
+                cutoff: dt.datetime, horizon: dt.datetime, *, shard: int = 0
+                ) -> list[WindowRow]:
     """Fetch window rows by primary key, re-checking the window condition (rows move); `shard`
-    is the producer database they are read from."""
+    is the producer database they are read from, `horizon` the dedupe horizon's moment."""
     c = outbox.c
-    stmt = sa.select(*(c[n] for n in WINDOW_COLUMNS)).where(
+    stmt = sa.select(*window_columns(outbox, horizon)).where(
         c.id.in_(list(ids)), sa.or_(*window_conditions(outbox, cutoff).values()),
     ).order_by(c.id)
     return [WindowRow(**{**r._mapping, "sent_at": _text(r.sent_at),
-                         "lease_until": _text(r.lease_until)}, shard=shard)
+                         "lease_until": _text(r.lease_until),
+                         HORIZON_COLUMN: bool(r._mapping[HORIZON_COLUMN])}, shard=shard)
             for r in conn.execute(stmt)]
 
 
@@ -117,7 +120,8 @@ class SqlSource(Source):
                      f"{run.cutoff.isoformat(sep=' ')}")
         for chunk in chunks(ids, IN_CHUNK):
             with reads.connect() as conn:
-                rows = window_rows(conn, outbox, chunk, run.cutoff, shard=producer.index)
+                rows = window_rows(conn, outbox, chunk, run.cutoff, run.horizon,
+                                   shard=producer.index)
             builder.read("window", len(rows))
             evidence = fetch_evidence(run.engines, config, [r.message_id for r in rows],
                                       builder, receipts_url=producer.scan_url)

@@ -52,7 +52,7 @@ def test_every_class_is_found_and_repaired_row_by_row(world: World, engine_name:
     # Then each class is counted and repaired as DESIGN.md says
     found = {k.value: c.found for k, c in summary.classes.items()}
     assert found == {"receipt_lost": 1, "rejected": 1, "retry": 1, "exhausted": 1,
-                     "stuck_sending": 1, "unmatched": 0, "orphan": 1}
+                     "stuck_sending": 1, "beyond_dedupe": 0, "unmatched": 0, "orphan": 1}
     assert summary.conflicts == 0
     now = world.now
 

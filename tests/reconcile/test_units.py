@@ -166,7 +166,8 @@ def test_time_slices_cover_the_range_without_gaps_and_stay_open_ended() -> None:
 
 def test_failure_classes_are_the_ones_that_alert_by_default() -> None:
     failures = {k for k in RepairClass if k.is_failure}
-    assert failures == {RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED}
+    assert failures == {RepairClass.REJECTED, RepairClass.EXHAUSTED, RepairClass.UNMATCHED,
+                        RepairClass.BEYOND_DEDUPE}
 
 
 def test_cli_defaults_are_the_model_defaults() -> None:
