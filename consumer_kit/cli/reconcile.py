@@ -15,7 +15,7 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.reconcile_checks import check_groups, check_lag
+from consumer_kit.cli.reconcile_checks import check_groups, check_lag, check_left_out
 from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration, utcnow
@@ -106,7 +106,8 @@ def reconcile(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr"),
     force: bool = typer.Option(
         False, "--force", help="run although a --group has no processed row while its topics "
-                               "were consumed, or lists a topic no outbox row holds"),
+                               "were consumed, or lists a topic no outbox row holds, or a group "
+                               "whose receipts name a stuck topic is not given"),
 ) -> None:
     """Compare the outbox with every group's processed table and repair stuck rows.
 
@@ -191,9 +192,9 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
     installed, SQLite file there), then each database's tables (the outbox and its receipts on
     every producer database and replica, the processed table of every group), then what their
     rows say of the options (`replicas.check_distinct_outboxes`: one producer database named
-    twice; `reconcile_checks`: the group and topic checks, skipped with `force`). A run that
-    repaired the first shard and then met a typo in the second would leave half its work done
-    and report none of it.
+    twice; `reconcile_checks`: the group and topic checks and a group left out, skipped with
+    `force`). A run that repaired the first shard and then met a typo in the second would
+    leave half its work done and report none of it.
 
     Raises:
         ConfigError: the first URL that cannot work (a driver missing, a server that does not
@@ -240,6 +241,8 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
         if not force:
             check_groups(config.groups, engines, producers, outbox, receipts,
                          cutoff=now - config.stuck_after, now=now)
+            check_left_out(config.groups, engines, producers, outbox, receipts,
+                           cutoff=now - config.stuck_after, now=now)
     finally:
         for made in engines.values():
             made.dispose()

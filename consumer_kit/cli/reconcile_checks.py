@@ -1,16 +1,18 @@
 """What `ckit reconcile` checks in the data before any row moves, beside the tables
 (`check_databases`): that each `--group` names a group and a database that processed its
-messages, that each topic a `--group` lists is one the outbox holds, and that each replica is
-recent enough to show what is stuck.
+messages, that each topic a `--group` lists is one the outbox holds, that no group whose
+receipts show it consumes a stuck topic is left out, and that each replica is recent enough to
+show what is stuck.
 
 Each mistake here is silent in the run itself: a misspelt group or a group URL pointing at
 another database (or a `@TABLE` naming another table) makes every message of the window look
 unprocessed (re-sent, and failed at its limit although consumed); a misspelt topic leaves the
-group unexpected for the topic it meant, so its messages turn CONSUMED without it; a replica
-that stopped applying changes hides every row stuck since, and the run reports nothing.
-`--force` runs past the first two (a group that has processed nothing yet, a topic nothing was
-published on yet); a stale replica always stops the run (reconcile against the primary
-instead).
+group unexpected for the topic it meant, so its messages turn CONSUMED without it, and so do
+those of a group left out (a forgotten `--group`) once the given groups processed them; a
+replica that stopped applying changes hides every row stuck since, and the run reports nothing.
+`--force` runs past the first three (a group that has processed nothing yet, a topic nothing was
+published on yet, a group that no longer consumes a topic); a stale replica always stops the run
+(reconcile against the primary instead).
 """
 
 from __future__ import annotations
@@ -106,6 +108,74 @@ def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.
                 "database (every message would look unprocessed: re-sent, and failed at its "
                 "limit; --force if that is right: a new group, or one whose processed rows were "
                 "purged and receipts archived)")
+
+
+def check_left_out(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.Engine],
+                   producers: Sequence[str], outbox: sa.Table, receipts: sa.Table, *,
+                   cutoff: dt.datetime, now: dt.datetime) -> None:
+    """Refuse a group left out of the `--group`s, or a `--group` whose `:TOPIC` list leaves
+    out a topic, when its latest receipts (up to `RECEIPTS_PROBED` of each producer database,
+    received since `now - RECEIPTS_LOOKBACK`) name messages of that topic, another given
+    group expects it, and messages of it are stuck in SENT (rows SENT before `cutoff`).
+
+    Only the groups expected count: a stuck message every given group expecting its topic
+    processed is repaired CONSUMED, so the group left out (a forgotten `--group`, a topic
+    missing from its list) would never get it. Groups with receipts are found by one index
+    seek each (`consumer_group > last`), not a scan of the receipts.
+
+    Raises:
+        ConfigError: naming the group, the topic and what to give.
+    """
+    given = {g.name: g for g in groups}
+    for url in producers:
+        for name in _receipt_groups(engines[url], receipts):
+            group = given.get(name)
+            if group is not None and not group.topics:
+                continue
+            recent = _recent_receipts(engines, [url], receipts, name,
+                                      since=now - RECEIPTS_LOOKBACK)
+            if not recent:
+                continue
+            with engines[url].connect() as conn:
+                topics = sorted(conn.execute(sa.select(outbox.c.topic).distinct().where(
+                    outbox.c.message_id.in_(recent))).scalars())
+            for topic in topics:
+                if group is not None and group.expects(topic):
+                    continue
+                expecting = [g.name for g in groups if g.expects(topic)]
+                stuck = sa.and_(outbox.c.state == int(OutboxState.SENT),
+                                outbox.c.sent_at < cutoff, outbox.c.topic == topic)
+                if not expecting or not _any_row(engines, producers, outbox, stuck):
+                    continue
+                who = (f"--group: {name!r} is not given" if group is None else
+                       f"--group {name}: its topics ({', '.join(group.topics)}) leave out "
+                       f"{topic!r}")
+                fix = (f"give --group {name}=DB_URL" if group is None else
+                       f"add {topic} to its topics")
+                raise ConfigError(
+                    f"{who}, but its receipts (e.g. {recent[0]}) show it consumes {topic!r}, "
+                    f"which {', '.join(expecting)} "
+                    f"{'expects' if len(expecting) == 1 else 'expect'}, and messages of "
+                    f"{topic!r} are stuck in SENT: those the given groups processed would "
+                    f"turn CONSUMED without {name} ({fix}; --force if {name} no longer "
+                    f"consumes {topic!r})")
+
+
+def _receipt_groups(engine: sa.engine.Engine, receipts: sa.Table, *,
+                    most: int = 1000) -> list[str]:
+    """The consumer groups with a receipt row in `receipts`, in order, at most `most`: one
+    `MIN(consumer_group) WHERE consumer_group > last` each (an index seek on every dialect)."""
+    names: list[str] = []
+    with engine.connect() as conn:
+        while len(names) < most:
+            query = sa.select(sa.func.min(receipts.c.consumer_group))
+            if names:
+                query = query.where(receipts.c.consumer_group > names[-1])
+            found = conn.execute(query).scalar()
+            if found is None:
+                break
+            names.append(found)
+    return names
 
 
 def check_lag(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: sa.Table,

@@ -253,3 +253,51 @@ def test_a_copy_of_the_producer_database_that_lags_it_is_refused_as_another_shar
     line = error_line(output)
     assert "--url number 2" in line and "holds the outbox of --url number 1" in line, line
     assert world.row(stuck).state == int(OutboxState.SENT)
+
+
+def test_a_group_left_out_whose_receipts_show_it_consumes_a_stuck_topic_is_refused(
+        world2: World) -> None:
+    # Given: billing and inventory both consume ORDER (their receipts of an earlier message are
+    # back); a stuck message inventory processed and billing has not yet
+    w = world2
+    earlier = w.add_outbox(OutboxState.CONSUMED)
+    for group in ("inventory", "billing"):
+        w.add_processed(group, earlier, age=dt.timedelta(hours=2))
+        w.add_ack(earlier, group, age=dt.timedelta(hours=2))
+    stuck = w.add_outbox(OutboxState.SENT)
+    w.add_processed("inventory", stuck)
+    inventory = f"inventory={w.group_urls['inventory']}"
+    # When: the operator leaves billing out
+    code, output = run(w, inventory)
+    # Then: one line naming billing and the topic, and the message is not made CONSUMED
+    assert code == 2, output
+    line = error_line(output)
+    assert "billing" in line and "'ORDER'" in line and "CONSUMED without" in line, line
+    assert w.row(stuck).state == int(OutboxState.SENT)
+    # And with both groups it is re-sent for billing
+    billing = f"billing@{w.processed['billing'].name}={w.group_urls['billing']}"
+    code, output = run(w, inventory, billing)
+    assert code == 0, output
+    assert w.row(stuck).state == int(OutboxState.PENDING)
+
+
+def test_a_group_whose_topics_leave_out_one_its_receipts_show_it_consumes_is_refused(
+        world2: World) -> None:
+    # Given: billing consumes ORDER too (its receipt is back); a stuck ORDER message inventory
+    # processed and billing has not yet
+    w = world2
+    earlier = w.add_outbox(OutboxState.CONSUMED)
+    for group in ("inventory", "billing"):
+        w.add_processed(group, earlier, age=dt.timedelta(hours=2))
+        w.add_ack(earlier, group, age=dt.timedelta(hours=2))
+    w.add_outbox(OutboxState.CONSUMED, topic="PAYMENT")
+    stuck = w.add_outbox(OutboxState.SENT)
+    w.add_processed("inventory", stuck)
+    # When: billing is given with PAYMENT only
+    code, output = run(w, f"inventory={w.group_urls['inventory']}",
+                       f"billing:PAYMENT@{w.processed['billing'].name}={w.group_urls['billing']}")
+    # Then: one line naming billing's list and the topic; the message is not made CONSUMED
+    assert code == 2, output
+    line = error_line(output)
+    assert "--group billing: its topics (PAYMENT) leave out 'ORDER'" in line, line
+    assert w.row(stuck).state == int(OutboxState.SENT)
