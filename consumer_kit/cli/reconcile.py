@@ -15,7 +15,12 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json, print_table
-from consumer_kit.cli.reconcile_checks import check_groups, check_lag, check_left_out
+from consumer_kit.cli.reconcile_checks import (
+    check_clock,
+    check_groups,
+    check_lag,
+    check_left_out,
+)
 from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
 from consumer_kit.core.clock import parse_duration, utcnow
@@ -191,15 +196,17 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
     """Check every database before the run reads or repairs anything: each URL (driver
     installed, SQLite file there), then each database's tables (the outbox and its receipts on
     every producer database and replica, the processed table of every group), then what their
-    rows say of the options (`replicas.check_distinct_outboxes`: one producer database named
+    rows say of the options (`reconcile_checks.check_clock`: this host's clock against each
+    producer database's; `replicas.check_distinct_outboxes`: one producer database named
     twice; `reconcile_checks`: the group and topic checks and a group left out, skipped with
     `force`). A run that repaired the first shard and then met a typo in the second would
     leave half its work done and report none of it.
 
     Raises:
         ConfigError: the first URL that cannot work (a driver missing, a server that does not
-            answer or refuses the login), naming its option; a producer database, group,
-            topic or replica its rows show wrong (`reconcile_checks`).
+            answer or refuses the login), naming its option; this host's clock too far from a
+            producer database's; a producer database, group, topic or replica its rows show
+            wrong (`reconcile_checks`).
         SchemaError: a table missing, naming its database.
     """
     metadata = sa.MetaData()
@@ -231,6 +238,9 @@ def check_databases(config: ReconcileConfig, *, force: bool = False) -> None:
                 raise ConfigError(f"{option}: {mask_url(url)}: cannot be used: "
                                   f"{describe(exc)}") from None
         for producer in config.producers:
+            check_clock(engines[producer.url], producer.url,
+                        "--url" if len(producers) == 1 else f"--url number {producer.index + 1}",
+                        stuck_after=config.stuck_after)
             if producer.read_url and producer.read_url != producer.url:
                 check_replica(engines[producer.url], engines[producer.read_url], outbox,
                               producer.index)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import sqlalchemy as sa
 
 from consumer_kit.core.db import any_row
+from consumer_kit.core.db_clock import clock_offset
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.schema import outbox_archive_table, processed_table
 from consumer_kit.core.states import OutboxState
@@ -37,6 +38,8 @@ RECEIPTS_PROBED = 20
 #: how far back those receipts go: inside `ckit processed purge`'s safety floor, so their
 #: processed rows are still there (a day's margin for a receipt applied late)
 RECEIPTS_LOOKBACK = PURGE_FLOOR - dt.timedelta(days=1)
+#: the furthest this host's clock may be from a producer database's (`check_clock`)
+CLOCK_LIMIT = dt.timedelta(minutes=5)
 
 
 def check_groups(groups: Sequence[GroupSource], engines: Mapping[str, sa.engine.Engine],
@@ -159,6 +162,30 @@ def check_left_out(groups: Sequence[GroupSource], engines: Mapping[str, sa.engin
                     f"{topic!r} are stuck in SENT: those the given groups processed would "
                     f"turn CONSUMED without {name} ({fix}; --force if {name} no longer "
                     f"consumes {topic!r})")
+
+
+def check_clock(engine: sa.engine.Engine, url: str, option: str, *,
+                stuck_after: dt.timedelta) -> None:
+    """Refuse a host whose clock is surely further from the producer database's than
+    `CLOCK_LIMIT` (or half `stuck_after`, when less): the window is judged by this host's clock
+    against `sent_at` and `lease_until`, which the relays write by theirs (each kept near the
+    database's, `core.db_clock`). Ahead, messages still in flight look stuck: re-sent, failed
+    at their limit, live send leases taken; behind, stuck rows go unseen, and the dedupe horizon
+    (`DEDUPE_HORIZON`) moves back past processed purge's floor. SQLite reads this host's
+    clock: nothing to measure.
+
+    Raises:
+        ConfigError: naming the option, the offset and what to do.
+    """
+    offset = clock_offset(engine)
+    limit = min(CLOCK_LIMIT, stuck_after / 2)
+    if offset is None or not offset.beyond(limit):
+        return
+    raise ConfigError(
+        f"{option}: {mask_url(url)}: "
+        f"{offset.describe()}, more than {_span(limit)}: rows are judged stuck by this host's "
+        "clock against the times the relays wrote (ahead: messages in flight re-sent and "
+        "failed; behind: stuck rows unseen); synchronize the clocks (NTP)")
 
 
 def _receipt_groups(engine: sa.engine.Engine, receipts: sa.Table, *,

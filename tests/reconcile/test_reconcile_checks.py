@@ -301,3 +301,29 @@ def test_a_group_whose_topics_leave_out_one_its_receipts_show_it_consumes_is_ref
     line = error_line(output)
     assert "--group billing: its topics (PAYMENT) leave out 'ORDER'" in line, line
     assert w.row(stuck).state == int(OutboxState.SENT)
+
+
+def test_a_host_clock_far_from_the_producer_databases_is_refused(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: a message sent a minute ago, in flight (not stuck), and a host whose clock is
+    # 30 minutes ahead of the producer database's (measured: SQLite has no clock of its own)
+    from consumer_kit.cli import reconcile_checks
+    from consumer_kit.core.db_clock import ClockOffset
+
+    in_flight = world.add_outbox(OutboxState.SENT, age=dt.timedelta(minutes=1), retry_count=3,
+                                 max_retries=3)
+    world.add_processed("inventory", world.add_outbox(OutboxState.CONSUMED))
+    monkeypatch.setattr(reconcile_checks, "clock_offset",
+                        lambda engine: ClockOffset(seconds=-1800.0, error=0.001))
+    # When
+    code, output = run(world, extra=("--stuck-after", "10m"))
+    # Then: one line saying how far, nothing failed
+    assert code == 2, output
+    line = error_line(output)
+    assert "--url" in line and "1800.0 s ahead of the database's" in line, line
+    assert world.row(in_flight).state == int(OutboxState.SENT)
+    # And a clock within the limit passes
+    monkeypatch.setattr(reconcile_checks, "clock_offset",
+                        lambda engine: ClockOffset(seconds=-20.0, error=0.001))
+    code, output = run(world, extra=("--stuck-after", "10m"))
+    assert code == 0, output
