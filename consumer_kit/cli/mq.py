@@ -6,9 +6,8 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_json
-from consumer_kit.cli.reconcile import duration_text
 from consumer_kit.cli.runtime import friendly_errors, require
-from consumer_kit.core.clock import parse_duration, unit_note, utcnow
+from consumer_kit.core.clock import duration_text, parse_duration, unit_note, utcnow
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.transports.sql import SqlTransport
 from consumer_kit.transports.sql.retention import PURGE_FLOOR

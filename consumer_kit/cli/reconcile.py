@@ -6,7 +6,6 @@ Exit codes: 0 clean, 3 when a threshold is crossed or a failure class is present
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ from consumer_kit.cli.reconcile_checks import (
 )
 from consumer_kit.cli.replicas import check_distinct_outboxes, check_replica
 from consumer_kit.cli.runtime import friendly_errors, require, writable_folder
-from consumer_kit.core.clock import parse_duration, utcnow
+from consumer_kit.core.clock import duration_text, parse_duration, utcnow
 from consumer_kit.core.db import check_tables, make_engine
 from consumer_kit.core.db_errors import describe
 from consumer_kit.core.errors import ConfigError
@@ -39,6 +38,7 @@ from consumer_kit.reconcile import (
     run_reconcile,
 )
 from consumer_kit.reconcile.model import (
+    DEDUPE_HORIZON,
     DEFAULT_BATCH_SIZE,
     DEFAULT_ENGINE,
     DEFAULT_MASTER,
@@ -48,19 +48,6 @@ from consumer_kit.reconcile.model import (
 )
 
 DEFAULT_OUTPUT = "ckit-out/reconcile"
-
-
-def duration_text(value: dt.timedelta) -> str:
-    """A whole duration in its largest exact unit, as `parse_duration` reads it back.
-
-    >>> duration_text(dt.timedelta(minutes=10)), duration_text(dt.timedelta(0))
-    ('10m', '0')
-    """
-    seconds = value.total_seconds()
-    for suffix, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds and seconds % size == 0:
-            return f"{int(seconds // size)}{suffix}"
-    return f"{seconds:g}"
 
 
 def reconcile(
@@ -78,6 +65,11 @@ def reconcile(
     receipt_table: str = options.receipt_table(),
     stuck_after: str = typer.Option(duration_text(DEFAULT_STUCK_AFTER), "--stuck-after",
                                     help="SENT (or leased) longer than this is stuck"),
+    dedupe_horizon: str = typer.Option(
+        duration_text(DEDUPE_HORIZON), "--dedupe-horizon",
+        help="a stuck message made longer ago than this is reported, never re-sent (its "
+             "processed rows may be purged): keep it under the consumers' processed-row "
+             "retention (ckit processed purge --older-than, 7d at least) less a day"),
     max_retries: int | None = typer.Option(
         None, "--max-retries", min=0,
         help="override every row's max_retries (re-sends allowed)"),
@@ -139,6 +131,7 @@ def reconcile(
         outbox_table=outbox_table,
         receipt_table=receipt_table,
         stuck_after=parse_duration(stuck_after, option="--stuck-after"),
+        dedupe_horizon=parse_duration(dedupe_horizon, option="--dedupe-horizon"),
         max_retries=max_retries,
         dry_run=dry_run,
         output_dir=output_dir,

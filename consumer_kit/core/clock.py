@@ -73,3 +73,16 @@ def unit_note(text: str) -> str:
         return ""
     return (f" (read as {raw} seconds: a number without a unit is seconds; days are "
             f"{raw}d)")
+
+
+def duration_text(value: dt.timedelta) -> str:
+    """A whole duration in its largest exact unit, as `parse_duration` reads it back.
+
+    >>> duration_text(dt.timedelta(minutes=10)), duration_text(dt.timedelta(0))
+    ('10m', '0')
+    """
+    seconds = value.total_seconds()
+    for suffix, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds and seconds % size == 0:
+            return f"{int(seconds // size)}{suffix}"
+    return f"{seconds:g}"

@@ -5,8 +5,10 @@ Both engines call `classify`; nothing else in the package decides what a row is.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Sequence
 
+from consumer_kit.core.clock import duration_text
 from consumer_kit.core.receipt import ReceiptOutcome
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.core.states import OutboxState
@@ -26,6 +28,7 @@ def classify(
     groups: Sequence[GroupSource],
     *,
     max_retries: int | None = None,
+    horizon: dt.timedelta = DEDUPE_HORIZON,
 ) -> Decision:
     """Classify one outbox row of the window.
 
@@ -75,8 +78,8 @@ def classify(
         return Decision(row=row, klass=RepairClass.BEYOND_DEDUPE, groups_missing=missing,
                         reason=_truncate(
                             f"not consumed by {', '.join(missing)}, made over "
-                            f"{DEDUPE_HORIZON.days} days ago: its processed rows may be purged, "
-                            "a re-send could apply it twice; not re-sent"))
+                            f"{duration_text(horizon)} ago (--dedupe-horizon): its processed "
+                            "rows may be purged, a re-send could apply it twice; not re-sent"))
     if row.retry_count < limit:
         return Decision(row=row, klass=RepairClass.RETRY, groups_missing=missing,
                         reason=_truncate(f"not consumed by {', '.join(missing)}; re-send "

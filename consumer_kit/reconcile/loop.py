@@ -41,7 +41,8 @@ def reconcile(source: Source) -> ReconcileSummary:
             sum(c.applied for a in appliers for c in a.result.counts.values()),
             "repair", "applied")):
         for row, evidence in source.window():
-            decision = classify(row, evidence, config.groups, max_retries=config.max_retries)
+            decision = classify(row, evidence, config.groups, max_retries=config.max_retries,
+                                horizon=config.dedupe_horizon)
             builder.decision(decision)
             appliers[row.shard].add(decision)
             done += 1

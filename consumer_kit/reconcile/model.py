@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from consumer_kit.core.clock import duration_text
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.identifiers import validate_identifier
 from consumer_kit.core.schema import (
@@ -198,6 +199,7 @@ class ReconcileConfig:
     in_list_max: int = DEFAULT_IN_LIST_MAX
     shards: tuple[str, ...] = ()
     read_urls: tuple[str, ...] = ()
+    dedupe_horizon: dt.timedelta = DEDUPE_HORIZON
 
     def __post_init__(self) -> None:
         if not self.producer_url:
@@ -219,6 +221,10 @@ class ReconcileConfig:
             raise ConfigError(f"unknown engine {self.engine!r} (use one of {', '.join(ENGINES)})")
         if self.stuck_after <= dt.timedelta(0):
             raise ConfigError("--stuck-after must be positive")
+        if self.dedupe_horizon <= self.stuck_after:
+            raise ConfigError(f"--dedupe-horizon {duration_text(self.dedupe_horizon)} must be "
+                              f"longer than --stuck-after {duration_text(self.stuck_after)}: "
+                              "every stuck message would be made before it, none re-sent")
         if self.max_retries is not None and self.max_retries < 0:
             raise ConfigError("--max-retries must be >= 0")
         if self.batch_size < 1:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 
 from consumer_kit.core.db import Engines
 from consumer_kit.reconcile.model import (
-    DEDUPE_HORIZON,
     Evidence,
     GroupSource,
     Orphan,
@@ -43,8 +42,9 @@ class Run:
 
     @property
     def horizon(self) -> dt.datetime:
-        """Rows made before this are never re-sent (`DEDUPE_HORIZON` before `now`)."""
-        return self.now - DEDUPE_HORIZON
+        """Rows made before this are never re-sent (`ReconcileConfig.dedupe_horizon`, by
+        default `DEDUPE_HORIZON`, before `now`)."""
+        return self.now - self.config.dedupe_horizon
 
 
 class Source(abc.ABC):

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.states import OutboxState
 from consumer_kit.processed import PURGE_FLOOR
 from consumer_kit.reconcile import EXIT_ALERT, RepairClass, run_reconcile
@@ -65,3 +68,26 @@ def test_a_message_older_than_the_purge_floor_is_reported_never_re_sent(
     assert (w.row(recent).state, w.row(recent).retry_count) == (OutboxState.PENDING, 1)
     assert w.row(spent).state == OutboxState.FAILED
     assert summary.classes[RepairClass.RETRY].found == 1
+
+
+def test_a_longer_dedupe_horizon_re_sends_what_the_consumers_still_dedupe(
+        world2: World, engine_name: str) -> None:
+    # Given consumers that keep processed rows 30 days, and a message made 8 days ago that
+    # inventory has no row of
+    w = world2
+    old = w.add_outbox(OutboxState.SENT, age=WEEK_AGO, retry_count=0, max_retries=3)
+    w.add_processed("billing", old, "SUCCEEDED", age=WEEK_AGO)
+    # When the reconciler runs with --dedupe-horizon 29d
+    summary = run_reconcile(w.config(engine_name, orphan_window=dt.timedelta(0),
+                                     dedupe_horizon=dt.timedelta(days=29)))
+    # Then it is re-sent, as a message inside the horizon is
+    assert (w.row(old).state, w.row(old).retry_count) == (OutboxState.PENDING, 1)
+    assert summary.classes[RepairClass.RETRY].found == 1
+    assert summary.classes[RepairClass.BEYOND_DEDUPE].found == 0
+
+
+def test_a_dedupe_horizon_not_past_stuck_after_is_refused(world2: World) -> None:
+    # a horizon inside the stuck window would leave every stuck message unsent
+    with pytest.raises(ConfigError, match="--dedupe-horizon 10m must be longer than "
+                                          "--stuck-after"):
+        world2.config("sql", dedupe_horizon=dt.timedelta(minutes=10))
