@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,8 @@ def evaluate(s: ReconcileSummary, t: Thresholds) -> list[str]:
 def write_output(s: ReconcileSummary, root: Path) -> Path:
     """Write `summary.json` and `samples/<class>.jsonl` into a new folder under `root`.
 
-    The folder is `root/run-<UTC time>`; `root/latest.json` is a copy of its summary.
+    The folder is `root/run-<UTC time>`; `root/latest.json` is a copy of its summary, replaced
+    whole (renamed over the last one), so a reader never sees half a summary.
     """
     run_dir = root / f"run-{s.now.strftime('%Y%m%dT%H%M%S%fZ')}"
     samples_dir = run_dir / "samples"
@@ -207,5 +209,12 @@ def write_output(s: ReconcileSummary, root: Path) -> Path:
                 fh.write(json.dumps(row, default=str, sort_keys=True) + "\n")
     text = json.dumps(s.to_dict(), default=str, indent=2, sort_keys=True)
     (run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
-    (root / "latest.json").write_text(text + "\n", encoding="utf-8")
+    # written beside it, then renamed over it: a monitor reading latest.json while a run ends
+    # (or after a disk filled mid-write) reads the last whole summary, never half of one
+    partial = root / f".latest.json.{os.getpid()}.tmp"
+    try:
+        partial.write_text(text + "\n", encoding="utf-8")
+        os.replace(partial, root / "latest.json")
+    finally:
+        partial.unlink(missing_ok=True)
     return run_dir

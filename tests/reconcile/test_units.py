@@ -202,3 +202,38 @@ def test_spark_reads_with_the_credentials_the_python_driver_would_use(
     src = to_jdbc(url)
     assert (src.properties.get("user"), src.properties.get("password")) == (user, password)
     assert password not in src.url and password not in src.display
+
+
+def test_latest_json_stays_the_last_whole_summary_when_a_write_fails_part_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime as dt
+    import errno
+    import json
+
+    from consumer_kit.reconcile.report import ReconcileSummary, write_output
+
+    def summary(at: int) -> ReconcileSummary:
+        now = dt.datetime(2026, 11, 29, 12, at)
+        return ReconcileSummary(engine="sql", dry_run=False, now=now, cutoff=now,
+                                producer="sqlite:///orders.db", groups=[])
+
+    # Given a run's summary in latest.json
+    write_output(summary(0), tmp_path)
+    first = (tmp_path / "latest.json").read_text()
+    # When the next run's write of it stops half way (a full disk)
+    real = Path.write_text
+
+    def half(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.name != "summary.json":
+            real(self, text[: len(text) // 2], encoding="utf-8")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, encoding="utf-8")
+
+    monkeypatch.setattr(Path, "write_text", half)
+    with pytest.raises(OSError):
+        write_output(summary(1), tmp_path)
+    monkeypatch.undo()
+    # Then a monitor still reads the last whole summary, and no partial file is left
+    assert (tmp_path / "latest.json").read_text() == first
+    assert json.loads(first)["now"].startswith("2026-11-29")
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["latest.json"]
