@@ -35,6 +35,7 @@ from outbox_producer.locked import CLAIM_MODES, LockedSender
 from outbox_producer.replica import DEFAULT_SWEEP_EVERY, ReplicaClaimer
 from outbox_producer.send_stats import SendStats, committed_part, unmarked_text
 from outbox_producer.sender import Sender
+from outbox_producer.shard_lock import ShardAnnouncement
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class Relay:
 
     Several relays (threads or processes) can run side by side: claims are row locks with
     SKIP LOCKED (MariaDB >= 10.6, MySQL 8, PostgreSQL) or an optimistic token claim (SQLite), so
-    no row is sent twice in the normal case. `shard` restricts a relay to `MOD(id, N) = i`.
+    no row is sent twice in the normal case. `shard` restricts a relay to `MOD(id, N) = i`
+    (`run` refuses it beside a running relay of the outbox with another N: `shard_lock`).
     `read_engine` (a read replica of `engine`) takes the scans for due rows and the backlog
     gauges; claims, sends and marks stay on `engine`, and a primary sweep every `sweep_every`
     seconds finds what a lagging replica hides (`outbox_producer.replica`).
@@ -207,6 +209,7 @@ class Relay:
         self._next_metrics = 0.0
         self.clock = ClockWatch(self.engine, lease, "relay", metrics.CLOCK_OFFSET.labels(
             metrics.database_label(self.engine)).set)
+        self.shards = ShardAnnouncement(self.engine, self.table, shard)  # peers share N
 
     def stop(self) -> None:
         """Ask `run` to return after the current batch (safe from a signal handler: `run`
@@ -240,9 +243,8 @@ class Relay:
             raise
         if not rows:
             return None
-        # oldest first, whatever order the claim came back in (PostgreSQL's UPDATE ... RETURNING
-        # keeps none): rows an outage released lead the next batch, where a success after
-        # them tells their topics' failures from an outage (`Sender.send_rows`)
+        # oldest first (PostgreSQL's RETURNING keeps no order): rows an outage released lead
+        # the next batch, where a success after them tells a failure from an outage (`Sender`)
         rows.sort(key=lambda row: row.id)
         return self.sender.send_rows(rows, pace=pace,
                                      deadline=send_deadline(started, self.claimer.lease))
@@ -256,26 +258,26 @@ class Relay:
         (with `claim="lock"` they were never written: the rolled-back rows are due at once).
         A database error that waiting cannot fix (`core.db_errors`: a schema, permission,
         integrity or trigger error) is raised at once, marked with what the batches before it
-        had sent (`core.progress.committed_before`).
+        had sent (`core.progress.committed_before`). A `shard` refused raises `ConfigError`.
 
         With `workers > 1` that many loops run on threads of this process; their claims never
-        overlap (row locks or claim tokens), so database round trips of one overlap the sends
-        and marks of another. The backlog gauges are refreshed when the loops start, every
-        METRICS_INTERVAL (by one loop), and once more when they have all returned.
+        overlap (row locks or claim tokens). The backlog gauges are refreshed when the loops
+        start, every METRICS_INTERVAL (by one loop), and once more when they have all returned.
 
         With `once`, FAILED rows (the slow retry) are claimed only when due by the start of
         the run: one that fails again, due again at once (`failed_retry_after` of 0), waits for
         the next run, so the run ends."""
+        self.shards.ensure()  # a running peer of another --shard N: refused, nothing claimed
         self.claimer.failed_due_by = utcnow() if once else None
         self.clock.check()  # warns when this host's clock would misjudge other relays' leases
-        # each loop's totals, kept as they grow: a database error that waiting cannot fix
-        # stops the run, and says what the batches before it had committed
+        # each loop's totals as they grow: an error that stops the run says what they committed
         self.progress = [RelayResult() for _ in range(self.workers)]
         try:
             with committed_on_error(lambda: RelayResult.total(self.progress).committed()):
                 return self._run(once, max_batches)
         finally:
             self.claimer.failed_due_by = None
+            self.shards.release()
             self._refresh_metrics()
 
     def _run(self, once: bool, max_batches: int | None) -> RelayResult:
@@ -374,8 +376,8 @@ class Relay:
         return result
 
     def _refresh_metrics_when_due(self) -> None:
-        """Refresh the gauges, and measure the clock again, if METRICS_INTERVAL has passed:
-        once per relay, not per loop (the first time: just after `run` measured it)."""
+        """Refresh the gauges, measure the clock and announce the shard again once per
+        METRICS_INTERVAL per relay, not per loop (the first time: just after `run` did)."""
         with self._metrics_lock:
             now = time.monotonic()
             if now < self._next_metrics:
@@ -384,6 +386,7 @@ class Relay:
         self._refresh_metrics()
         if not first:
             self.clock.check()
+            self.shards.ensure()  # (not yet taken: the database was down; lost: a restart)
 
     def _refresh_metrics(self) -> None:
         try:

@@ -1,0 +1,76 @@
+"""Relays of one outbox started with `--shard i/N` of different N: the rows of some `MOD(id, N)`
+are claimed by none of them (0/2 and 1/3 leave ids 3, 5, 9, 11 ... PENDING forever, every
+relay exiting 0). A sharded relay announces its N on the database while it runs and refuses,
+before any row moves, to start beside a running relay of another N (real MariaDB and
+PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import outbox_table
+from consumer_kit.core.states import OutboxState
+from outbox_producer import Relay, Shard
+from tests.conftest import Db
+from tests.producer.test_relay import publish_many
+from tests.recording import RecordingTransport
+
+
+def states(db: Db) -> dict[int, int]:
+    table = outbox_table(sa.MetaData(), db.names.outbox)
+    with db.engine.connect() as conn:
+        return {int(i): int(s) for i, s in conn.execute(sa.select(table.c.id, table.c.state))}
+
+
+def running(relay: Relay) -> threading.Thread:
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_relay_of_another_shard_count_than_a_running_peer_is_refused_before_any_row_moves(
+        server_db: Db) -> None:
+    # Given 12 due rows and a relay of --shard 0/2 running (it sent its 6)
+    publish_many(server_db, 12)
+    peer = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+                 shard=Shard(0, 2), idle_sleep=0.1)
+    thread = running(peer)
+    try:
+        deadline = time.monotonic() + 10
+        while sum(s == OutboxState.SENT for s in states(server_db).values()) < 6:
+            assert time.monotonic() < deadline, states(server_db)
+            time.sleep(0.05)
+        # When a relay of --shard 1/3 starts beside it
+        transport = RecordingTransport()
+        mismatched = Relay(server_db.engine, transport, table=server_db.names.outbox,
+                           shard=Shard(1, 3))
+        # Then it is refused with one line naming both shard specs, and sent nothing
+        with pytest.raises(ConfigError, match=r"--shard 1/3 .* --shard 0/2"):
+            mismatched.run_once()
+        assert transport.sent == []
+        # while a peer of the same N is welcome: it sends the other 6
+        same = RecordingTransport()
+        Relay(server_db.engine, same, table=server_db.names.outbox,
+              shard=Shard(1, 2)).run_once()
+        assert len(same.sent) == 6
+    finally:
+        peer.stop()
+        thread.join(10)
+    assert set(states(server_db).values()) == {int(OutboxState.SENT)}
+
+
+def test_the_shard_count_may_change_once_the_relays_of_the_old_one_stopped(
+        server_db: Db) -> None:
+    publish_many(server_db, 6)
+    Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+          shard=Shard(0, 2)).run_once()
+    transport = RecordingTransport()
+    for index in range(3):
+        Relay(server_db.engine, transport, table=server_db.names.outbox,
+              shard=Shard(index, 3)).run_once()
+    assert set(states(server_db).values()) == {int(OutboxState.SENT)}
