@@ -42,6 +42,7 @@ class ShardAnnouncement:
         self.engine, self.table, self.shard = engine, table, shard
         self.dialect = dialect_name(engine)
         self._conn: Connection | None = None
+        self._held = False  # (MariaDB: a peer of the same i/N may hold the name)
         key = f"{engine.url.database or ''}.{table.schema or ''}.{table.name}"
         self._key = zlib.crc32(key.encode()) & 0x7FFFFFFF
 
@@ -61,11 +62,12 @@ class ShardAnnouncement:
         if not self.active:
             return
         try:
-            if self._conn is not None:
+            if self._conn is not None and self._held:
                 self._conn.exec_driver_sql("SELECT 1")  # still there (a restart drops it)
                 self._conn.rollback()
                 return
-            self._conn = self.engine.connect()
+            if self._conn is None:
+                self._conn = self.engine.connect()
             peer = self._announce(self._conn)
         except sa.exc.DBAPIError as exc:
             self.release()
@@ -84,7 +86,7 @@ class ShardAnnouncement:
 
     def release(self) -> None:
         """Stop announcing (closing the connection ends its locks)."""
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._held = self._conn, None, False
         if conn is not None:
             try:
                 conn.invalidate()  # never back to the pool holding a lock
@@ -97,8 +99,9 @@ class ShardAnnouncement:
         assert self.shard is not None
         index, total = self.shard.index, self.shard.total
         if self.dialect == "postgresql":
-            conn.execute(sa.text("SELECT pg_try_advisory_lock_shared(:k, :v)"),
-                         {"k": self._key, "v": total * 65536 + index})
+            self._held = bool(conn.execute(
+                sa.text("SELECT pg_try_advisory_lock_shared(:k, :v)"),
+                {"k": self._key, "v": total * 65536 + index}).scalar())
             values = conn.execute(sa.text(
                 "SELECT DISTINCT objid FROM pg_locks WHERE locktype = 'advisory' AND "
                 "objsubid = 2 AND classid = :k AND granted AND database = "
@@ -108,7 +111,8 @@ class ShardAnnouncement:
             others = [(int(v) % 65536, int(v) // 65536) for v in values
                       if int(v) // 65536 != total]
             return min(others, key=lambda p: p[1]) if others else None
-        conn.execute(sa.text("SELECT GET_LOCK(:name, 0)"), {"name": self._name(total, index)})
+        self._held = conn.execute(sa.text("SELECT GET_LOCK(:name, 0)"),
+                                  {"name": self._name(total, index)}).scalar() == 1
         names = [(i, n) for n in range(1, MAX_PROBED + 1) if n != total for i in range(n)]
         for start in range(0, len(names), _PROBE_CHUNK):
             chunk = names[start:start + _PROBE_CHUNK]

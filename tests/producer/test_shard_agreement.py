@@ -74,3 +74,28 @@ def test_the_shard_count_may_change_once_the_relays_of_the_old_one_stopped(
         Relay(server_db.engine, transport, table=server_db.names.outbox,
               shard=Shard(index, 3)).run_once()
     assert set(states(server_db).values()) == {int(OutboxState.SENT)}
+
+
+def test_a_relay_of_a_shard_a_peer_also_runs_announces_it_once_that_peer_stopped(
+        server_db: Db) -> None:
+    # Given two relays of --shard 0/2 running (on MariaDB the second finds the name taken)
+    publish_many(server_db, 4)
+    first, second = (Relay(server_db.engine, RecordingTransport(),
+                           table=server_db.names.outbox, shard=Shard(0, 2), idle_sleep=0.1)
+                     for _ in range(2))
+    threads = [running(first)]
+    time.sleep(0.3)
+    threads.append(running(second))
+    time.sleep(0.3)
+    try:
+        # When the first stops, and the second's next metrics refresh announces again
+        first.stop()
+        threads[0].join(10)
+        second.shards.ensure()
+        # Then a relay of another N is still refused: the second 0/2 runs
+        with pytest.raises(ConfigError, match=r"runs with --shard 0/2"):
+            Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+                  shard=Shard(1, 3)).run_once()
+    finally:
+        second.stop()
+        threads[1].join(10)
