@@ -9,9 +9,10 @@ connection of its own: PostgreSQL a shared session advisory lock (key: the table
 takes its own first, then looks for a live relay of the same outbox with another N, and refuses
 (before the relay's first claim). MariaDB's named locks cannot be listed, so there the shard
 counts up to `MAX_PROBED` are looked for; a relay of the same `i/N` already holding the name
-is a peer that agrees. SQLite (one host, one file) is not checked; a database that does not
-answer is asked again at the relay's next metrics refresh (`Relay`), and a lost connection (a
-server restart) is taken again then.
+is a peer that agrees (a Galera cluster's named locks are per node: relays on two nodes are
+not checked against each other; nor are relays behind a pooler that shares server sessions).
+SQLite (one host, one file) is not checked. A database that does not answer is asked again at
+the relay's next metrics refresh (`Relay`), and a lost connection (a restart) is taken again.
 """
 
 from __future__ import annotations
