@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from consumer_kit.cli.runtime import OneLineGroup, configure_logging
+from consumer_kit.cli.runtime import OneLineGroup, configure_logging, one_value_options
 
 app = typer.Typer(
     name="ckit",
@@ -33,6 +33,7 @@ def _root(
 
 for _name in SUBCOMMAND_MODULES:
     importlib.import_module(f"consumer_kit.cli.{_name}").register(app)
+one_value_options(app)  # `--url A --url B` on a command of one database: refused, not B alone
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -124,7 +124,51 @@ class OneLineGroup(TyperGroup):
                                       standalone_mode, windows_expand_args, extra)
 
 
-class OneLineCommand(TyperCommand):
+#: options of one value whose repetition reads as "several" (`ckit relay` and `ckit reconcile`
+#: take several `--url`s), and what to do instead; other options keep click's last-one-wins
+#: (a wrapper script's default overridden further along the line)
+ONE_VALUE_OPTIONS = {
+    "--url": "works on one database (ckit relay and ckit reconcile take several); run it once "
+             "per database",
+    "--shard": "serves one shard i/N; run a relay per shard (or one without --shard for all)",
+}
+
+
+class OneValueCommand(TyperCommand):
+    """A `ckit` command that refuses an option of `ONE_VALUE_OPTIONS` given more than once:
+    click keeps the last silently, so `--url A --url B` on a command of one database did its
+    work on B alone and exited 0 (receipts applied to B, A's rows left SENT), and a relay
+    given `--shard 0/2 --shard 1/2` served 1/2 alone."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        except click.ClickException:
+            order = []  # (the parse below says what is wrong)
+        counts: dict[str, int] = {}
+        for param in order:
+            if isinstance(param, TyperOption) and not param.multiple:
+                for name in set(param.opts) & set(ONE_VALUE_OPTIONS):
+                    counts[name] = counts.get(name, 0) + 1
+        for name, count in counts.items():
+            if count > 1:
+                raise click.exceptions.UsageError(
+                    f"{name} given {count} times: ckit "
+                    f"{ctx.command_path.split(' ', 1)[-1]} {ONE_VALUE_OPTIONS[name]}", ctx)
+        return super().parse_args(ctx, args)
+
+
+def one_value_options(app: typer.Typer) -> None:
+    """Make every command of `app` and of its sub-apps a `OneValueCommand`."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):  # (typer's default)
+            info.cls = OneValueCommand
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            one_value_options(group.typer_instance)
+
+
+class OneLineCommand(OneValueCommand):
     """A single-command app (the spark-submit entry): usage errors as one line, with click's
     own `Error:` prefix, which scripts around spark-submit match."""
 
