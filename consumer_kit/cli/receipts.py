@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,9 +23,10 @@ from consumer_kit.cli.runtime import (
 )
 from consumer_kit.cli.topics import topics_held, unknown_topics
 from consumer_kit.cli.transports import open_for_processes
-from consumer_kit.core.db import check_tables
+from consumer_kit.core.db import any_row, check_tables
 from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.receipts_applier import ReceiptApplier
+from consumer_kit.core.receipts_shards import ShardedReceiptApplier
 from consumer_kit.transports.running import run_consumer
 from outbox_producer.receipts.consumer import ReceiptConsumer
 from outbox_producer.validation import check_producer
@@ -73,18 +75,21 @@ def expected_groups(pairs: list[str]) -> dict[str, list[str]]:
     return expected
 
 
-def check_expected_topics(db: sa.engine.Engine, table: sa.Table,
+def check_expected_topics(dbs: Sequence[sa.engine.Engine], table: sa.Table,
                           expected: dict[str, list[str]]) -> None:
-    """Refuse an `--expect` topic no row of the outbox `table` nor of its archive carries
-    while it holds rows (`topics.unknown_topics`): a misspelt topic leaves the one meant
-    without expected groups, so its rows turn CONSUMED on any one group's receipt.
+    """Refuse an `--expect` topic no row of the outbox `table` nor of its archive carries in
+    any of the producer databases `dbs` while they hold rows (`topics.unknown_topics`; a
+    database without rows has no say): a misspelt topic leaves the one meant without expected
+    groups, so its rows turn CONSUMED on any one group's receipt.
 
     Raises:
         ConfigError: naming the first such topic, the topics there, and --force.
     """
-    unknown = unknown_topics(db, table, expected)
+    with_rows = [db for db in dbs if any_row(db, table)]
+    unknown_in = [set(unknown_topics(db, table, expected)) for db in with_rows]
+    unknown = [t for t in expected if unknown_in and all(t in u for u in unknown_in)]
     if unknown:
-        topic = unknown[0]
+        topic, db = unknown[0], with_rows[0]
         raise ConfigError(
             f"--expect {topic}: no outbox row has topic {topic!r}, nor an archived one (topics "
             f"there: {topics_held(db, table)}): a misspelt topic leaves the one meant without "
@@ -94,7 +99,9 @@ def check_expected_topics(db: sa.engine.Engine, table: sa.Table,
 
 @friendly_errors
 def receipts(
-    url: str | None = options.url("SQLAlchemy URL of the producer database (env CKIT_DB_URL)"),
+    url: list[str] = options.urls("SQLAlchemy URL of the producer database; repeat it for a "
+                                  "sharded producer: each receipt goes to the database holding "
+                                  "its message (env CKIT_DB_URL, space separated)"),
     transport: str | None = options.transport(),
     mq_prefix: str = options.mq_prefix(),
     producer: str = options.producer(),
@@ -109,27 +116,31 @@ def receipts(
                                "no outbox row holds (nothing was published on it yet)"),
 ) -> None:
     """Apply receipts from the receipt topic: CONSUMED when every expected group consumed the
-    message, REJECTED when a group rejected it. A batch is applied before the broker is acked,
-    so a kill at any point loses nothing (applying it again changes nothing).
+    message, REJECTED when a group rejected it. Several --url (a sharded producer, one name):
+    each receipt goes to the database that holds its message. A batch is applied before the
+    broker is acked, so a kill at any point loses nothing (applying it again changes nothing).
 
     An --expect topic that no outbox row holds, nor an archived one, while the outbox holds
     rows of others, is refused as misspelt (its rows would turn CONSUMED on any one group's
     receipt) unless --force."""
     check_producer(producer)  # before anything is made: it names the topic and group
-    db = existing_database(url)
+    dbs = [existing_database(text) for text in url] or [existing_database(None)]
     expected = expected_groups(expect)
-    applier = ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
-                             expected_groups=expected)
-    check_tables(db, applier.table, applier.receipts)
+    appliers = [ReceiptApplier(db, table=outbox_table, receipt_table_name=receipt_table,
+                               expected_groups=expected) for db in dbs]
+    for part in appliers:
+        check_tables(part.engine, part.table, part.receipts)
+    applier = ShardedReceiptApplier(appliers)
     if not force:
-        check_expected_topics(db, applier.table, expected)
+        check_expected_topics(dbs, applier.table, expected)
     target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
                                 command="ckit receipts", mq_prefix=mq_prefix)
     worker = ReceiptConsumer(applier, target, producer=producer)
     stop = threading.Event()
     try:
         target.check()
-        warn_unless_producer_published(db, applier.table, producer)
+        for db in dbs:
+            warn_unless_producer_published(db, applier.table, producer)
         serve_metrics(metrics_port)
         on_shutdown(stop.set)
         run_consumer(worker.consumer(), stop, burst=burst, activity=worker.activity)

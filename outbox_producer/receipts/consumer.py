@@ -11,6 +11,7 @@ from consumer_kit.core.errors import ReceiptError
 from consumer_kit.core.messages import ConsumeStatus, Delivery, Subscription
 from consumer_kit.core.receipt import read_receipts, receipt_topic
 from consumer_kit.core.receipts_applier import ReceiptApplier, ReceiptResult
+from consumer_kit.core.receipts_shards import ShardedReceiptApplier
 from consumer_kit.transports.base import Consumer, Transport
 from consumer_kit.transports.running import Activity
 from outbox_producer import metrics
@@ -26,7 +27,8 @@ class ReceiptConsumer:
     dropped (it can never succeed: `malformed` counts them) while the batch's valid receipts
     are applied; a database error asks the broker to redeliver later."""
 
-    def __init__(self, applier: ReceiptApplier, transport: Transport, *, producer: str) -> None:
+    def __init__(self, applier: ReceiptApplier | ShardedReceiptApplier, transport: Transport,
+                 *, producer: str) -> None:
         self.applier = applier
         self.transport = transport
         self.topic = receipt_topic(check_producer(producer))
