@@ -155,8 +155,9 @@ class ReceiptApplier:
         if result.unknown:
             found = {row.message_id for row in rows}
             missing = [mid for mid in ids if mid not in found]
-            log.warning("receipts for %d message id(s) not in %s (another producer's, or "
-                        "archived): %s%s", len(missing), t.name,
+            log.warning("receipts for %d message id(s) not in %s (another producer's, "
+                        "another shard's of this producer: give ckit receipts every shard's "
+                        "--url; or archived): %s%s", len(missing), t.name,
                         ", ".join(missing[:UNKNOWN_LOGGED]),
                         " ..." if len(missing) > UNKNOWN_LOGGED else "")
         acked: dict[str, dict[str, Any]] = {}
