@@ -12,7 +12,12 @@ from typer.testing import CliRunner
 
 from consumer_kit.cli.main import app
 from consumer_kit.core.db import make_engine
-from consumer_kit.core.schema import TableNames, build_metadata, outbox_table
+from consumer_kit.core.schema import (
+    TableNames,
+    build_metadata,
+    outbox_archive_table,
+    outbox_table,
+)
 from consumer_kit.core.states import OutboxState
 from outbox_producer import Outbox
 from tests.cli import error_line
@@ -174,4 +179,58 @@ def test_a_read_url_with_an_empty_outbox_beside_a_primary_with_rows_is_warned_ab
     assert result.exit_code == 0, result.output
     assert "--read-url number 1 has no outbox row while --url number 1 has some" in \
         result.output
+    assert states(first) == {OutboxState.SENT}
+
+
+def test_a_read_url_holding_rows_its_primary_never_had_is_refused_before_any_row_moves(
+        tmp_path: Path) -> None:
+    # Given a producer database with 3 due rows, and as its --read-url a copy of it written to
+    # since (a promoted replica the application now writes to, another database that shares
+    # its oldest rows): its newest rows are in neither the primary's outbox nor its archive
+    first = producer_db(tmp_path / "a.db", 3)
+    shutil.copy(tmp_path / "a.db", tmp_path / "promoted.db")
+    promoted = f"sqlite:///{tmp_path / 'promoted.db'}"
+    engine = make_engine(promoted)
+    with engine.begin() as conn:
+        for k in range(2):
+            Outbox(engine, producer="orders").publish(conn, "T", {}, biz_type="t",
+                                                      biz_key=f"after-{k}")
+    engine.dispose()
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    # When the relay starts with it (it ran, exit 0: a replica is never ahead of its primary,
+    # and the rows only the copy holds were left to no relay)
+    result = runner.invoke(app, ["relay", "--url", first, "--read-url", promoted,
+                                 "--transport", f"sql+{mq}", "--once"])
+    # Then it stops with one line, before any row moves
+    assert result.exit_code == 2, result.output
+    assert "--read-url number 1 is not a replica of --url number 1" in error_line(result.output)
+    assert "neither in its outbox nor in its archive" in result.output
+    assert states(first) == {OutboxState.PENDING}
+    assert mq_messages(mq) == 0
+
+
+def test_a_read_url_lagging_behind_an_archive_on_its_primary_is_accepted(tmp_path: Path) -> None:
+    # Given a primary whose newest row was archived (moved to <outbox>_archive) since its
+    # replica copied it
+    first = producer_db(tmp_path / "a.db", 2)
+    shutil.copy(tmp_path / "a.db", tmp_path / "replica.db")
+    engine = make_engine(first)
+    outbox = outbox_table(sa.MetaData())
+    archive = outbox_archive_table(sa.MetaData(), "ckit_outbox_archive")
+    archive.create(engine, checkfirst=True)
+    with engine.begin() as conn:
+        newest = conn.execute(sa.select(outbox).order_by(outbox.c.id.desc()).limit(1)).one()
+        conn.execute(sa.insert(archive).values(
+            {c.name: getattr(newest, c.name) for c in archive.columns if c.name in newest._fields}))
+        conn.execute(sa.delete(outbox).where(outbox.c.id == newest.id))
+    engine.dispose()
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    result = runner.invoke(app, ["relay", "--url", first, "--read-url",
+                                 f"sqlite:///{tmp_path / 'replica.db'}", "--transport",
+                                 f"sql+{mq}", "--once"])
+    assert result.exit_code == 0, result.output
     assert states(first) == {OutboxState.SENT}

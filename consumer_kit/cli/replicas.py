@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from consumer_kit.core.db import check_tables
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.schema import outbox_archive_table
 from consumer_kit.core.sqlite_files import check_sqlite_path
 from outbox_producer.distinct import check_distinct_outboxes
 
@@ -24,7 +25,8 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
     not there, a missing outbox table, or another database's rows (pairs go by position, so two
     swapped ones are an easy slip): the replica's first and last rows must be rows of the
     primary holding the same message ids. A replica behind its primary passes (its rows are all
-    there); a row archived on the primary since is skipped, unless no sampled row is left.
+    there); a row archived on the primary since (in `<outbox>_archive`) is skipped, unless no
+    sampled row is left; one the primary never had (a promoted replica written to since) is not.
 
     Raises:
         ConfigError: the replica is not there or holds other rows.
@@ -54,6 +56,27 @@ def check_replica(primary: sa.engine.Engine, replica: sa.engine.Engine, outbox: 
             f"--read-url number {index + 1} is not a replica of --url number {index + 1}: its row "
             f"id {i} is message {m}, {'message ' + other if other else 'not there'} on the "
             "primary (the two lists pair by position: same order for both)")
+    gone = {i: m for i, m in rows.items() if i not in there}
+    never = sorted(set(gone.values()) - _archived(primary, outbox, list(gone.values())))
+    if never:
+        raise ConfigError(
+            f"--read-url number {index + 1} is not a replica of --url number {index + 1}: it "
+            f"holds message {never[0]}, which the primary has neither in its outbox nor in its "
+            "archive (a replica is never ahead of its primary: a promoted replica written to "
+            "since, or another database; rows written only there are left to no relay)")
+
+
+def _archived(primary: sa.engine.Engine, outbox: sa.Table, message_ids: list[str]) -> set[str]:
+    """Those of `message_ids` in the primary's `<outbox>_archive` (where `ckit outbox archive`
+    and `partitions rotate` move rows; none when it has no archive)."""
+    if not message_ids:
+        return set()
+    archive = outbox_archive_table(sa.MetaData(), f"{outbox.name}_archive")
+    if not sa.inspect(primary).has_table(archive.name):
+        return set()
+    with primary.connect() as conn:
+        return {str(m) for m in conn.execute(sa.select(archive.c.message_id).where(
+            archive.c.message_id.in_(message_ids))).scalars()}
 
 
 def _warn_if_primary_has_rows(primary: sa.engine.Engine, outbox: sa.Table, index: int) -> None:
