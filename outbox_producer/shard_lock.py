@@ -50,7 +50,8 @@ class ShardAnnouncement:
     @property
     def active(self) -> bool:
         """Whether there is anything to announce (a shard, on a server database)."""
-        return self.shard is not None and self.dialect in ("postgresql", "mysql")
+        return (self.shard is not None and self.dialect in ("postgresql", "mysql")
+                and self.shard.total < 32768)  # (PostgreSQL's key holds N and i in 32 bits)
 
     def ensure(self) -> None:
         """Announce this relay's shard if it is not yet (or no longer) held, and refuse a
