@@ -63,11 +63,15 @@ class ShardAnnouncement:
         """
         if not self.active:
             return
-        try:
-            if self._conn is not None and self._held:
+        if self._conn is not None and self._held:
+            try:
                 self._conn.exec_driver_sql("SELECT 1")  # still there (a restart drops it)
                 self._conn.rollback()
                 return
+            except sa.exc.DBAPIError as exc:  # lost: taken again below, or at the next call
+                log.debug("shard %s announcement lost: %s", self.shard, describe(exc))
+                self.release()
+        try:
             if self._conn is None:
                 self._conn = self.engine.connect()
             peer = self._announce(self._conn)

@@ -99,3 +99,30 @@ def test_a_relay_of_a_shard_a_peer_also_runs_announces_it_once_that_peer_stopped
     finally:
         second.stop()
         threads[1].join(10)
+
+
+def test_a_relay_whose_announcement_was_cut_off_announces_again(server_db: Db) -> None:
+    # Given a relay of --shard 0/2 announced, and its announcing session killed (a restart,
+    # a proxy's timeout)
+    relay = Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+                  shard=Shard(0, 2))
+    relay.shards.ensure()
+    held = relay.shards._conn
+    assert held is not None
+    postgres = server_db.kind == "postgresql"
+    session = held.exec_driver_sql(
+        "SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()").scalar()
+    held.rollback()
+    with server_db.engine.connect() as conn:
+        conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(session)})" if postgres
+                             else f"KILL CONNECTION {int(session)}")
+        conn.commit()
+    try:
+        # When its next metrics refresh checks the announcement
+        relay.shards.ensure()
+        # Then it holds it again: a relay of another N is refused
+        with pytest.raises(ConfigError, match=r"runs with --shard 0/2"):
+            Relay(server_db.engine, RecordingTransport(), table=server_db.names.outbox,
+                  shard=Shard(1, 3)).run_once()
+    finally:
+        relay.shards.release()
