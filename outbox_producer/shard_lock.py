@@ -43,6 +43,7 @@ class ShardAnnouncement:
         self.engine, self.table, self.shard = engine, table, shard
         self.dialect = dialect_name(engine)
         self._conn: Connection | None = None
+        self._engine: Engine | None = None
         self._held = False  # (MariaDB: a peer of the same i/N may hold the name)
         key = f"{engine.url.database or ''}.{table.schema or ''}.{table.name}"
         self._key = zlib.crc32(key.encode()) & 0x7FFFFFFF
@@ -73,7 +74,7 @@ class ShardAnnouncement:
                 self.release()
         try:
             if self._conn is None:
-                self._conn = self.engine.connect()
+                self._conn = self._own_engine().connect()
             peer = self._announce(self._conn)
         except sa.exc.DBAPIError as exc:
             self.release()
@@ -90,6 +91,15 @@ class ShardAnnouncement:
                 f"need the same N, else the rows of some MOD(id, N) are claimed by none (stop "
                 "the relays of the old N before starting those of the new)")
 
+    def _own_engine(self) -> Engine:
+        """An engine on a pool of its own, made like the relay's (same creator, connect
+        events): the announcement holds its connection for the whole run, which would leave a
+        caller's engine of one pooled connection none for the relay's claims."""
+        if self._engine is None:
+            self._engine = Engine(self.engine.pool.recreate(), self.engine.dialect,
+                                  self.engine.url)
+        return self._engine
+
     def release(self) -> None:
         """Stop announcing (closing the connection ends its locks)."""
         conn, self._conn, self._held = self._conn, None, False
@@ -99,6 +109,9 @@ class ShardAnnouncement:
                 conn.close()
             except sa.exc.SQLAlchemyError as exc:
                 log.debug("shard announcement: %s", exc)
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
 
     def _announce(self, conn: Connection) -> tuple[int, int] | None:
         """Take this relay's lock, then return a live peer's `(i, N)` of another N, if any."""

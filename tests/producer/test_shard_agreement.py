@@ -126,3 +126,19 @@ def test_a_relay_whose_announcement_was_cut_off_announces_again(server_db: Db) -
                   shard=Shard(1, 3)).run_once()
     finally:
         relay.shards.release()
+
+
+def test_a_sharded_relay_on_an_engine_of_one_pooled_connection_still_drains(
+        server_db: Db) -> None:
+    # Given a caller's engine with one pooled connection (and a short wait for it)
+    publish_many(server_db, 6)
+    engine = sa.create_engine(server_db.url, pool_size=1, max_overflow=0, pool_timeout=2)
+    transport = RecordingTransport()
+    try:
+        # When a sharded relay (whose announcement holds a connection all run) drains on it
+        result = Relay(engine, transport, table=server_db.names.outbox,
+                       shard=Shard(0, 1)).run(once=True)
+    finally:
+        engine.dispose()
+    # Then every row went out: the announcement's connection is not one of the caller's pool
+    assert len(transport.sent) == 6 and result.stats.sent == 6
