@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner, Result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,3 +28,20 @@ def error_line(output: str) -> str:
     assert lines[0].startswith("error: "), output
     assert "Traceback" not in output
     return lines[0]
+
+
+#: the environment `ckit` reads options from: a test of options must not see the shell's
+CKIT_ENV = ("CKIT_DB_URL", "CKIT_TRANSPORT", "CKIT_MQ_PREFIX")
+
+
+def without_ckit_env(monkeypatch: Any) -> None:
+    """Remove `CKIT_ENV` for the test (`monkeypatch`: pytest's fixture)."""
+    for name in CKIT_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def invoke(*args: str) -> Result:
+    """Run `ckit ARGS` in this process (typer's `CliRunner`)."""
+    from consumer_kit.cli.main import app
+
+    return CliRunner().invoke(app, list(args))

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from consumer_kit.cli.main import app
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
+from tests.cli import invoke, without_ckit_env
 from tests.conftest import Db
 
 SECRET_URL = "mysql+pymysql://u:SECRET@127.0.0.1:1/x"
@@ -27,11 +27,10 @@ SECRET_URL = "mysql+pymysql://u:SECRET@127.0.0.1:1/x"
 
 @pytest.fixture(autouse=True)
 def _no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CKIT_DB_URL", raising=False)
+    without_ckit_env(monkeypatch)
 
 
-def ckit(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+ckit = invoke
 
 
 def assert_one_error_line(result: Result, code: int, text: str) -> None:

@@ -13,26 +13,24 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from consumer_kit.cli.main import app
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.receipt import Receipt
 from consumer_kit.core.states import OutboxState
 from consumer_kit.receipts import TopicRoute
 from consumer_kit.transports import open_transport
 from outbox_producer import ops
+from tests.cli import invoke, without_ckit_env
 from tests.conftest import Db
 
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("CKIT_DB_URL", "CKIT_TRANSPORT", "CKIT_MQ_PREFIX"):
-        monkeypatch.delenv(name, raising=False)
+    without_ckit_env(monkeypatch)
 
 
-def ckit(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+ckit = invoke
 
 
 def sent(db: Db, topic: str, state: OutboxState = OutboxState.SENT) -> str:

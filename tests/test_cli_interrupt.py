@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 import consumer_kit.processed
 import outbox_producer.ops.archiving
-from consumer_kit.cli.main import app
 from consumer_kit.core.clock import utcnow
 from consumer_kit.core.states import OutboxState
 from outbox_producer import ops
+from tests.cli import invoke, without_ckit_env
 from tests.conftest import Db
 
 OLD = utcnow() - dt.timedelta(days=40)
@@ -29,11 +29,10 @@ OLD = utcnow() - dt.timedelta(days=40)
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CKIT_DB_URL", raising=False)
+    without_ckit_env(monkeypatch)
 
 
-def ckit(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+ckit = invoke
 
 
 def interrupt_at_first_pause(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:

@@ -20,7 +20,7 @@ from consumer_kit.core.receipt import Receipt, encode_receipts, receipt_topic
 from consumer_kit.core.schema import outbox_table, receipt_table
 from consumer_kit.core.states import OutboxState
 from consumer_kit.transports import open_transport
-from tests.test_cli_scale import producer_db, states
+from tests.test_cli_scale import producer_db, sql_transport, states
 
 
 def message_ids(url: str) -> list[str]:
@@ -47,9 +47,8 @@ def test_one_receipts_command_applies_each_receipt_to_the_shard_that_holds_its_m
     # batch answers messages of both (as a consumer's receipt sender batches them)
     first = producer_db(tmp_path / "orders_a.db", 3)
     second = producer_db(tmp_path / "orders_b.db", 2)
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     sent = runner.invoke(app, ["relay", "--url", first, "--url", second, "--transport",
                                f"sql+{mq}", "--once"])
     assert sent.exit_code == 0, sent.output

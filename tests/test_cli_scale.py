@@ -35,6 +35,23 @@ def producer_db(path: Path, rows: int) -> str:
     return url
 
 
+def sql_transport(tmp_path: Path) -> str:
+    """A SQL transport database in `tmp_path`, its tables made: its URL (without `sql+`)."""
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    assert CliRunner().invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    return mq
+
+
+def publish_more(url: str, prefix: str, n: int) -> None:
+    """Publish `n` more messages (biz keys `prefix-0`, ...) into the outbox at `url`."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for k in range(n):
+            Outbox(engine, producer="orders").publish(conn, "T", {}, biz_type="t",
+                                                      biz_key=f"{prefix}-{k}")
+    engine.dispose()
+
+
 def states(url: str) -> set[OutboxState]:
     engine = make_engine(url)
     t = outbox_table(sa.MetaData())
@@ -48,9 +65,8 @@ def test_one_relay_command_serves_several_producer_databases(tmp_path: Path) -> 
     # Given two producer databases with 7 and 5 due rows, and an SQL transport
     first = producer_db(tmp_path / "orders_a.db", 7)
     second = producer_db(tmp_path / "orders_b.db", 5)
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     # When one `ckit relay --once` is given both
     result = runner.invoke(app, ["relay", "--url", first, "--url", second, "--transport",
                                  f"sql+{mq}", "--once", "--json"])
@@ -82,9 +98,8 @@ def test_a_read_url_that_cannot_be_the_replica_is_refused_before_any_row_moves(
     first, second = producer_db(tmp_path / "a.db", 3), producer_db(tmp_path / "b.db", 3)
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     make_engine(empty).connect().close()
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     cases = {
         "missing file": ([first], [f"sqlite:///{tmp_path / 'typo.db'}"], "typo.db"),
         "no outbox": ([first], [empty], "ckit_outbox missing"),
@@ -126,16 +141,10 @@ def test_a_copy_of_a_producer_database_given_as_another_shard_is_refused_before_
     # backup) that lags it by 2 rows, and the SQL transport
     first = producer_db(tmp_path / "a.db", 4)
     shutil.copy(tmp_path / "a.db", tmp_path / "copy.db")
-    engine = make_engine(first)
-    with engine.begin() as conn:
-        for k in range(2):
-            Outbox(engine, producer="orders").publish(conn, "T", {}, biz_type="t",
-                                                      biz_key=f"late-{k}")
-    engine.dispose()
+    publish_more(first, "late", 2)
     copy = f"sqlite:///{tmp_path / 'copy.db'}"
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     # When one relay is given both as shards (in either order)
     for urls in ([first, copy], [copy, first]):
         result = runner.invoke(app, ["relay", "--url", urls[0], "--url", urls[1],
@@ -152,8 +161,7 @@ def test_a_copy_of_a_producer_database_given_as_another_shard_is_refused_before_
 def test_the_relay_refuses_a_producer_sqlite_file_that_is_not_there_without_making_it(
         tmp_path: Path) -> None:
     # Given the SQL transport and a producer URL naming a file that is not there (a typo)
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
-    assert CliRunner().invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    mq = sql_transport(tmp_path)
     # When the relay starts
     result = CliRunner().invoke(app, ["relay", "--url", f"sqlite:///{tmp_path / 'typo.db'}",
                                       "--transport", f"sql+{mq}", "--once"])
@@ -169,9 +177,8 @@ def test_a_read_url_with_an_empty_outbox_beside_a_primary_with_rows_is_warned_ab
     # outbox is empty (not refused: a new replica starts empty)
     first = producer_db(tmp_path / "a.db", 3)
     other = producer_db(tmp_path / "other.db", 0)
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     # When the relay runs once
     result = runner.invoke(app, ["relay", "--url", first, "--read-url", other, "--transport",
                                  f"sql+{mq}", "--once"])
@@ -190,15 +197,9 @@ def test_a_read_url_holding_rows_its_primary_never_had_is_refused_before_any_row
     first = producer_db(tmp_path / "a.db", 3)
     shutil.copy(tmp_path / "a.db", tmp_path / "promoted.db")
     promoted = f"sqlite:///{tmp_path / 'promoted.db'}"
-    engine = make_engine(promoted)
-    with engine.begin() as conn:
-        for k in range(2):
-            Outbox(engine, producer="orders").publish(conn, "T", {}, biz_type="t",
-                                                      biz_key=f"after-{k}")
-    engine.dispose()
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    publish_more(promoted, "after", 2)
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     # When the relay starts with it (it ran, exit 0: a replica is never ahead of its primary,
     # and the rows only the copy holds were left to no relay)
     result = runner.invoke(app, ["relay", "--url", first, "--read-url", promoted,
@@ -226,9 +227,8 @@ def test_a_read_url_lagging_behind_an_archive_on_its_primary_is_accepted(tmp_pat
             {c.name: getattr(newest, c.name) for c in archive.columns if c.name in newest._fields}))
         conn.execute(sa.delete(outbox).where(outbox.c.id == newest.id))
     engine.dispose()
-    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    mq = sql_transport(tmp_path)
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
     result = runner.invoke(app, ["relay", "--url", first, "--read-url",
                                  f"sqlite:///{tmp_path / 'replica.db'}", "--transport",
                                  f"sql+{mq}", "--once"])

@@ -11,20 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
 
-from consumer_kit.cli.main import app
+from tests.cli import invoke, without_ckit_env
 from tests.conftest import Db
 
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("CKIT_DB_URL", "CKIT_TRANSPORT", "CKIT_MQ_PREFIX"):
-        monkeypatch.delenv(name, raising=False)
+    without_ckit_env(monkeypatch)
 
 
-def ckit(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+ckit = invoke
 
 
 def test_each_floor_refusal_of_a_bare_number_says_it_was_read_as_seconds(

@@ -255,15 +255,22 @@ def test_a_copy_of_the_producer_database_that_lags_it_is_refused_as_another_shar
     assert world.row(stuck).state == int(OutboxState.SENT)
 
 
+def both_consume_order(w: World) -> str:
+    """billing and inventory both consume ORDER: their receipts of an earlier message are
+    back (its id)."""
+    earlier = w.add_outbox(OutboxState.CONSUMED)
+    for group in ("inventory", "billing"):
+        w.add_processed(group, earlier, age=dt.timedelta(hours=2))
+        w.add_ack(earlier, group, age=dt.timedelta(hours=2))
+    return earlier
+
+
 def test_a_group_left_out_whose_receipts_show_it_consumes_a_stuck_topic_is_refused(
         world2: World) -> None:
     # Given: billing and inventory both consume ORDER (their receipts of an earlier message are
     # back); a stuck message inventory processed and billing has not yet
     w = world2
-    earlier = w.add_outbox(OutboxState.CONSUMED)
-    for group in ("inventory", "billing"):
-        w.add_processed(group, earlier, age=dt.timedelta(hours=2))
-        w.add_ack(earlier, group, age=dt.timedelta(hours=2))
+    both_consume_order(w)
     stuck = w.add_outbox(OutboxState.SENT)
     w.add_processed("inventory", stuck)
     inventory = f"inventory={w.group_urls['inventory']}"
@@ -286,10 +293,7 @@ def test_a_group_whose_topics_leave_out_one_its_receipts_show_it_consumes_is_ref
     # Given: billing consumes ORDER too (its receipt is back); a stuck ORDER message inventory
     # processed and billing has not yet
     w = world2
-    earlier = w.add_outbox(OutboxState.CONSUMED)
-    for group in ("inventory", "billing"):
-        w.add_processed(group, earlier, age=dt.timedelta(hours=2))
-        w.add_ack(earlier, group, age=dt.timedelta(hours=2))
+    both_consume_order(w)
     w.add_outbox(OutboxState.CONSUMED, topic="PAYMENT")
     stuck = w.add_outbox(OutboxState.SENT)
     w.add_processed("inventory", stuck)
