@@ -53,6 +53,9 @@ def test_an_option_value_the_dialect_cannot_read_is_a_configuration_error() -> N
     ("mysql+pymysql://app:S3cr3t@127.0.0.1:1/orders?sslmode=require", "ssl_ca"),
     *([("postgresql+pg8000://app:S3cr3t@127.0.0.1:1/orders?sslmode=require", "ssl_context")]
       if len(DRIVERS) > 1 else []),
+    # psycopg's connect() takes any keyword (libpq's options): only another driver's TLS
+    # option is refused before connecting, libpq says itself what else it does not take
+    ("postgresql+psycopg://app:S3cr3t@127.0.0.1:1/orders?ssl_mode=REQUIRED", "sslmode"),
 ])
 def test_another_drivers_tls_option_is_refused_naming_what_this_driver_takes(
         url: str, instead: str) -> None:

@@ -4,7 +4,8 @@ SQLAlchemy hands the options of a URL's query string it does not read itself to 
 `connect()`. PyMySQL's takes named arguments only: `?chraset=utf8` failed at the first
 connection as `TypeError: Connection.__init__() got an unexpected keyword argument`, reported as
 a crash rather than as a configuration error. A driver whose `connect()` takes any keyword
-(psycopg and the libpq options, SQLite) is left to say itself what it refuses.
+(psycopg and the libpq options, SQLite) is left to say itself what it refuses, but for another
+driver's TLS option (mysqlclient's `ssl_mode` on psycopg), which is refused naming what it takes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from consumer_kit.core.urls import mask_url
 
 # Options of another driver a URL copied from elsewhere brings, and what this driver takes instead
 _INSTEAD = {
+    ("psycopg", "ssl_mode"): "psycopg takes libpq's sslmode (require, verify-full, ...) "
+                             "instead of mysqlclient's ssl_mode",
     ("pg8000", "sslmode"): "pg8000 takes an ssl.SSLContext as create_engine(connect_args="
                            "{'ssl_context': ...}) instead of libpq's sslmode",
     ("pymysql", "ssl_mode"): "PyMySQL takes ssl_ca, ssl_cert, ssl_key and ssl_verify_cert "
@@ -72,6 +75,8 @@ def check_connect_args(engine: Engine) -> None:
     if connect is None:
         return
     unknown = unknown_options(connect.__init__ if inspect.isclass(connect) else connect, params)
+    unknown += [name for name in params  # (a connect() of any keyword: its libpq says the rest)
+                if (dialect.driver, name) in _INSTEAD and name not in unknown]
     if unknown:
         listed = ", ".join(repr(name) for name in unknown)
         instead = [_INSTEAD[dialect.driver, name] for name in unknown
