@@ -33,14 +33,15 @@ def url(help_text: str = "SQLAlchemy URL of the database (env CKIT_DB_URL)") -> 
 
 def _one_url(value: str | None) -> str | None:
     """Refuse a value holding several URLs: CKIT_DB_URL may list a sharded producer's
-    databases, space separated, for `ckit relay` and `ckit reconcile`; a command working on one
-    database read the list as one URL (a database named 'orders postgresql+psycopg://...', a
-    SQLite folder 'a.db sqlite:'). A lone URL with a space (a SQLite path) still passes."""
+    databases, space separated, for `ckit relay`, `ckit receipts` and `ckit reconcile`; a
+    command working on one database read the list as one URL (a database named 'orders
+    postgresql+psycopg://...', a SQLite folder 'a.db sqlite:'). A lone URL with a space (a
+    SQLite path) still passes."""
     count = sum("://" in part for part in (value or "").split())
     if count > 1:
         raise typer.BadParameter(
-            f"{count} URLs separated by spaces (CKIT_DB_URL may list several for ckit relay "
-            "and ckit reconcile): this command works on one database, give it one --url")
+            f"{count} URLs separated by spaces (CKIT_DB_URL may list several for ckit relay, "
+            "receipts and reconcile): this command works on one database, give it one --url")
     return value
 
 

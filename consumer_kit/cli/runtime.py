@@ -124,12 +124,12 @@ class OneLineGroup(TyperGroup):
                                       standalone_mode, windows_expand_args, extra)
 
 
-#: options of one value whose repetition reads as "several" (`ckit relay` and `ckit reconcile`
-#: take several `--url`s), and what to do instead; other options keep click's last-one-wins
-#: (a wrapper script's default overridden further along the line)
+#: options of one value whose repetition reads as "several" (`ckit relay`, `ckit receipts` and
+#: `ckit reconcile` take several `--url`s), and what to do instead; other options keep click's
+#: last-one-wins (a wrapper script's default overridden further along the line)
 ONE_VALUE_OPTIONS = {
-    "--url": "works on one database (ckit relay and ckit reconcile take several); run it once "
-             "per database",
+    "--url": "works on one database (ckit relay, receipts and reconcile take several); run it "
+             "once per database",
     "--shard": "serves one shard i/N; run a relay per shard (or one without --shard for all)",
 }
 
