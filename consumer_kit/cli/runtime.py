@@ -137,7 +137,7 @@ ONE_VALUE_OPTIONS = {
 class OneValueCommand(TyperCommand):
     """A `ckit` command that refuses an option of `ONE_VALUE_OPTIONS` given more than once:
     click keeps the last silently, so `--url A --url B` on a command of one database did its
-    work on B alone and exited 0 (receipts applied to B, A's rows left SENT), and a relay
+    work on B alone and exited 0 (`outbox archive` left A's rows in place), and a relay
     given `--shard 0/2 --shard 1/2` served 1/2 alone."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
