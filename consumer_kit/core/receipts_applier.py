@@ -41,6 +41,7 @@ from consumer_kit.core.schema import (
     DEFAULT_OUTBOX_TABLE,
     DEFAULT_RECEIPT_TABLE,
     REASON_LEN,
+    check_outbox_names,
     outbox_table,
     receipt_table,
 )
@@ -81,7 +82,8 @@ class ReceiptApplier:
     Raises:
         ConfigError: `expected_groups` gives a topic one string, or a group that is not a
             non-empty string, instead of a list of group names (a string is a sequence of its
-            letters: the row would wait for groups "i", "n", "v", ... and never be CONSUMED).
+            letters: the row would wait for groups "i", "n", "v", ... and never be CONSUMED);
+            or `table`, its archive and `receipt_table_name` naming one table twice.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class ReceiptApplier:
         expected_groups: Mapping[str, Sequence[str]] | None = None,
         updated_by: str = "receipts",
     ) -> None:
+        check_outbox_names(table, receipt_table_name)
         self.engine = read_committed(make_engine(engine))
         metadata = sa.MetaData()
         self.table = outbox_table(metadata, table)

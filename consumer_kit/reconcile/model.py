@@ -21,6 +21,7 @@ from consumer_kit.core.schema import (
     DEFAULT_OUTBOX_TABLE,
     DEFAULT_PROCESSED_TABLE,
     DEFAULT_RECEIPT_TABLE,
+    check_outbox_names,
 )
 
 T = TypeVar("T")
@@ -217,6 +218,7 @@ class ReconcileConfig:
             raise ConfigError(f"consumer groups named twice: {sorted(names)}")
         validate_identifier(self.outbox_table, what="outbox table")
         validate_identifier(self.receipt_table, what="receipt table")
+        check_outbox_names(self.outbox_table, self.receipt_table)
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r} (use one of {', '.join(ENGINES)})")
         if self.stuck_after <= dt.timedelta(0):

@@ -17,6 +17,7 @@ from consumer_kit.core.schema.names import (
     MQ_TABLE_SUFFIXES,
     TableNames,
     check_distinct,
+    check_outbox_names,
 )
 from consumer_kit.core.schema.tables import (
     ProcessedStatus,
@@ -41,7 +42,8 @@ __all__ = [
     "BIZ_KEY_LEN", "BIZ_TYPE_LEN", "DEFAULT_MQ_PREFIX", "DEFAULT_OUTBOX_TABLE",
     "DEFAULT_PROCESSED_TABLE", "DEFAULT_RECEIPT_TABLE", "GROUP_LEN", "KEYS_LEN", "MESSAGE_ID_LEN",
     "MQ_TABLE_SUFFIXES", "NAME_LEN", "REASON_LEN", "TAGS_LEN", "TOPIC_LEN", "MqTables",
-    "ProcessedStatus", "TableNames", "build_metadata", "check_distinct", "mq_tables",
+    "ProcessedStatus", "TableNames", "build_metadata", "check_distinct",
+    "check_outbox_names", "mq_tables",
     "outbox_archive_table", "outbox_table", "processed_table", "receipt_table", "validate_prefix",
 ]
 

@@ -36,6 +36,17 @@ def check_distinct(tables: Mapping[str, str]) -> None:
         seen[name.lower()] = (what, name)
 
 
+def check_outbox_names(outbox: str, receipts: str) -> None:
+    """`check_distinct` for a command given the outbox and receipt tables only (`ckit
+    receipts`, `ckit reconcile`, the receipt applier): the outbox, its archive and its receipt
+    table must be three tables.
+
+    >>> check_outbox_names("orders", "orders_receipt")
+    """
+    check_distinct({"outbox table": outbox, "outbox archive table": f"{outbox}_archive",
+                    "receipt table": receipts})
+
+
 @dataclasses.dataclass(frozen=True)
 class TableNames:
     """Names of every table; each is validated as an SQL identifier."""
