@@ -68,3 +68,22 @@ def test_one_receipts_command_applies_each_receipt_to_the_shard_that_holds_its_m
     assert (report["consumed"], report["unknown"]) == (5, 1), report
     assert states(first) == states(second) == {OutboxState.CONSUMED}
     assert receipt_ids(first) == set(ids[first]) and receipt_ids(second) == set(ids[second])
+
+
+def test_receipts_given_one_outbox_as_two_shards_is_refused_naming_both(tmp_path: Path) -> None:
+    # Given a shard and a copy of it (a restored backup, a writable replica) given as another
+    # shard: each receipt would go to whichever is listed first, the other's rows left SENT
+    first = producer_db(tmp_path / "orders_a.db", 3)
+    copy = tmp_path / "orders_copy.db"
+    copy.write_bytes((tmp_path / "orders_a.db").read_bytes())
+    mq = f"sqlite:///{tmp_path / 'mq.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init", "--url", mq]).exit_code == 0
+    # When one `ckit receipts` is given both, as relay and reconcile would be
+    result = runner.invoke(app, ["receipts", "--url", f"sqlite:///{copy}", "--url", first,
+                                 "--producer", "orders", "--transport", f"sql+{mq}", "--burst"])
+    # Then it refuses in one line naming both, before any receipt is read
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert line.startswith("error: ") and len(line.splitlines()) == 1, result.stderr
+    assert "--url number 2" in line and "--url number 1" in line, line

@@ -13,6 +13,7 @@ import typer
 
 from consumer_kit.cli import options
 from consumer_kit.cli.output import print_totals
+from consumer_kit.cli.replicas import check_distinct_outboxes
 from consumer_kit.cli.runtime import (
     existing_database,
     fail_if_signalled,
@@ -122,7 +123,8 @@ def receipts(
 
     An --expect topic that no outbox row holds, nor an archived one, while the outbox holds
     rows of others, is refused as misspelt (its rows would turn CONSUMED on any one group's
-    receipt) unless --force."""
+    receipt) unless --force. Two --url that hold one outbox (one database twice, a copy of a
+    shard given as another) are refused."""
     check_producer(producer)  # before anything is made: it names the topic and group
     dbs = [existing_database(text) for text in url] or [existing_database(None)]
     expected = expected_groups(expect)
@@ -131,6 +133,9 @@ def receipts(
     for part in appliers:
         check_tables(part.engine, part.table, part.receipts)
     applier = ShardedReceiptApplier(appliers)
+    check_distinct_outboxes([part.engine for part in appliers], applier.table,
+                            harm="each of its receipts would go to the first alone, the "
+                                 "other's rows left SENT")
     if not force:
         check_expected_topics(dbs, applier.table, expected)
     target = open_for_processes(require(transport, "--transport", "CKIT_TRANSPORT"),
