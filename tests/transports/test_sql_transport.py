@@ -317,6 +317,35 @@ def test_two_consumers_promoting_the_same_due_messages_give_each_one_offset(
             k: list(range(heads[k])) for k in per_queue}
 
 
+def test_a_member_promotes_its_own_due_messages_however_many_are_due_on_other_queues(
+    transport: SqlTransport,
+) -> None:
+    # Given more due messages than one promotion takes on queue 1 (another member's, busy or
+    # killed), all due before the one message due on queue 0
+    topic = "promote_own_t"
+    transport.ensure_topic(topic)
+    past = utcnow() - dt.timedelta(seconds=60)
+
+    def scheduled(queue_id: int, n: int, at: dt.datetime) -> dict[str, object]:
+        return {"uniq_key": f"{queue_id}-{n}", "topic": topic, "queue_id": queue_id,
+                "queue_offset": None, "tags": None, "keys": None, "properties": None,
+                "body": b"x", "born_at": at, "deliver_at": at, "reconsume_times": 0,
+                "origin_group": None, "origin_topic": None}
+
+    others = [scheduled(1, n, past) for n in range(300)]
+    mine = scheduled(0, 0, past + dt.timedelta(seconds=30))
+    transport.db.run(lambda conn: transport.queue_log.schedule(conn, [*others, mine]),
+                     write=True, what="test")
+
+    # When the member owning queue 0 alone promotes
+    promoted = transport.promote_due([(topic, 0)])
+
+    # Then its message is in its queue, not held behind the other member's
+    assert promoted == 1
+    m = transport.tables.message
+    assert rows(transport, sa.select(m.c.queue_offset).where(m.c.uniq_key == "0-0")) == [(0,)]
+
+
 # -- consuming -----------------------------------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ call costs more than SQLite itself.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -50,6 +52,22 @@ class QueueLog:
                         ).rowcount != 1:
             raise TransportError(f"queue {row['topic']}/{row['queue_id']} moved under its lock")
         return int(offset)
+
+    def find_due(self, conn: sa.Connection, queues: Iterable[tuple[str, int]], now: dt.datetime,
+                 limit: int) -> Sequence[sa.Row[tuple[Any, ...]]]:
+        """(id, topic, queue_id) of up to `limit` scheduled messages of `queues` due by `now`,
+        the earliest first. Only of `queues`, not of their whole topics: due messages of other
+        members' queues (busy, or killed and still leased) held these back past `limit`."""
+        m = self.tables.message
+        per_topic: dict[str, list[int]] = {}
+        for topic, queue_id in sorted(set(queues)):
+            per_topic.setdefault(topic, []).append(queue_id)
+        mine = sa.or_(*(sa.and_(m.c.topic == topic, m.c.queue_id.in_(ids))
+                        for topic, ids in per_topic.items()))
+        return conn.execute(
+            sa.select(m.c.id, m.c.topic, m.c.queue_id)
+            .where(mine, m.c.queue_offset.is_(None), m.c.deliver_at <= now)
+            .order_by(m.c.deliver_at, m.c.id).limit(limit)).all()
 
     def promote(self, conn: sa.Connection, *, topic: str, queue_id: int, ids: list[int]) -> int:
         """Give the scheduled messages `ids` of one queue the next offsets, each with a guarded

@@ -270,14 +270,9 @@ class SqlTransport(Transport):
         wanted = set(queues)
         if not wanted:
             return 0
-        m = self.tables.message
         now = utcnow()
-        due = self.db.run(lambda conn: conn.execute(
-            sa.select(m.c.id, m.c.topic, m.c.queue_id)
-            .where(m.c.topic.in_(sorted({t for t, _ in wanted})), m.c.queue_offset.is_(None),
-                   m.c.deliver_at <= now)
-            .order_by(m.c.deliver_at, m.c.id).limit(limit)).all(),
-            write=False, what="find due messages")
+        due = self.db.run(lambda conn: self.queue_log.find_due(conn, wanted, now, limit),
+                          write=False, what="find due messages")
         by_queue: dict[tuple[str, int], list[int]] = {}
         for row_id, topic, queue_id in due:
             if (topic, queue_id) in wanted:
