@@ -202,6 +202,7 @@ class SqlConsumer(Consumer):
 
     def _rebalance(self) -> None:
         members = self.store.heartbeat()
+        self.store.check_subscriptions(self.expressions)
         heads = self.store.queues(self.expressions)
         wanted = allocate(list(heads), members, self.member_id)
         with self._cond:

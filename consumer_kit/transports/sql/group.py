@@ -33,6 +33,8 @@ QueueKey = tuple[str, int]
 
 #: seconds between two measurements of a member's clock against the database's
 CLOCK_CHECK_EVERY = 60.0
+#: seconds before a member warns again of a topic another member holds and it does not subscribe
+FOREIGN_TOPIC_WARN_EVERY = 600.0
 
 
 def new_member_id() -> str:
@@ -71,6 +73,7 @@ class GroupStore:
         self.lease = dt.timedelta(seconds=lease_seconds)
         self.clock = ClockWatch(db.engine, self.lease, f"SQL transport consumer of {group}")
         self._clock_due = 0.0
+        self._foreign_warned: dict[str, float] = {}  # topic -> monotonic time to warn again
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -99,6 +102,29 @@ class GroupStore:
             sa.select(mem.c.member_id).where(mem.c.consumer_group == self.group,
                                              mem.c.alive_until > now)).scalars().all(),
             write=False, what="list members"))
+
+    def check_subscriptions(self, topics: Iterable[str]) -> None:
+        """Warn when a live member of the group holds a queue of a topic outside `topics` (this
+        member's): the allocation shares every queue among all members, so the queues this
+        member is given of that topic, and the other member of ours, are consumed by no one.
+        Once per topic every `FOREIGN_TOPIC_WARN_EVERY` seconds."""
+        le = self.t.lease
+        now = utcnow()
+        held = self.db.run(lambda conn: conn.execute(
+            sa.select(le.c.topic, sa.func.min(le.c.owner)).where(
+                le.c.consumer_group == self.group, le.c.owner.is_not(None),
+                le.c.owner != self.member_id, le.c.lease_until > now,
+                le.c.topic.not_in(sorted(set(topics)))).group_by(le.c.topic)).all(),
+            write=False, what="read the group's leases")
+        for topic, owner in held:
+            if time.monotonic() < self._foreign_warned.get(topic, 0.0):
+                continue
+            self._foreign_warned[topic] = time.monotonic() + FOREIGN_TOPIC_WARN_EVERY
+            log.warning("consumer %s of group %s: member %s holds queues of topic %s, which this "
+                        "member does not subscribe: every member of a group must subscribe the "
+                        "same topics, or some queues of each are consumed by no one (a group "
+                        "name used by two apps, or a deploy still rolling out a listener)",
+                        self.member_id, self.group, owner, topic)
 
     def leave(self) -> None:
         """Remove this member, so the others take its queues at their next rebalance."""
