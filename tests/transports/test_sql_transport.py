@@ -17,6 +17,7 @@ from consumer_kit.core.clock import utcnow
 from consumer_kit.core.errors import (
     ConfigError,
     DuplicateKey,
+    MessageTooLarge,
     SchemaError,
     TransportError,
     TransportUnavailable,
@@ -226,6 +227,30 @@ def test_a_topic_another_process_creates_meanwhile_is_used_not_an_error(
         # When the second creates its queues too, Then it uses the first's (no error)
         assert second.queue_count("race_t") == 3
         assert raced
+
+
+@pytest.mark.mariadb
+def test_a_message_over_the_servers_max_allowed_packet_is_refused_not_an_outage() -> None:
+    # Given a MariaDB transport allowed bodies larger than the server takes in one statement
+    prefix = unique_prefix()
+    with SqlTransport(mariadb_url(), table_prefix=prefix, create_tables=True,
+                      max_body_bytes=256 * 1024 * 1024, unavailable_after=5) as t:
+        try:
+            packet = int(t.db.run(lambda conn: conn.exec_driver_sql(
+                "SELECT @@max_allowed_packet").scalar_one(), write=False, what="test"))
+            # a body over it, and one under it that escaping (NULs: two bytes each) takes over
+            for body in (b"x" * (packet + 1024), b"\0" * (packet // 2 + 1024)):
+                # When it is sent
+                started = time.monotonic()
+                with pytest.raises(MessageTooLarge) as refused:
+                    t.send(OutgoingMessage("packet_t", body))
+                # Then it is refused as this message's fault, at once, naming the setting
+                assert time.monotonic() - started < 2.0
+                assert "max_allowed_packet" in str(refused.value)
+            # and the next message goes through
+            assert t.send(OutgoingMessage("packet_t", b"small")).queue_offset == 0
+        finally:
+            drop_tables(t)
 
 
 @pytest.mark.parametrize("server", [pytest.param("mariadb", marks=pytest.mark.mariadb),

@@ -9,6 +9,7 @@ PostgreSQL: its default READ COMMITTED; errors are told apart by SQLSTATE.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -25,6 +26,7 @@ from consumer_kit.core.db_errors import is_duplicate, is_missing_table, is_trans
 from consumer_kit.core.errors import (
     ConfigError,
     DuplicateKey,
+    MessageTooLarge,
     SchemaError,
     TransportError,
     TransportUnavailable,
@@ -41,6 +43,10 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_UNAVAILABLE_AFTER = 30.0
 SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: bytes the MySQL drivers send as two (a backslash escape) inside a statement's literal
+MYSQL_ESCAPED = (b"\0", b"\n", b"\r", b"\x1a", b"'", b'"', b"\\")
+#: room in a statement for its text and every column but the body and the properties
+STATEMENT_SLACK = 16 * 1024
 
 class Database:
     """One engine and the retry policy around it. Thread-safe."""
@@ -99,6 +105,7 @@ class Database:
             self._write_lock = threading.Lock()
         else:
             self.writer = self.engine
+        self._max_packet: int | None = None  # MySQL/MariaDB: @@max_allowed_packet, once read
 
     @property
     def is_sqlite(self) -> bool:
@@ -149,6 +156,31 @@ class Database:
                              mask_text(str(error.orig)))
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.5)
+
+    def check_statement_size(self, body: bytes, properties: Mapping[str, str],
+                             text_chars: int) -> None:
+        """On MySQL/MariaDB, refuse a message whose insert would exceed the server's
+        `max_allowed_packet` (the body as the driver escapes it, the properties' JSON and
+        `text_chars` characters of tags and keys, escaped): the server drops the connection,
+        which looked like an outage (retried for `unavailable_after` seconds, then
+        TransportUnavailable) instead of this message's fault.
+
+        Raises:
+            MessageTooLarge: the statement would not fit.
+        """
+        if self.dialect not in ("mysql", "mariadb"):
+            return
+        if self._max_packet is None:
+            self._max_packet = int(self.run(lambda conn: conn.exec_driver_sql(
+                "SELECT @@max_allowed_packet").scalar_one(), write=False,
+                what="read max_allowed_packet"))
+        rest = 2 * (len(json.dumps(dict(properties)).encode()) + 4 * text_chars)
+        size = len(body) + sum(body.count(b) for b in MYSQL_ESCAPED) + rest + STATEMENT_SLACK
+        if size > self._max_packet:
+            raise MessageTooLarge(f"body of {len(body)} bytes does not fit the server's "
+                                  f"max_allowed_packet of {self._max_packet} bytes (about "
+                                  f"{size} with escaping and the other columns): raise "
+                                  "max_allowed_packet or lower max_body_bytes")
 
     def schema_error(self, detail: str) -> SchemaError:
         """The error for missing tables, saying which command creates them."""

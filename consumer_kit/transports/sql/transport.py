@@ -224,6 +224,8 @@ class SqlTransport(Transport):
             raise MessageRefused(f"tags (max {TAGS_LEN}) or keys (max {KEYS_LEN}, space "
                                  f"separated) too long: {len(message.tags or '')} and "
                                  f"{len(keys)} characters")
+        self.db.check_statement_size(message.body, message.properties,
+                                     len(message.tags or "") + len(keys))
         count = self.queue_count(message.topic)
         if message.sharding_key is not None:
             queue_id = zlib.crc32(message.sharding_key.encode()) % count
