@@ -202,7 +202,6 @@ class SqlConsumer(Consumer):
 
     def _rebalance(self) -> None:
         members = self.store.heartbeat()
-        self.store.check_subscriptions(self.expressions)
         heads = self.store.queues(self.expressions)
         wanted = allocate(list(heads), members, self.member_id)
         with self._cond:
@@ -225,6 +224,7 @@ class SqlConsumer(Consumer):
                     state.active = False
         self._wanted = wanted
         self._handover()
+        self.store.check_subscriptions(self.expressions)  # after the renewals: never delays them
 
     def _handover(self) -> None:
         """Give up inactive queues whose callbacks finished; try to take the missing wanted
