@@ -21,7 +21,7 @@ from consumer_kit.core.ddl import (
     split_statements,
 )
 from consumer_kit.core.errors import ConfigError
-from consumer_kit.core.schema import TableNames
+from consumer_kit.core.schema import TableNames, build_metadata
 from consumer_kit.core.states import OutboxState
 from tests import services
 from tests.conftest import Db
@@ -249,12 +249,41 @@ def test_a_table_option_naming_another_kind_of_table_is_not_called_an_older_vers
         # "made by an older consumer-kit ... run `ckit db init --upgrade`", advice that cannot
         # help (an upgrade cannot add a primary key to a table)
         said = str(caught.value)
-        assert f"{table.name} lacks" in said and "its primary key" in said, said
+        assert f"{table.name} lacks" in said and "which every version made" in said, said
         assert "not the table" in said and "older" not in said and "--upgrade" not in said
     with pytest.raises(SchemaError) as init:
         init_db(sqlite_db.engine, TableNames(outbox=names.processed, receipts=names.receipts,
                                              processed=names.outbox, mq_prefix=names.mq_prefix))
     assert "not the table" in str(init.value) and "--upgrade" not in str(init.value)
+
+
+def test_the_sql_transports_message_table_given_as_the_outbox_is_never_upgraded_into_one(
+        sqlite_db: Db) -> None:
+    from consumer_kit.core.db import check_tables
+    from consumer_kit.core.errors import SchemaError
+    from consumer_kit.core.schema import outbox_table
+
+    # Given the SQL transport's message table (it has an `id` primary key too) named where the
+    # outbox is expected (`--outbox-table ckit_mq_message`)
+    transport = build_metadata(sqlite_db.names).tables[f"{sqlite_db.names.mq_prefix}_message"]
+    transport.create(sqlite_db.engine, checkfirst=True)
+    before = {c["name"] for c in sa.inspect(sqlite_db.engine).get_columns(transport.name)}
+    wrong = outbox_table(sa.MetaData(), transport.name)
+    # When a command checks it / Then it is another table, not an older outbox to upgrade
+    with pytest.raises(SchemaError) as caught:
+        check_tables(sqlite_db.engine, wrong)
+    said = str(caught.value)
+    assert "message_id" in said and "not the table" in said and "--upgrade" not in said, said
+    # and an upgrade naming it so (with another --mq-prefix) refuses, adding no outbox column
+    # to the transport's table
+    with pytest.raises(SchemaError, match="not the table"):
+        init_db(sqlite_db.engine, TableNames(outbox=transport.name,
+                                             receipts=sqlite_db.names.receipts,
+                                             processed=sqlite_db.names.processed,
+                                             mq_prefix=f"{sqlite_db.names.mq_prefix}x"),
+                upgrade=True)
+    after = {c["name"] for c in sa.inspect(sqlite_db.engine).get_columns(transport.name)}
+    assert after == before
 
 
 def test_table_names_whose_index_names_would_be_too_long_are_refused_before_any_ddl(

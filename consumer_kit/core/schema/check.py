@@ -35,18 +35,26 @@ def describe_missing(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]
 
 def other_tables(lacking: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]
                  ) -> list[tuple[sa.Table, Sequence[sa.Column[Any]]]]:
-    """Those of `lacking` (`missing_columns`) that lack a column of their primary key. Every
-    consumer-kit version made its tables with their primary keys, so such a table is another
-    table (a table option naming the wrong one), not one an older version made: `ckit db init
-    --upgrade` could not mend it."""
-    return [(t, cols) for t, cols in lacking if any(c.primary_key for c in cols)]
+    """Those of `lacking` (`missing_columns`) that lack a column of their primary key or a
+    NOT NULL column without a default. Every consumer-kit version made its tables with those
+    (a column added later is nullable or has a default: `ckit db init --upgrade` adds it to
+    tables with rows), so such a table is another table (a table option naming the wrong one:
+    the processed table, the SQL transport's message table), not one an older version made:
+    an upgrade could not mend it, and must not try (it would add columns to another table)."""
+    return [(t, cols) for t, cols in lacking if any(_first_made(c) for c in cols)]
+
+
+def _first_made(column: sa.Column[Any]) -> bool:
+    return column.primary_key or (not column.nullable and column.server_default is None)
 
 
 def describe_other(found: Sequence[tuple[sa.Table, Sequence[sa.Column[Any]]]]) -> str:
     """The line for `other_tables`: what each lacks, and which options to check."""
-    return (f"{describe_missing(found)}, its primary key among them: not the table "
-            "consumer-kit expects under that name (a table option naming another table? check "
-            "--outbox-table, --receipt-table, --processed-table and --mq-prefix)")
+    firsts = sorted({c.name for _, cols in found for c in cols if _first_made(c)})
+    return (f"{describe_missing(found)}, among them {', '.join(firsts)}, which every version "
+            "made: not the table consumer-kit expects under that name (a table option naming "
+            "another table? check --outbox-table, --receipt-table, --processed-table and "
+            "--mq-prefix)")
 
 
 def server_collation(engine: Engine) -> str:
