@@ -139,6 +139,7 @@ class ConsumerApp:
         self._receipts: ReceiptSender | None = None
         self._lock = threading.RLock()
         self._redis_from_url: tuple[str, redis_lib.Redis] | None = None
+        self._dedupe: RedisDedupe | None = None
         self.activity = Activity()
 
     # -- declaring listeners ---------------------------------------------------------------
@@ -244,10 +245,17 @@ class ConsumerApp:
             return self._redis_from_url[1]
 
     def _redis(self) -> RedisDedupe | None:
+        """The Redis store (one per client: the start-up check degrades the one the pipeline
+        will claim with, without building the pipeline, whose receipt route needs the
+        transport `run` is given)."""
         client = self._redis_client()
         if client is None:
             return None
-        return RedisDedupe(client, self.group, lease=self.lease, done_ttl=self.done_ttl)
+        with self._lock:
+            if self._dedupe is None or self._dedupe.client is not client:
+                self._dedupe = RedisDedupe(client, self.group, lease=self.lease,
+                                           done_ttl=self.done_ttl)
+            return self._dedupe
 
     def _receipt_route(self) -> ReceiptRoute | None:
         if self.receipts is None or isinstance(self.receipts, str | ReceiptRoute):
@@ -323,7 +331,7 @@ class ConsumerApp:
                 where = mask_url(config) if isinstance(config, str) else "the given client"
                 log.warning("group %s: redis at %s unreachable at start (%s); the processed "
                             "table decides until it is back", self.group, where, exc)
-                redis_store = self.pipeline().redis
+                redis_store = self._redis()
                 if redis_store is not None:
                     redis_store.degrade("start", exc)
 
@@ -366,8 +374,8 @@ class ConsumerApp:
             self._receipts.close()
         if self._pipeline is not None:
             self._pipeline.close()
-            if self._pipeline.redis is not None:
-                self._pipeline.redis.close()
+        if self._dedupe is not None:  # the pipeline's, or made by `check` alone
+            self._dedupe.close()
         if self._transport is not None:
             self._transport.close()
         if self._redis_from_url is not None:  # ours, and no callback runs any more

@@ -1,0 +1,86 @@
+"""How `ConsumerApp` wires its configuration: the transport given to `run`, the Redis URL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from consumer_kit import ConsumerApp, Message
+from consumer_kit.core.messages import OutgoingMessage
+from consumer_kit.core.receipt import receipt_topic
+from consumer_kit.core.schema import processed_table
+from consumer_kit.transports.base import SendResult
+from consumer_kit.transports.memory import MemoryTransport
+
+#: nothing listens on port 1: Redis is down when the app starts
+REDIS_DOWN = "redis://127.0.0.1:1/0"
+
+
+class Recording(MemoryTransport):
+    """A memory transport that remembers the topics sent to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        self.sent.append(message.topic)
+        return super().send(message)
+
+
+def _app(tmp_path: Any, transport: MemoryTransport | None) -> ConsumerApp:
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/consumer.db")
+    processed_table(sa.MetaData(), "ckit_processed").create(engine)
+    app = ConsumerApp(group="wiring", db=engine, redis=REDIS_DOWN, transport=transport,
+                      receipts="topic")
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        pass
+
+    return app
+
+
+def _publish(transport: MemoryTransport) -> None:
+    transport.send(OutgoingMessage("ORDER_CREATED", b"{}",
+                                   properties={"ckit_id": "M1", "ckit_src": "orders"}))
+
+
+def test_receipts_go_to_the_transport_given_to_run_when_redis_is_down_at_start(
+        tmp_path: Any) -> None:
+    # Given an app built with one transport, run on another, Redis down at start
+    built, given = Recording(), Recording()
+    app = _app(tmp_path, built)
+    _publish(given)
+    # When
+    app.run(transport=given, burst=True, max_seconds=30)
+    app.close()
+    # Then the receipt went where the message came from, not to the constructor's transport
+    assert receipt_topic("orders") in given.sent
+    assert built.sent == []
+
+
+def test_an_app_without_a_transport_of_its_own_runs_on_the_one_given_when_redis_is_down(
+        tmp_path: Any) -> None:
+    # Given an app with no transport (it is given to run), Redis down at start
+    given = Recording()
+    app = _app(tmp_path, None)
+    _publish(given)
+    # When
+    app.run(transport=given, burst=True, max_seconds=30)
+    app.close()
+    # Then it starts (no "no transport configured") and the receipt goes there
+    assert app.pipeline().counts
+    assert receipt_topic("orders") in given.sent
+
+
+def test_redis_down_at_start_leaves_the_pipelines_store_degraded(tmp_path: Any) -> None:
+    # Given
+    app = _app(tmp_path, MemoryTransport())
+    # When
+    app.check()
+    # Then the store the pipeline claims with is the one the check degraded
+    redis = app.pipeline().redis
+    assert redis is not None and redis.degraded
+    app.close()
