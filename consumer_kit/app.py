@@ -21,7 +21,12 @@ from consumer_kit.core.sqlite_files import check_sqlite_path
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
 from consumer_kit.dedupe.packer import client_options
-from consumer_kit.dedupe.redis_store import DEFAULT_DONE_TTL, DEFAULT_LEASE, check_redis_times
+from consumer_kit.dedupe.redis_store import (
+    DEFAULT_DONE_TTL,
+    DEFAULT_LEASE,
+    check_redis_times,
+    check_redis_url,
+)
 from consumer_kit.dedupe.scripts import release_kept
 from consumer_kit.listeners import (
     DEFAULT_TIMEOUT,
@@ -116,6 +121,8 @@ class ConsumerApp:
         self.redis_claims = redis_claims
         self.group = group
         self.db = db
+        if isinstance(redis, str):
+            check_redis_url(redis)
         self.redis_config = redis
         self.transport_config = transport
         check_receipts(receipts)

@@ -12,11 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 
 from consumer_kit import metrics
 from consumer_kit.core.errors import ConfigError
+from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe.claims import BY_ANSWER, Claim, key_error
 from consumer_kit.dedupe.combining import Combiner
 from consumer_kit.dedupe.keys import done_key, lease_key
@@ -46,6 +48,29 @@ def check_redis_times(lease: object, done_ttl: object) -> None:
         if not isinstance(value, dt.timedelta) or value < MIN_REDIS_TTL:
             raise ConfigError(f"{name} must be a timedelta of at least "
                               f"{MIN_REDIS_TTL.total_seconds():g} s, not {value!r}")
+
+
+def check_redis_url(url: str) -> None:
+    """Refuse a Redis URL whose path redis-py would read as no database at all: it connects to
+    database 0 then, without a word (`redis://host/staging`, `/db1`, a raw `@` in the password
+    that makes the rest of the URL a path), so two apps meant apart share their keys.
+
+    Raises:
+        ConfigError: a `redis://` or `rediss://` URL with a path that is not a database number
+            and no `?db=`.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or "db" in parse_qs(parts.query):
+        return  # (redis-py refuses a scheme it does not know, and a `?db=` not a number)
+    path = unquote(parts.path).replace("/", "")  # as redis-py reads it
+    try:
+        if path:
+            int(path)
+    except ValueError:
+        raise ConfigError(f"redis URL {mask_url(url)!r}: its path is not a database number "
+                          "(redis-py would connect to database 0): use redis://host:port/N "
+                          "(a raw '@', ':' or '/' in the password is written %40, %3A, %2F)"
+                          ) from None
 
 
 class RedisDedupe:

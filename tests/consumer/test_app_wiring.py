@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from consumer_kit import ConsumerApp, Message
+from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.receipt import receipt_topic
 from consumer_kit.core.schema import processed_table
@@ -84,3 +86,29 @@ def test_redis_down_at_start_leaves_the_pipelines_store_degraded(tmp_path: Any) 
     redis = app.pipeline().redis
     assert redis is not None and redis.degraded
     app.close()
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:6379/staging",   # a path meant as a namespace
+    "redis://127.0.0.1:6379/db1",       # a database written as a name
+    "rediss://cache:6380/1x",           # a typo
+    "redis://:p@ss/w@127.0.0.1:6379/1",  # a raw @ in the password: host "ss", path "/w@..."
+])
+def test_a_redis_url_whose_path_is_no_database_number_is_refused(url: str) -> None:
+    # When / Then: redis-py reads such a path as no database at all, and connects to 0
+    with pytest.raises(ConfigError, match="database number") as err:
+        ConsumerApp(group="wiring", db="sqlite://", redis=url)
+    assert "p@ss" not in str(err.value) and "ss/w" not in str(err.value)
+
+
+@pytest.mark.parametrize(("url", "db"), [
+    ("redis://127.0.0.1:6379/2", 2), ("redis://127.0.0.1:6379", 0),
+    ("redis://127.0.0.1:6379/", 0), ("rediss://:p%40ss@cache:6380/3", 3),
+    ("redis://127.0.0.1:6379/0?db=5", 5), ("redis://127.0.0.1/?db=4", 4),
+    ("unix:///run/redis.sock?db=6", 6), ("unix:///run/redis.sock", 0),
+])
+def test_redis_urls_naming_their_database_are_accepted(url: str, db: int) -> None:
+    app = ConsumerApp(group="wiring", db="sqlite://", redis=url)
+    client = app._redis_client()
+    assert client is not None
+    assert client.connection_pool.connection_kwargs.get("db", 0) == db
