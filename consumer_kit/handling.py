@@ -20,7 +20,7 @@ from consumer_kit.calling import call, unwrapped
 from consumer_kit.control import InvalidBody, Reject, Retry, reason_of
 from consumer_kit.core import checkin, tracked
 from consumer_kit.core.db import causal_reads, is_galera_node
-from consumer_kit.core.db_errors import describe, is_conflict
+from consumer_kit.core.db_errors import describe, is_conflict, is_transient
 from consumer_kit.core.raised import describe_exception
 from consumer_kit.core.schema import REASON_LEN, ProcessedStatus
 from consumer_kit.dedupe import Claim, PendingClaim
@@ -306,7 +306,9 @@ class Handling:
         permanent = self.permanent + (listener.permanent if listener else ())
         if isinstance(exc, Reject):
             return self.reject(msg, reason_of(exc), receipt=receipt)
-        if isinstance(exc, permanent):
+        if isinstance(exc, permanent) and not (  # an outage, a lock timeout, a deadlock:
+                # never the message's fault, whatever `permanent_errors=` holds (`Exception`)
+                isinstance(exc, DBAPIError) and is_transient(exc, self.engine.dialect.name)):
             return self.reject(msg, describe_exception(exc), receipt=receipt)
         if isinstance(exc, Retry):
             wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
