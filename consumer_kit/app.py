@@ -123,6 +123,11 @@ class ConsumerApp:
         self.db = db
         if isinstance(redis, str):
             check_redis_url(redis)
+        elif redis is not None and not isinstance(redis, redis_lib.Redis):
+            # (an asyncio client's PING "answers" with a coroutine at start, then every claim
+            # fails and every message goes back to the broker)
+            raise ConfigError(f"redis= must be a Redis URL, a redis.Redis client or None, not "
+                              f"{type(redis).__module__}.{type(redis).__name__}")
         self.redis_config = redis
         self.transport_config = transport
         check_receipts(receipts)

@@ -112,3 +112,20 @@ def test_redis_urls_naming_their_database_are_accepted(url: str, db: int) -> Non
     client = app._redis_client()
     assert client is not None
     assert client.connection_pool.connection_kwargs.get("db", 0) == db
+
+
+def test_an_asyncio_redis_client_is_refused_when_the_app_is_made() -> None:
+    # Given a client whose calls return coroutines: its PING at start "answered" (a coroutine
+    # never awaited), then every claim failed and every message went back to the broker
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0")
+    # When / Then
+    with pytest.raises(ConfigError, match="redis="):
+        ConsumerApp(group="wiring", db="sqlite://", redis=client)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [True, 6379, b"redis://127.0.0.1:6379/0"])
+def test_a_redis_option_that_is_neither_url_client_nor_none_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="redis="):
+        ConsumerApp(group="wiring", db="sqlite://", redis=value)  # type: ignore[arg-type]
