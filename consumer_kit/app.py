@@ -113,8 +113,10 @@ class ConsumerApp:
         receipt_table: str | None = None,
         redis_claims: str = "every",
     ) -> None:
-        if not group or len(group) > GROUP_LEN:
-            raise ConfigError(f"invalid consumer group {group!r}")
+        if not isinstance(group, str) or not group or len(group) > GROUP_LEN \
+                or group != group.strip():  # (a newline read from an environment variable)
+            raise ConfigError(f"invalid consumer group {group!r}: text of 1 to {GROUP_LEN} "
+                              "characters, without surrounding whitespace")
         if redis_claims not in CLAIM_MODES:
             raise ConfigError(f"redis_claims must be one of {', '.join(CLAIM_MODES)}, "
                               f"not {redis_claims!r}")

@@ -129,3 +129,13 @@ def test_an_asyncio_redis_client_is_refused_when_the_app_is_made() -> None:
 def test_a_redis_option_that_is_neither_url_client_nor_none_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="redis="):
         ConsumerApp(group="wiring", db="sqlite://", redis=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("group", [b"inventory", "inventory\n", " inventory", 7])
+def test_a_group_that_is_not_plain_text_is_refused(group: object) -> None:
+    # bytes: its Redis keys read "{b'inventory'}" and every receipt failed after the handler
+    # committed (the message went back to the broker until its retries were spent); a newline
+    # from an environment variable: the processed rows and Redis keys of a group the other
+    # consumers of the same broker group never look at
+    with pytest.raises(ConfigError, match="consumer group"):
+        ConsumerApp(group=group, db="sqlite://")  # type: ignore[arg-type]
