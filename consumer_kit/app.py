@@ -20,12 +20,13 @@ from consumer_kit.core.schema import DEFAULT_PROCESSED_TABLE, GROUP_LEN, process
 from consumer_kit.core.sqlite_files import check_sqlite_path
 from consumer_kit.core.urls import mask_url
 from consumer_kit.dedupe import RecentlyDone, RedisDedupe
+from consumer_kit.dedupe.owner import check_owner, store_identity
 from consumer_kit.dedupe.packer import client_options
 from consumer_kit.dedupe.redis_store import (
     DEFAULT_DONE_TTL,
     DEFAULT_LEASE,
+    check_redis_option,
     check_redis_times,
-    check_redis_url,
 )
 from consumer_kit.dedupe.scripts import release_kept
 from consumer_kit.listeners import (
@@ -123,13 +124,7 @@ class ConsumerApp:
         self.redis_claims = redis_claims
         self.group = group
         self.db = db
-        if isinstance(redis, str):
-            check_redis_url(redis)
-        elif redis is not None and not isinstance(redis, redis_lib.Redis):
-            # (an asyncio client's PING "answers" with a coroutine at start, then every claim
-            # fails and every message goes back to the broker)
-            raise ConfigError(f"redis= must be a Redis URL, a redis.Redis client or None, not "
-                              f"{type(redis).__module__}.{type(redis).__name__}")
+        check_redis_option(redis)
         self.redis_config = redis
         self.transport_config = transport
         check_receipts(receipts)
@@ -348,6 +343,9 @@ class ConsumerApp:
                 redis_store = self._redis()
                 if redis_store is not None:
                     redis_store.degrade("start", exc)
+            else:  # two databases behind one group's keys: each acks the other's as duplicates
+                check_owner(client, self.group,
+                            store_identity(self.engine.url, self.processed_table), self.done_ttl)
 
     # -- running ---------------------------------------------------------------------------
 

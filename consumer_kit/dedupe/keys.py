@@ -13,3 +13,8 @@ def done_key(group: str, message_id: str) -> str:
 def lease_key(group: str, message_id: str) -> str:
     """Held while one consumer of `group` processes `message_id`."""
     return f"{PREFIX}:{{{group}}}:lease:{message_id}"
+
+
+def owner_key(group: str) -> str:
+    """Names the processed table whose consumers last started with `group`'s keys here."""
+    return f"{PREFIX}:{{{group}}}:owner"

@@ -50,15 +50,24 @@ def check_redis_times(lease: object, done_ttl: object) -> None:
                               f"{MIN_REDIS_TTL.total_seconds():g} s, not {value!r}")
 
 
-def check_redis_url(url: str) -> None:
-    """Refuse a Redis URL whose path redis-py would read as no database at all: it connects to
-    database 0 then, without a word (`redis://host/staging`, `/db1`, a raw `@` in the password
-    that makes the rest of the URL a path), so two apps meant apart share their keys.
+def check_redis_option(value: object) -> None:
+    """Refuse a `ConsumerApp(redis=...)` that could never work: neither a URL, a `redis.Redis`
+    client nor None (an asyncio client's PING "answers" with a coroutine at start, then every
+    claim fails and every message goes back to the broker), or a Redis URL whose path redis-py
+    would read as no database at all: it connects to database 0 then, without a word
+    (`redis://host/staging`, `/db1`, a raw `@` in the password that makes the rest of the URL
+    a path), so two apps meant apart share their keys.
 
     Raises:
-        ConfigError: a `redis://` or `rediss://` URL with a path that is not a database number
-            and no `?db=`.
+        ConfigError: such a value; a `redis://` or `rediss://` URL with a path that is not a
+            database number and no `?db=`.
     """
+    if value is None or isinstance(value, redis.Redis):
+        return
+    if not isinstance(value, str):
+        raise ConfigError(f"redis= must be a Redis URL, a redis.Redis client or None, not "
+                          f"{type(value).__module__}.{type(value).__name__}")
+    url = value
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or "db" in parse_qs(parts.query):
         return  # (redis-py refuses a scheme it does not know, and a `?db=` not a number)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import fakeredis
 import pytest
 import sqlalchemy as sa
 
@@ -139,3 +140,46 @@ def test_a_group_that_is_not_plain_text_is_refused(group: object) -> None:
     # consumers of the same broker group never look at
     with pytest.raises(ConfigError, match="consumer group"):
         ConsumerApp(group=group, db="sqlite://")  # type: ignore[arg-type]
+
+
+def _app_on(path: Any, client: Any, group: str = "wiring") -> ConsumerApp:
+    engine = sa.create_engine(f"sqlite:///{path}")
+    processed_table(sa.MetaData(), "ckit_processed").create(engine, checkfirst=True)
+    app = ConsumerApp(group=group, db=engine, redis=client, transport=MemoryTransport(),
+                      receipts=None)
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> None:
+        pass
+
+    return app
+
+
+def test_a_group_whose_redis_keys_another_database_uses_is_warned_about_at_start(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # Given one Redis database, and the same group consumed into a staging and a production
+    # database (a message one finishes is a duplicate to the other: acked, never run)
+    client = fakeredis.FakeRedis()
+    staging = _app_on(tmp_path / "staging.db", client)
+    production = _app_on(tmp_path / "production.db", client)
+    staging.check()
+    assert "share" not in caplog.text
+    # When
+    production.check()
+    # Then
+    assert "staging.db" in caplog.text and "production.db" in caplog.text
+    assert "redis://host:port/N" in caplog.text
+    for app in (staging, production):
+        app.close()
+
+
+def test_consumers_of_one_group_and_one_database_start_without_that_warning(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    client = fakeredis.FakeRedis()
+    first, second = (_app_on(tmp_path / "one.db", client) for _ in range(2))
+    other_group = _app_on(tmp_path / "two.db", client, group="other")
+    for app in (first, second, first, other_group):
+        app.check()
+    assert "share" not in caplog.text
+    for app in (first, second, other_group):
+        app.close()
