@@ -306,13 +306,13 @@ class Handling:
         permanent = self.permanent + (listener.permanent if listener else ())
         if isinstance(exc, Reject):
             return self.reject(msg, reason_of(exc), receipt=receipt)
-        if isinstance(exc, permanent) and not (  # an outage, a lock timeout, a deadlock:
-                # never the message's fault, whatever `permanent_errors=` holds (`Exception`)
-                isinstance(exc, DBAPIError) and is_transient(exc, self.engine.dialect.name)):
-            return self.reject(msg, describe_exception(exc), receipt=receipt)
-        if isinstance(exc, Retry):
+        if isinstance(exc, Retry):  # asked for, whatever `permanent_errors=` holds (Exception)
             wish = f" (asked for a delay of {exc.delay})" if exc.delay is not None else ""
             return Result(Outcome.RETRY, reason_of(exc) + wish)
+        if isinstance(exc, permanent) and not (  # an outage, a lock timeout, a deadlock:
+                # never the message's fault, whatever `permanent_errors=` holds
+                isinstance(exc, DBAPIError) and is_transient(exc, self.engine.dialect.name)):
+            return self.reject(msg, describe_exception(exc), receipt=receipt)
         name = listener.name if listener else "?"
         if isinstance(exc, DBAPIError):  # an outage, or the handler's own SQL (a missing table)
             log.warning("message %s: handler %s: database error, reconsume later: %s", msg.id,

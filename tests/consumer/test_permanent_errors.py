@@ -6,9 +6,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
-from consumer_kit import Message
+from consumer_kit import Message, Retry
 from consumer_kit.transports import ConsumeStatus
 from tests.consumer.conftest import Env, add_reservation, delivery
 
@@ -69,3 +70,22 @@ def test_a_listeners_permanent_sqlalchemy_error_still_rejects_what_waiting_canno
     # Then
     assert result.status is ConsumeStatus.CONSUME_SUCCESS
     assert [status for _, status, _ in env.processed()] == ["FAILED"]
+
+
+@pytest.mark.parametrize("asks", ["raises Retry", "returns RECONSUME_LATER"])
+def test_a_handler_asking_for_a_retry_is_retried_even_when_every_exception_is_permanent(
+        env: Env, asks: str) -> None:
+    # Given an app that rejects whatever its handlers raise (Retry is an Exception too)
+    app = env.app(permanent_errors=(Exception,))
+
+    @app.listener("ORDER_CREATED")
+    def reserve(msg: Message, session: Any) -> Any:
+        if asks == "raises Retry":
+            raise Retry("stock service busy")
+        return ConsumeStatus.RECONSUME_LATER
+
+    # When
+    result = app.process(delivery("M1"))
+    # Then it comes back later, as asked: not FAILED and acked
+    assert result.status is ConsumeStatus.RECONSUME_LATER, result
+    assert env.processed() == []
