@@ -345,7 +345,7 @@ class ConsumerApp:
                     redis_store.degrade("start", exc)
             else:  # two databases behind one group's keys: each acks the other's as duplicates
                 check_owner(client, self.group,
-                            store_identity(self.engine.url, self.processed_table), self.done_ttl)
+                            store_identity(self.engine, self.processed_table), self.done_ttl)
 
     # -- running ---------------------------------------------------------------------------
 

@@ -14,23 +14,39 @@ import logging
 import os
 
 import redis
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from consumer_kit.dedupe.keys import owner_key
 
 log = logging.getLogger(__name__)
 
 
-def store_identity(url: URL, table: str) -> str:
-    """Where a group's processed rows are: `backend://host:port/database table`, a SQLite file
-    by its absolute path; never a user or a password."""
-    backend = url.get_backend_name()
+def store_identity(engine: Engine, table: str) -> str:
+    """Where a group's processed rows are, as the database server says (the same through any
+    host name or proxy, and on every node of a Galera cluster): `backend server/database
+    table`; a SQLite file by its absolute path. Never a user or a password. A server that does
+    not say is named by the URL's host, port and database."""
+    url, backend = engine.url, engine.url.get_backend_name()
     if backend == "sqlite":
         path = url.database or ":memory:"
         where = path if path == ":memory:" or path.startswith("file:") else os.path.abspath(path)
-    else:
-        where = f"{url.host or ''}{f':{url.port}' if url.port else ''}/{url.database or ''}"
-    return f"{backend}://{where} {table}"
+        return f"sqlite {where} {table}"
+    try:
+        with engine.connect() as conn:
+            if backend == "mysql":
+                row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE "
+                                           "'wsrep_cluster_state_uuid'").first()
+                server = (f"galera cluster {row[1]}" if row is not None and row[1] else
+                          "{}:{}".format(*conn.exec_driver_sql("SELECT @@hostname, @@port").one()))
+            elif backend == "postgresql":
+                server = "system {}".format(conn.exec_driver_sql(
+                    "SELECT system_identifier FROM pg_control_system()").scalar())
+            else:
+                server = f"{url.host}:{url.port}"
+    except SQLAlchemyError:
+        server = f"{url.host}:{url.port}"
+    return f"{backend} {server}/{url.database} {table}"
 
 
 def check_owner(client: redis.Redis, group: str, identity: str, keep: dt.timedelta) -> None:

@@ -13,8 +13,10 @@ from consumer_kit.core.errors import ConfigError
 from consumer_kit.core.messages import OutgoingMessage
 from consumer_kit.core.receipt import receipt_topic
 from consumer_kit.core.schema import processed_table
+from consumer_kit.dedupe.owner import store_identity
 from consumer_kit.transports.base import SendResult
 from consumer_kit.transports.memory import MemoryTransport
+from tests import services
 
 #: nothing listens on port 1: Redis is down when the app starts
 REDIS_DOWN = "redis://127.0.0.1:1/0"
@@ -183,3 +185,36 @@ def test_consumers_of_one_group_and_one_database_start_without_that_warning(
     assert "share" not in caplog.text
     for app in (first, second, other_group):
         app.close()
+
+
+def _identity(url: str) -> str:
+    engine = sa.create_engine(url)
+    try:
+        return store_identity(engine, "ckit_processed")
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.mariadb
+def test_one_mariadb_database_is_one_owner_by_any_address_and_two_are_two() -> None:
+    services.require("mariadb", services.ping_mysql)
+    one = _identity(services.mysql_url())
+    assert _identity(services.mysql_url().replace("127.0.0.1", "localhost")) == one
+    assert _identity(services.mysql_url2()) != one
+    assert "ckit:" not in one and "@" not in one  # no user, no password
+
+
+@pytest.mark.mariadb
+def test_every_node_of_a_galera_cluster_is_one_owner() -> None:
+    url1, url2 = services.mysql_galera_url(), services.mysql_galera_url2()
+    services.require("mariadb galera", lambda: services.ping_mysql(url1))
+    services.require("mariadb galera node 2", lambda: services.ping_mysql(url2))
+    assert _identity(url1) == _identity(url2)
+
+
+@pytest.mark.postgresql
+def test_one_postgresql_database_is_one_owner_by_any_address_and_two_are_two() -> None:
+    services.require("postgresql", services.ping_postgres)
+    one = _identity(services.pg_url())
+    assert _identity(services.pg_url().replace("127.0.0.1", "localhost")) == one
+    assert _identity(services.pg_url2()) != one
