@@ -58,13 +58,14 @@ def partitioned_outbox_table(metadata: sa.MetaData, name: str) -> sa.Table:
     )
 
 
-def drop_made(engine: Engine, outbox: str) -> None:
+def drop_made(engine: Engine, outbox: str, *, keys: bool = True) -> None:
     """Drop what a failed `create` made of a partitioned outbox: MySQL and MariaDB commit each
     CREATE and ALTER by itself, so the outbox table (maybe unpartitioned, or without its key
     trigger) and its key table stay behind the error, and a second `create` would refuse the
     table. Only while the outbox is empty: a row in it was published by someone, and is kept.
+    `keys`: the key table too (False when it was there before `create`: not its to drop).
     """
-    keys = validate_identifier(f"{outbox}_key")
+    key_name = validate_identifier(f"{outbox}_key")
     inspector = sa.inspect(engine)
     if not inspector.has_table(outbox):
         return
@@ -72,4 +73,5 @@ def drop_made(engine: Engine, outbox: str) -> None:
         if conn.exec_driver_sql(f"SELECT 1 FROM {outbox} LIMIT 1").first() is not None:
             return
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {outbox}")  # its trigger with it
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {keys}")
+        if keys:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {key_name}")

@@ -150,6 +150,7 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
     days = [day + dt.timedelta(days=i) for i in range(days_ahead + 1)]
     parts = ", ".join(f"PARTITION {day_name(d)} VALUES LESS THAN ('{_day_bound(d)}')"
                       for d in days)
+    keys_there = sa.inspect(engine).has_table(keys.name)  # (then never dropped on failure)
     try:
         with engine.begin() as conn:
             outbox.create(conn)
@@ -161,7 +162,7 @@ def create(engine: Engine, tables: OutboxTables, *, days_ahead: int = DEFAULT_DA
         # each statement committed by itself: none may stay (unless the database is away
         # too: the first error is the one to say)
         with contextlib.suppress(Exception):
-            drop_made(engine, name)
+            drop_made(engine, name, keys=not keys_there)
         raise
     tables.receipts.create(engine, checkfirst=True)
     tables.archive.create(engine, checkfirst=True)

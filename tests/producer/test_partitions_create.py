@@ -66,3 +66,23 @@ def test_a_create_that_fails_after_its_table_leaves_no_table_and_can_run_again(
     code, output = create(mariadb, names)
     assert code == 0, output
     assert made(mariadb, names) == [names.outbox, f"{names.outbox}_key"]
+
+
+@pytest.mark.mariadb
+def test_a_failed_create_keeps_a_key_table_that_was_there_before_it(
+        mariadb: Db, names: TableNames, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the outbox's key table there already, holding a row (the create takes it as it is)
+    key = f"{names.outbox}_key"
+    with mariadb.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {key} (biz_type VARCHAR(64) NOT NULL, biz_key "
+                             "VARCHAR(128) NOT NULL, message_id VARCHAR(64) NOT NULL, "
+                             "PRIMARY KEY (biz_type, biz_key))")
+        conn.exec_driver_sql(f"INSERT INTO {key} VALUES ('order', '1', 'm1')")
+    # When a create fails after its own table (the trigger refused)
+    monkeypatch.setattr(parts, "key_trigger", lambda outbox: "CREATE TRIGGER no way")
+    code, output = create(mariadb, names)
+    # Then what it made is gone, and the key table it did not make is kept with its row
+    assert code == 2, output
+    assert made(mariadb, names) == [key]
+    with mariadb.engine.connect() as conn:
+        assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {key}").scalar() == 1
