@@ -4,13 +4,15 @@ runs on as if all were well (the usual slip: a shard count changed on some hosts
 relay of the old count still running).
 
 `ShardAnnouncement` makes a sharded relay say its `i/N` on its database while it runs, on a
-connection of its own: PostgreSQL a shared session advisory lock (key: the table's name, and
-`N`, `i`), MariaDB/MySQL a named lock (`GET_LOCK`; names per database, table, `N` and `i`). It
-takes its own first, then looks for a live relay of the same outbox with another N, and refuses
-(before the relay's first claim). MariaDB's named locks cannot be listed, so there the shard
-counts up to `MAX_PROBED` are looked for; a relay of the same `i/N` already holding the name
-is a peer that agrees (a Galera cluster's named locks are per node: relays on two nodes are
-not checked against each other; nor are relays behind a pooler that shares server sessions).
+connection of its own: PostgreSQL a shared session advisory lock (key: the table's oid, as the
+session's search_path finds it, and `N`, `i`), MariaDB/MySQL a named lock (`GET_LOCK`; names
+per database, table, `N` and `i`). It takes its own first, then looks for a live relay of the
+same outbox with another N, and refuses (before the relay's first claim), naming the session
+that holds the peer's lock: a pooler in transaction mode keeps a session lock with its server
+session after the relay stopped, and a host that died keeps it until the server notices.
+MariaDB's named locks cannot be listed, so there the shard counts up to `MAX_PROBED` are looked
+for; a relay of the same `i/N` already holding the name is a peer that agrees (a Galera
+cluster's named locks are per node: relays on two nodes are not checked against each other).
 SQLite (one host, one file) is not checked. A database that does not answer is asked again at
 the relay's next metrics refresh (`Relay`), and a lost connection (a restart) is taken again.
 """
@@ -44,6 +46,7 @@ class ShardAnnouncement:
         self.dialect = dialect_name(engine)
         self._conn: Connection | None = None
         self._engine: Engine | None = None
+        self.holder = "?"  # who holds a peer's lock, for the refusal
         self._held = False  # (MariaDB: a peer of the same i/N may hold the name)
         key = f"{engine.url.database or ''}.{table.schema or ''}.{table.name}"
         self._key = zlib.crc32(key.encode()) & 0x7FFFFFFF
@@ -87,9 +90,10 @@ class ShardAnnouncement:
             assert self.shard is not None
             raise ConfigError(
                 f"--shard {self.shard.index}/{self.shard.total} refused: a relay of outbox "
-                f"{self.table.name} runs with --shard {peer[0]}/{peer[1]}; relays of one outbox "
-                f"need the same N, else the rows of some MOD(id, N) are claimed by none (stop "
-                "the relays of the old N before starting those of the new)")
+                f"{self.table.name} runs with --shard {peer[0]}/{peer[1]} (its lock held by "
+                f"{self.holder}); relays of one outbox need the same N, else the rows of some "
+                "MOD(id, N) are claimed by none (stop the relays of the old N before starting "
+                "those of the new)")
 
     def _own_engine(self) -> Engine:
         """An engine on a pool of its own, made like the relay's (same creator, connect
@@ -118,18 +122,29 @@ class ShardAnnouncement:
         assert self.shard is not None
         index, total = self.shard.index, self.shard.total
         if self.dialect == "postgresql":
+            # the table itself, as this session's search_path finds it: two services' outboxes
+            # of one name in schemas of their own are two tables
+            name = ".".join(self.engine.dialect.identifier_preparer.quote(part) for part in
+                            (self.table.schema, self.table.name) if part)
+            oid = conn.execute(sa.text("SELECT to_regclass(:n)::oid"), {"n": name}).scalar()
+            key = int(oid) & 0x7FFFFFFF if oid is not None else self._key
             self._held = bool(conn.execute(
                 sa.text("SELECT pg_try_advisory_lock_shared(:k, :v)"),
-                {"k": self._key, "v": total * 65536 + index}).scalar())
-            values = conn.execute(sa.text(
-                "SELECT DISTINCT objid FROM pg_locks WHERE locktype = 'advisory' AND "
+                {"k": key, "v": total * 65536 + index}).scalar())
+            found = conn.execute(sa.text(
+                "SELECT objid, min(pid) FROM pg_locks WHERE locktype = 'advisory' AND "
                 "objsubid = 2 AND classid = :k AND granted AND database = "
-                "(SELECT oid FROM pg_database WHERE datname = current_database())"),
-                {"k": self._key}).scalars().all()
+                "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "GROUP BY objid"), {"k": key}).all()
             conn.rollback()  # (a session lock outlives the transaction)
-            others = [(int(v) % 65536, int(v) // 65536) for v in values
+            others = [(int(v) % 65536, int(v) // 65536, int(pid)) for v, pid in found
                       if int(v) // 65536 != total]
-            return min(others, key=lambda p: p[1]) if others else None
+            if not others:
+                return None
+            i, n, pid = min(others, key=lambda p: p[1])
+            self.holder = (f"PostgreSQL backend pid {pid}: if no relay runs there (a pooler "
+                           f"kept its session, a host died), SELECT pg_terminate_backend({pid})")
+            return i, n
         self._held = conn.execute(sa.text("SELECT GET_LOCK(:name, 0)"),
                                   {"name": self._name(total, index)}).scalar() == 1
         names = [(i, n) for n in range(1, MAX_PROBED + 1) if n != total for i in range(n)]
@@ -141,6 +156,8 @@ class ShardAnnouncement:
             for (i, n), holder in zip(chunk, used):
                 if holder is not None:
                     conn.rollback()
+                    self.holder = (f"connection {holder}: if no relay runs there (a host "
+                                   f"died), KILL {holder}")
                     return i, n
         conn.rollback()
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -49,9 +50,13 @@ def test_a_relay_of_another_shard_count_than_a_running_peer_is_refused_before_an
         transport = RecordingTransport()
         mismatched = Relay(server_db.engine, transport, table=server_db.names.outbox,
                            shard=Shard(1, 3))
-        # Then it is refused with one line naming both shard specs, and sent nothing
-        with pytest.raises(ConfigError, match=r"--shard 1/3 .* --shard 0/2"):
+        # Then it is refused with one line naming both shard specs and the session holding
+        # the peer's lock (a pooler or a dead host may keep it: the line says how to end it),
+        # and sent nothing
+        with pytest.raises(ConfigError, match=r"--shard 1/3 .* --shard 0/2") as refused:
             mismatched.run_once()
+        assert ("pg_terminate_backend(" if server_db.kind == "postgresql" else "KILL ") in str(
+            refused.value), refused.value
         assert transport.sent == []
         # while a peer of the same N is welcome: it sends the other 6
         same = RecordingTransport()
@@ -142,3 +147,43 @@ def test_a_sharded_relay_on_an_engine_of_one_pooled_connection_still_drains(
         engine.dispose()
     # Then every row went out: the announcement's connection is not one of the caller's pool
     assert len(transport.sent) == 6 and result.stats.sent == 6
+
+
+@pytest.mark.postgresql
+def test_outboxes_of_one_name_in_two_schemas_are_two_outboxes(tmp_path: Path) -> None:
+    # Given two services on one PostgreSQL database, each with its own schema (search_path)
+    # holding its own ckit_outbox
+    from consumer_kit.core.db import make_engine
+    from consumer_kit.core.schema import build_metadata
+    from tests.conftest import database_url, unique_names
+
+    names = unique_names("sa")
+    schemas = [f"{names.outbox}_a", f"{names.outbox}_b"]
+    base = make_engine(database_url("postgresql", tmp_path))
+    with base.begin() as conn:
+        for schema in schemas:
+            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engines = [make_engine(f"{base.url.render_as_string(hide_password=False)}"
+                           f"?options=-csearch_path%3D{schema}") for schema in schemas]
+    try:
+        for engine in engines:
+            build_metadata(names, include_transport=False).create_all(engine)
+        a = Relay(engines[0], RecordingTransport(), table=names.outbox, shard=Shard(0, 2),
+                  idle_sleep=0.1)
+        thread = running(a)
+        time.sleep(0.3)
+        # When service B starts a relay of another shard count on its own outbox
+        # Then it runs: the two tables only share a name (it was refused as A's peer)
+        try:
+            Relay(engines[1], RecordingTransport(), table=names.outbox,
+                  shard=Shard(0, 4)).run_once()
+        finally:
+            a.stop()
+            thread.join(10)
+    finally:
+        for engine in engines:
+            engine.dispose()
+        with base.begin() as conn:
+            for schema in schemas:
+                conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        base.dispose()
