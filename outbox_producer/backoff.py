@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import random
 from collections.abc import Sequence
 
@@ -23,8 +24,10 @@ class Backoff:
     jitter: float = DEFAULT_JITTER
 
     def __post_init__(self) -> None:
-        if not self.schedule or any(s < 0 for s in self.schedule):
-            raise ConfigError("back-off schedule needs at least one non-negative step")
+        if not self.schedule or not all(math.isfinite(s) and s >= 0 for s in self.schedule):
+            # (an infinite step raised OverflowError in the relay at the first failed send)
+            raise ConfigError(f"back-off schedule needs at least one step, each a finite "
+                              f"number of seconds >= 0, not {list(self.schedule)!r}")
         if not 0 <= self.jitter < 1:
             raise ConfigError("jitter must be in [0, 1)")
 

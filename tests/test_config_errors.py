@@ -440,3 +440,27 @@ def test_an_mq_prefix_with_a_transport_that_is_not_sql_is_one_line_before_any_ro
     assert result.exit_code == 2
     assert "--mq-prefix 'orders_mq'" in error_line(result.output)
     assert row_states(url) == PENDING_UNTOUCHED
+
+
+@pytest.mark.parametrize("schedule", [(), (float("inf"),), (1.0, float("nan")), (-1.0,)])
+def test_a_back_off_step_that_is_not_a_finite_duration_is_refused(
+        schedule: tuple[float, ...]) -> None:
+    # an infinite step was taken, then raised OverflowError in the relay at the first failed
+    # send; a NaN one made every retry due at once
+    from outbox_producer import Backoff
+
+    with pytest.raises(ConfigError, match="finite number of seconds"):
+        Backoff(schedule=schedule)
+
+
+@pytest.mark.parametrize(("option", "value"), [("queue_size", 0), ("queue_size", -5),
+                                               ("max_batch", 0), ("max_batch", 2.5)])
+def test_a_dispatcher_queue_or_batch_under_one_is_refused(
+        tmp_path: Path, option: str, value: object) -> None:
+    # a queue size of 0 or less made an unbounded queue (the back-pressure on publishers gone)
+    from consumer_kit.transports.memory import MemoryTransport
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'orders.db'}")
+    with pytest.raises(ConfigError, match=f"{option} must be a whole number >= 1"):
+        Dispatcher(engine, MemoryTransport(), **{option: value})  # type: ignore[arg-type]
+    engine.dispose()

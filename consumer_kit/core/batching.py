@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from consumer_kit.core.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -48,6 +50,10 @@ class BatchWorker(Generic[T]):
     def __init__(self, handle: Callable[[list[T]], None], *, name: str, max_batch: int = 100,
                  linger: float = 0.0, queue_size: int = DEFAULT_QUEUE_SIZE,
                  after: Callable[[], None] | None = None) -> None:
+        for option, value in (("max_batch", max_batch), ("queue_size", queue_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                # (a queue.Queue of size 0 or less has no bound: the back-pressure is gone)
+                raise ConfigError(f"{name}: {option} must be a whole number >= 1, not {value!r}")
         self.handle = handle
         self.after = after
         self.name = name
