@@ -9,6 +9,7 @@ error (`core.progress`), and the exit code stays 130.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -35,11 +36,22 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 ckit = invoke
 
 
-def interrupt_at_first_pause(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
-    """Ctrl-C lands in the pause after the first batch (that batch is committed)."""
+class _InterruptedTime:
+    """The `time` module as one module sees it, whose `sleep` is Ctrl-C. (Patching
+    `time.sleep` itself raised KeyboardInterrupt in every thread that slept meanwhile: a
+    py4j finalizer left by the Spark tests failed the test.)"""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
     def sleep(_seconds: float) -> None:
         raise KeyboardInterrupt
-    monkeypatch.setattr(module.time, "sleep", sleep)
+
+
+def interrupt_at_first_pause(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+    """Ctrl-C lands in `module`'s pause after the first batch (that batch is committed)."""
+    monkeypatch.setattr(module, "time", _InterruptedTime())
 
 
 def assert_interrupted_after(result: Result, done: str) -> None:
