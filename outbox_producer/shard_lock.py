@@ -46,7 +46,6 @@ class ShardAnnouncement:
         self.dialect = dialect_name(engine)
         self._conn: Connection | None = None
         self._engine: Engine | None = None
-        self.holder = "?"  # who holds a peer's lock, for the refusal
         self._held = False  # (MariaDB: a peer of the same i/N may hold the name)
         key = f"{engine.url.database or ''}.{table.schema or ''}.{table.name}"
         self._key = zlib.crc32(key.encode()) & 0x7FFFFFFF
@@ -88,10 +87,11 @@ class ShardAnnouncement:
         if peer is not None:
             self.release()
             assert self.shard is not None
+            index, total, holder = peer
             raise ConfigError(
                 f"--shard {self.shard.index}/{self.shard.total} refused: a relay of outbox "
-                f"{self.table.name} runs with --shard {peer[0]}/{peer[1]} (its lock held by "
-                f"{self.holder}); relays of one outbox need the same N, else the rows of some "
+                f"{self.table.name} runs with --shard {index}/{total} (its lock held by "
+                f"{holder}); relays of one outbox need the same N, else the rows of some "
                 "MOD(id, N) are claimed by none (stop the relays of the old N before starting "
                 "those of the new)")
 
@@ -117,8 +117,9 @@ class ShardAnnouncement:
             self._engine.dispose()
             self._engine = None
 
-    def _announce(self, conn: Connection) -> tuple[int, int] | None:
-        """Take this relay's lock, then return a live peer's `(i, N)` of another N, if any."""
+    def _announce(self, conn: Connection) -> tuple[int, int, str] | None:
+        """Take this relay's lock, then return a live peer's `(i, N, who holds its lock)` of
+        another N, if any."""
         assert self.shard is not None
         index, total = self.shard.index, self.shard.total
         if self.dialect == "postgresql":
@@ -142,9 +143,8 @@ class ShardAnnouncement:
             if not others:
                 return None
             i, n, pid = min(others, key=lambda p: p[1])
-            self.holder = (f"PostgreSQL backend pid {pid}: if no relay runs there (a pooler "
-                           f"kept its session, a host died), SELECT pg_terminate_backend({pid})")
-            return i, n
+            return i, n, (f"PostgreSQL backend pid {pid}: if no relay runs there (a pooler kept "
+                          f"its session, a host died), SELECT pg_terminate_backend({pid})")
         self._held = conn.execute(sa.text("SELECT GET_LOCK(:name, 0)"),
                                   {"name": self._name(total, index)}).scalar() == 1
         names = [(i, n) for n in range(1, MAX_PROBED + 1) if n != total for i in range(n)]
@@ -156,9 +156,8 @@ class ShardAnnouncement:
             for (i, n), holder in zip(chunk, used):
                 if holder is not None:
                     conn.rollback()
-                    self.holder = (f"connection {holder}: if no relay runs there (a host "
-                                   f"died), KILL {holder}")
-                    return i, n
+                    return i, n, (f"connection {holder}: if no relay runs there (a host died), "
+                                  f"KILL {holder}")
         conn.rollback()
         return None
 

@@ -208,7 +208,7 @@ def retry_cmd(
     found = ops.select_ids(engine, tables.outbox, states=states, topic=topic, limit=limit + 1)
     ids: list[int | str] = list(found[:limit])
     if not ids:
-        if topic is not None and _unknown_topic(engine, tables, topic):
+        if topic is not None and unknown_topics(engine, tables.outbox, [topic]):
             fail(f"no outbox row has topic {topic!r}, nor an archived one, while the outbox "
                  "holds rows of other topics: a misspelt --topic?")
         typer.echo(f"no {wanted.name} rows" + (f" for topic {topic}" if topic else ""))
@@ -217,12 +217,6 @@ def retry_cmd(
             left=f"stopped at --limit {limit}: {wanted.name} rows "
                  + (f"of topic {topic} " if topic else "") + "are left",
             more=len(found) > limit)
-
-
-def _unknown_topic(engine: Engine, tables: ops.OutboxTables, topic: str) -> bool:
-    """Whether no row of the outbox or its archive carries `topic` while the outbox holds rows
-    (an empty outbox, or one whose rows of that topic were all archived, is no typo)."""
-    return bool(unknown_topics(engine, tables.outbox, [topic]))
 
 
 def _move(

@@ -44,7 +44,8 @@ def store_identity(engine: Engine, table: str) -> str:
                     "SELECT system_identifier FROM pg_control_system()").scalar())
             else:
                 server = f"{url.host}:{url.port}"
-    except SQLAlchemyError:
+    except SQLAlchemyError as exc:  # named by its URL then: said why, at debug level
+        log.debug("processed database %s: server identity not read (%s)", table, exc)
         server = f"{url.host}:{url.port}"
     return f"{backend} {server}/{url.database} {table}"
 

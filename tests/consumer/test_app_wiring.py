@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -17,6 +18,7 @@ from consumer_kit.dedupe.owner import store_identity
 from consumer_kit.transports.base import SendResult
 from consumer_kit.transports.memory import MemoryTransport
 from tests import services
+from tests.conftest import database_url
 
 #: nothing listens on port 1: Redis is down when the app starts
 REDIS_DOWN = "redis://127.0.0.1:1/0"
@@ -195,12 +197,13 @@ def _identity(url: str) -> str:
         engine.dispose()
 
 
-@pytest.mark.mariadb
-def test_one_mariadb_database_is_one_owner_by_any_address_and_two_are_two() -> None:
-    services.require("mariadb", services.ping_mysql)
-    one = _identity(services.mysql_url())
-    assert _identity(services.mysql_url().replace("127.0.0.1", "localhost")) == one
-    assert _identity(services.mysql_url2()) != one
+@pytest.mark.parametrize("kind", [pytest.param("mariadb", marks=pytest.mark.mariadb),
+                                  pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_one_database_is_one_owner_by_any_address_and_two_are_two(
+        kind: str, tmp_path: Path) -> None:
+    one = _identity(database_url(kind, tmp_path))
+    assert _identity(database_url(kind, tmp_path).replace("127.0.0.1", "localhost")) == one
+    assert _identity(database_url(kind, tmp_path, second=True)) != one
     assert "ckit:" not in one and "@" not in one  # no user, no password
 
 
@@ -210,11 +213,3 @@ def test_every_node_of_a_galera_cluster_is_one_owner() -> None:
     services.require("mariadb galera", lambda: services.ping_mysql(url1))
     services.require("mariadb galera node 2", lambda: services.ping_mysql(url2))
     assert _identity(url1) == _identity(url2)
-
-
-@pytest.mark.postgresql
-def test_one_postgresql_database_is_one_owner_by_any_address_and_two_are_two() -> None:
-    services.require("postgresql", services.ping_postgres)
-    one = _identity(services.pg_url())
-    assert _identity(services.pg_url().replace("127.0.0.1", "localhost")) == one
-    assert _identity(services.pg_url2()) != one

@@ -276,9 +276,8 @@ class SqlTransport(Transport):
         due = self.db.run(lambda conn: self.queue_log.find_due(conn, wanted, now, limit),
                           write=False, what="find due messages")
         by_queue: dict[tuple[str, int], list[int]] = {}
-        for row_id, topic, queue_id in due:
-            if (topic, queue_id) in wanted:
-                by_queue.setdefault((topic, queue_id), []).append(int(row_id))
+        for row_id, topic, queue_id in due:  # (of `wanted` only: `find_due`)
+            by_queue.setdefault((topic, queue_id), []).append(int(row_id))
         promoted: dict[str, int] = {}
         for (topic, queue_id), ids in by_queue.items():
             promote = functools.partial(self.queue_log.promote, topic=topic,
